@@ -1,0 +1,32 @@
+// add_constant, host version: dst[i] = src[i] + kConstant on CPU int32 tensors.
+// The self-test family: it lets the dispatcher, `doctor` and CI exercise both the prebuilt and
+// the JIT path on a machine without a GPU.
+#pragma once
+
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.h>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+
+namespace jit_kernel::add_constant {
+
+template <int32_t kConstant>
+void run_host(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
+  using namespace host;
+  auto num_elements = SymbolicSize{"num_elements"};
+  TensorMatcher({num_elements})  //
+      .with_dtype<int32_t>()
+      .with_device<kDLCPU>()
+      .verify(dst, "out")
+      .verify(src, "src");
+  auto* out = static_cast<int32_t*>(dst.data_ptr());
+  const auto* in = static_cast<const int32_t*>(src.data_ptr());
+  for (const auto i : irange(num_elements.unwrap())) {
+    out[i] = in[i] + kConstant;
+  }
+}
+
+}  // namespace jit_kernel::add_constant

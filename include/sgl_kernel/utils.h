@@ -1,0 +1,214 @@
+/// \file utils.h
+/// \brief Host-side essentials for kernel launchers. Plain C++20: no CUDA needed.
+///
+/// - `DebugInfo`: the caller's source location, captured by a default argument.
+/// - `PanicError`: the exception every check throws. It derives from
+///   `std::runtime_error`, so tvm-ffi hands it to Python as `RuntimeError`.
+/// - `panic` / `Panic`: throw unconditionally; `RuntimeCheck`: throw unless a condition holds.
+/// - `irange`, `div_ceil`, `pointer::offset`, `dtype_bytes`.
+///
+/// Error message format (one line; the arguments are streamed with `operator<<`):
+///
+///     Runtime check failed at <file>:<line>: <args...>     (RuntimeCheck)
+///     Panic at <file>:<line>: <args...>                    (Panic, panic)
+///
+/// `<file>` is the basename of the caller's source file. Without arguments the
+/// message ends after `<line>`.
+
+#pragma once
+
+#include <sgl_kernel/source_location.h>
+
+#include <dlpack/dlpack.h>
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <ranges>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+// Small helpers that kernels may also call from device code.
+#ifdef __CUDACC__
+#define SGL_HOST_DEVICE __host__ __device__ inline
+#else
+#define SGL_HOST_DEVICE inline
+#endif
+
+namespace host {
+
+/// \brief Where a check was written. Declare it as a defaulted parameter
+/// (`DebugInfo where = {}`) and it records the caller's file and line.
+struct DebugInfo : public std::source_location {
+  DebugInfo(std::source_location location = std::source_location::current()) : std::source_location(location) {}
+
+  /// \brief The file name without its directories: `my_kernel.cuh`.
+  auto file_basename() const -> std::string_view {
+    const auto path = std::string_view{file_name()};
+    const auto slash = path.find_last_of("/\\");
+    return slash == std::string_view::npos ? path : path.substr(slash + 1);
+  }
+};
+
+/// \brief Thrown by every failed check. `what()` is the full message;
+/// `cause()` is only the part that explains the failure (without the
+/// "... at file:line: " prefix), so callers can nest it in a larger report.
+class PanicError : public std::runtime_error {
+ public:
+  PanicError(std::string message, std::string cause) : std::runtime_error(std::move(message)), m_cause(std::move(cause)) {}
+
+  auto cause() const noexcept -> const std::string& {
+    return m_cause;
+  }
+
+ private:
+  std::string m_cause;
+};
+
+namespace details {
+
+template <typename... Args>
+inline auto stream_to_string(Args&&... args) -> std::string {
+  if constexpr (sizeof...(Args) == 0) {
+    return {};
+  } else {
+    std::ostringstream os;
+    (os << ... << std::forward<Args>(args));
+    return std::move(os).str();
+  }
+}
+
+/// \brief Throws `PanicError("<headline> at <file>:<line>[: <args...>]")`.
+template <typename... Args>
+[[noreturn]] inline void fail(std::string_view headline, const DebugInfo& where, Args&&... args) {
+  auto cause = stream_to_string(std::forward<Args>(args)...);
+  std::ostringstream os;
+  os << headline << " at " << where.file_basename() << ':' << where.line();
+  if (!cause.empty()) os << ": " << cause;
+  throw PanicError(std::move(os).str(), std::move(cause));
+}
+
+}  // namespace details
+
+/// \brief Throws a `PanicError` ("Panic at <file>:<line>: <args...>").
+template <typename... Args>
+[[noreturn]] inline void panic(DebugInfo where, Args&&... args) {
+  details::fail("Panic", where, std::forward<Args>(args)...);
+}
+
+/**
+ * \brief Runtime assertion. Throws `PanicError` when `condition` is false;
+ *        the remaining arguments are streamed into the message.
+ *
+ * \code
+ *   RuntimeCheck(n > 0, "n must be positive, got ", n);
+ *   RuntimeCheck(where, n > 0, "n must be positive");  // report `where` instead of this line
+ * \endcode
+ *
+ * It is a class template (used through its deduction guides) only so that a
+ * defaulted `DebugInfo` can follow the variadic message arguments.
+ * \note Write the condition as an expression: `RuntimeCheck(ok);` with a plain
+ *       variable would declare a variable named `ok`. Use `RuntimeCheck(ok, "...")`.
+ */
+template <typename... Args>
+struct RuntimeCheck {
+  template <typename Cond>
+  explicit RuntimeCheck(Cond&& condition, Args&&... args, DebugInfo where = {}) {
+    if (static_cast<bool>(condition)) [[likely]]
+      return;
+    details::fail("Runtime check failed", where, std::forward<Args>(args)...);
+  }
+
+  template <typename Cond>
+  explicit RuntimeCheck(DebugInfo where, Cond&& condition, Args&&... args) {
+    if (static_cast<bool>(condition)) [[likely]]
+      return;
+    details::fail("Runtime check failed", where, std::forward<Args>(args)...);
+  }
+};
+
+template <typename Cond, typename... Args>
+explicit RuntimeCheck(Cond&&, Args&&...) -> RuntimeCheck<Args...>;
+
+template <typename Cond, typename... Args>
+explicit RuntimeCheck(DebugInfo, Cond&&, Args&&...) -> RuntimeCheck<Args...>;
+
+/**
+ * \brief Throws unconditionally: `Panic("unsupported dtype ", dtype);`
+ *
+ * Like `RuntimeCheck`, a class template so the call site is captured; also
+ * accepts an explicit `DebugInfo` first. The destructor is `[[noreturn]]` so
+ * the compiler knows a `Panic(...)` statement ends the control flow (no
+ * "missing return" warnings after it); it never runs because the constructor throws.
+ */
+template <typename... Args>
+struct Panic {
+  [[noreturn]] explicit Panic(Args&&... args, DebugInfo where = {}) {
+    details::fail("Panic", where, std::forward<Args>(args)...);
+  }
+
+  [[noreturn]] explicit Panic(DebugInfo where, Args&&... args)
+    requires(sizeof...(Args) > 0)
+  {
+    details::fail("Panic", where, std::forward<Args>(args)...);
+  }
+
+  [[noreturn]] ~Panic() {
+    std::terminate();
+  }
+};
+
+template <typename... Args>
+explicit Panic(Args&&...) -> Panic<Args...>;
+
+template <typename... Args>
+explicit Panic(DebugInfo, Args&&...) -> Panic<Args...>;
+
+namespace pointer {
+
+/// \brief Byte-wise (or `T`-wise) offset of an untyped pointer:
+/// `offset(ptr, a, b)` is `(char*)ptr + a + b`, `offset<float>(ptr, i)` is `(float*)ptr + i`.
+///
+/// Only `void*` and `const void*` are accepted: with a typed pointer it would
+/// be unclear whether the offsets count bytes or elements. Constness is kept.
+template <typename T = char, typename P, std::integral... Offsets>
+  requires std::is_same_v<std::remove_const_t<P>, void>
+SGL_HOST_DEVICE auto offset(P* ptr, Offsets... offsets) -> P* {
+  using Unit = std::conditional_t<std::is_const_v<P>, const T, T>;
+  return (static_cast<Unit*>(ptr) + ... + offsets);
+}
+
+}  // namespace pointer
+
+/// \brief Ceiling division for non-negative integers: `div_ceil(10, 4) == 3`.
+template <std::integral T, std::integral U>
+SGL_HOST_DEVICE constexpr auto div_ceil(T a, U b) {
+  return (a + b - 1) / b;
+}
+
+/// \brief Bytes per element of a DLPack dtype (rounded up for sub-byte types).
+inline constexpr auto dtype_bytes(DLDataType dtype) -> std::size_t {
+  return (static_cast<std::size_t>(dtype.bits) * dtype.lanes + 7) / 8;
+}
+
+/// \brief Python-style range `[0, end)`, usable in range-for.
+template <std::integral T>
+inline auto irange(T end) {
+  return std::views::iota(T{0}, std::max(T{0}, end));
+}
+
+/// \brief Python-style range `[begin, end)`; empty when `end <= begin`.
+template <std::integral T, std::integral U>
+inline auto irange(T begin, U end) {
+  using V = std::common_type_t<T, U>;
+  const auto first = static_cast<V>(begin);
+  return std::views::iota(first, std::max(first, static_cast<V>(end)));
+}
+
+}  // namespace host

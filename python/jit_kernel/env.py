@@ -1,0 +1,55 @@
+"""Where the package's files live, and every environment variable it reads.
+
+An installed wheel carries ``include/`` and ``csrc/`` inside the package directory. A source
+checkout keeps them at the repository root, two levels above ``python/jit_kernel``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _data_root() -> Path:
+    if (PACKAGE_DIR / "include" / "sgl_kernel").is_dir():
+        return PACKAGE_DIR
+    checkout_root = PACKAGE_DIR.parent.parent
+    if (checkout_root / "include" / "sgl_kernel").is_dir():
+        return checkout_root
+    raise ImportError(
+        f"jit_kernel: cannot find include/sgl_kernel next to {PACKAGE_DIR} "
+        "nor at the root of a source checkout; the installation is incomplete"
+    )
+
+
+DATA_ROOT = _data_root()
+INCLUDE_DIR = DATA_ROOT / "include"
+CSRC_DIR = DATA_ROOT / "csrc"
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    """Root of the on-disk JIT cache: ``$JIT_KERNEL_CACHE_DIR`` or ``~/.cache/jit_kernel``."""
+    configured = os.environ.get("JIT_KERNEL_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return Path("~/.cache/jit_kernel").expanduser().resolve()
+
+
+def cuda_arch_override() -> str | None:
+    """``$JIT_KERNEL_CUDA_ARCH`` (for example ``9.0`` or ``9.0a``), if set."""
+    return os.environ.get("JIT_KERNEL_CUDA_ARCH") or None
+
+
+def log_level() -> str:
+    return os.environ.get("JIT_KERNEL_LOG_LEVEL", "INFO").upper()
+
+
+def configure_logging() -> bool:
+    """Whether the package attaches its own stderr handler (``JIT_KERNEL_CONFIGURE_LOGGING=0`` opts out)."""
+    return os.environ.get("JIT_KERNEL_CONFIGURE_LOGGING", "1") != "0"

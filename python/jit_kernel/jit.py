@@ -1,0 +1,206 @@
+"""``load_jit``, ``cache_once`` and ``make_cpp_args``: the kernel author's Python API (seed 003)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from jit_kernel import cache, env, toolchain
+
+if TYPE_CHECKING:
+    import torch
+    from tvm_ffi import Module
+
+DEFAULT_CFLAGS = ("-std=c++20", "-O3")
+DEFAULT_CUDA_CFLAGS = ("-std=c++20", "-O3", "--expt-relaxed-constexpr")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def cache_once(fn: Callable[P, R]) -> Callable[P, R]:
+    """Cache ``fn``'s result per argument tuple, like ``functools.lru_cache(maxsize=None)``.
+
+    Unlike ``lru_cache``, the wrapper is plain Python (a dict lookup), which TorchDynamo traces
+    without a graph break, so cached lookups work inside ``torch.compile(fullgraph=True)``.
+    Arguments must be hashable.
+    """
+    results: dict[Any, Any] = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+        if key not in results:
+            # No lock: Dynamo cannot trace one, and a racing duplicate call is harmless
+            # (load_jit serialises builds itself).
+            results[key] = fn(*args, **kwargs)
+        return results[key]
+
+    wrapper.cache_clear = results.clear  # type: ignore[attr-defined]
+    return wrapper
+
+
+class CPPArgList(list[str]):
+    """Template arguments as C++ text; ``str()`` gives the comma-separated list."""
+
+    def __str__(self) -> str:
+        return ", ".join(self)
+
+
+def _dtype_names() -> dict[torch.dtype, str]:
+    import torch
+
+    return {
+        torch.float16: "fp16_t",
+        torch.bfloat16: "bf16_t",
+        torch.float32: "fp32_t",
+        torch.float8_e4m3fn: "fp8_e4m3_t",
+        torch.float8_e5m2: "fp8_e5m2_t",
+        torch.int8: "int8_t",
+        torch.int16: "int16_t",
+        torch.int32: "int32_t",
+        torch.int64: "int64_t",
+        torch.uint8: "uint8_t",
+        torch.uint16: "uint16_t",
+        torch.uint32: "uint32_t",
+        torch.uint64: "uint64_t",
+    }
+
+
+def make_cpp_args(*values: bool | int | float | torch.dtype) -> CPPArgList:
+    """Python values to C++ template arguments: ``make_cpp_args(128, True, torch.bfloat16)``
+    gives ``["128", "true", "bf16_t"]``."""
+    import torch
+
+    def convert(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"make_cpp_args: {value} has no C++ literal")
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            names = _dtype_names()
+            if value not in names:
+                raise TypeError(f"make_cpp_args: unsupported torch dtype {value}; supported: {list(names)}")
+            return names[value]
+        raise TypeError(f"make_cpp_args: unsupported argument type {type(value).__name__} ({value!r})")
+
+    return CPPArgList(convert(value) for value in values)
+
+
+def _resolve_source(name: str) -> Path:
+    path = Path(name)
+    if not path.is_absolute():
+        path = env.CSRC_DIR / path
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"load_jit: source {name!r} not found at {path} (a relative name is looked up under the package's "
+            "csrc/ folder; pass an absolute path for a kernel in your own folder)"
+        )
+    return path.resolve()
+
+
+def _wrapper(export: tuple[str, str]) -> str:
+    export_name, expression = export
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", export_name):
+        raise ValueError(f"load_jit: export name {export_name!r} is not a C identifier")
+    return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({export_name}, ({expression}));"
+
+
+def _module_name(args: Sequence[object]) -> str:
+    name = "_".join(["jit_kernel", *(re.sub(r"[^A-Za-z0-9]+", "_", str(arg)).strip("_") for arg in args)])
+    if len(name) > 96:  # file names have limits; the cache key still distinguishes modules
+        name = f"{name[:80]}_{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+    return name
+
+
+def make_build_request(
+    *args: object,
+    cpp_files: Sequence[str] | None = None,
+    cuda_files: Sequence[str] | None = None,
+    cpp_wrappers: Sequence[tuple[str, str]] | None = None,
+    cuda_wrappers: Sequence[tuple[str, str]] | None = None,
+    extra_cflags: Sequence[str] | None = None,
+    extra_cuda_cflags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str] | None = None,
+    cuda_arch: str | None = None,
+) -> cache.BuildRequest:
+    """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the GPU's."""
+    cpp_paths = [_resolve_source(f) for f in cpp_files or ()]
+    cuda_paths = [_resolve_source(f) for f in cuda_files or ()]
+    cpp_lines = [f'#include "{p}"' for p in cpp_paths] + [_wrapper(w) for w in cpp_wrappers or ()]
+    cuda_lines = [f'#include "{p}"' for p in cuda_paths] + [_wrapper(w) for w in cuda_wrappers or ()]
+    if not cpp_lines and not cuda_lines:
+        raise ValueError("load_jit: give at least one of cpp_files, cuda_files, cpp_wrappers, cuda_wrappers")
+    has_cuda = bool(cuda_lines)
+    arch = None
+    if has_cuda:
+        arch = cuda_arch or toolchain.current_cuda_arch()
+        toolchain.parse_arch(arch)
+    return cache.BuildRequest(
+        name=_module_name(args),
+        cpp_source="\n".join(cpp_lines),
+        cuda_source="\n".join(cuda_lines),
+        source_files=tuple(cpp_paths + cuda_paths),
+        extra_cflags=(*DEFAULT_CFLAGS, *(extra_cflags or ())),
+        extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *(extra_cuda_cflags or ())),
+        extra_ldflags=tuple(extra_ldflags or ()),
+        extra_include_paths=tuple(Path(p).resolve() for p in extra_include_paths or ()),
+        arch=arch,
+    )
+
+
+_loaded: dict[tuple[cache.BuildRequest, str | None], Module] = {}
+_loaded_lock = threading.Lock()
+
+
+def load_jit(
+    *args: object,
+    cpp_files: Sequence[str] | None = None,
+    cuda_files: Sequence[str] | None = None,
+    cpp_wrappers: Sequence[tuple[str, str]] | None = None,
+    cuda_wrappers: Sequence[tuple[str, str]] | None = None,
+    extra_cflags: Sequence[str] | None = None,
+    extra_cuda_cflags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str] | None = None,
+    build_directory: str | None = None,
+) -> Module:
+    """Compile (or fetch from the disk cache) a tvm-ffi module and load it.
+
+    ``args`` name the module (usually the family and its template arguments). Files are looked up
+    under the package's ``csrc/`` unless absolute. Each wrapper ``(export_name, expression)``
+    exports ``expression`` as ``module.export_name``. ``build_directory`` replaces the cache root
+    for this module. Modules are cached in-process as well as on disk.
+    """
+    request = make_build_request(
+        *args,
+        cpp_files=cpp_files,
+        cuda_files=cuda_files,
+        cpp_wrappers=cpp_wrappers,
+        cuda_wrappers=cuda_wrappers,
+        extra_cflags=extra_cflags,
+        extra_cuda_cflags=extra_cuda_cflags,
+        extra_ldflags=extra_ldflags,
+        extra_include_paths=extra_include_paths,
+    )
+    memo_key = (request, build_directory)
+    module = _loaded.get(memo_key)
+    if module is None:
+        with _loaded_lock:
+            module = _loaded.get(memo_key)
+            if module is None:
+                root = Path(build_directory).resolve() if build_directory else None
+                module = cache.load_or_build(request, root)
+                _loaded[memo_key] = module
+    return module

@@ -1,0 +1,107 @@
+"""Kernel family specs: the one description that both the prebuilt library and the JIT path use.
+
+A spec names a family's sources, its template parameters and one C++ wrapper expression per
+export. A *config* is a tuple of template argument values, in parameter order: ints, bools and
+C++ type names such as ``"bf16_t"``. :func:`symbol_name` turns (spec, export, config) into the
+exported symbol; CMake's generated translation units and the runtime lookup both call it, so the
+prebuilt library and the dispatcher cannot disagree on a name.
+
+This module must not import torch: CMake runs it at configure time in a bare build environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from jit_kernel import env
+from jit_kernel.sources import included_files
+
+ConfigValue = int | bool | str
+Config = tuple[ConfigValue, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One kernel family.
+
+    ``exports`` maps an export name to a wrapper expression with ``{args}`` standing for the
+    template arguments, e.g. ``{"run": "RMSNormKernel<{args}>::run"}``. ``target`` says whether
+    the sources are CUDA (compiled by nvcc for a GPU arch) or host C++.
+    """
+
+    family: str
+    sources: tuple[str, ...]
+    params: tuple[str, ...]
+    exports: Mapping[str, str]
+    prebuilt: tuple[Config, ...] = ()
+    target: Literal["cuda", "host"] = "cuda"
+    extra_cuda_cflags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for config in self.prebuilt:
+            self.check_config(config)
+
+    def check_config(self, config: Config) -> None:
+        if len(config) != len(self.params):
+            raise ValueError(f"{self.family}: config {config} does not match parameters {self.params}")
+        for value in config:
+            if not isinstance(value, int | str):
+                raise TypeError(f"{self.family}: config value {value!r} must be an int, bool or C++ type name")
+
+    def template_args(self, config: Config) -> str:
+        return ", ".join(cpp_literal(value) for value in config)
+
+    def describe(self, config: Config) -> str:
+        """``rmsnorm<4096, bf16_t>``: how logs and errors name a config."""
+        return f"{self.family}<{self.template_args(config)}>"
+
+    def wrapper(self, export: str, config: Config) -> str:
+        return self.exports[export].format(args=self.template_args(config))
+
+    def config_from_mapping(self, values: Mapping[str, ConfigValue]) -> Config:
+        """``{"hidden": 4096, "dtype": "bf16_t"}`` -> ``(4096, "bf16_t")``, checking the names."""
+        missing = [p for p in self.params if p not in values]
+        unknown = [k for k in values if k not in self.params]
+        if missing or unknown:
+            raise ValueError(f"{self.family}: parameters are {self.params}; missing {missing}, unknown {unknown}")
+        return tuple(values[p] for p in self.params)
+
+
+def cpp_literal(value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def symbol_name(spec: KernelSpec, export: str, config: Config) -> str:
+    """The exported symbol of one (family, export, config): a C identifier, unique per input.
+
+    For example ``rmsnorm__run__4096_bf16_t``.
+    """
+    if export not in spec.exports:
+        raise KeyError(f"{spec.family} has no export {export!r}; exports: {list(spec.exports)}")
+    parts = [re.sub(r"[^A-Za-z0-9]+", "_", cpp_literal(v).replace("-", "m")).strip("_") for v in config]
+    return "__".join([spec.family, export, "_".join(parts)]) if parts else f"{spec.family}__{export}"
+
+
+def source_hash(spec: KernelSpec) -> str:
+    """Hash of the text of every file the family's sources include, by path relative to the
+    package data root. The prebuilt manifest records it; the dispatcher compares it with the
+    installed files and uses a prebuilt symbol only when they match."""
+    roots = [env.CSRC_DIR / source for source in spec.sources]
+    files = included_files(roots, (env.INCLUDE_DIR, env.CSRC_DIR))
+    digest = hashlib.sha256()
+    for path, text in sorted(files.items(), key=lambda item: str(item[0].relative_to(env.DATA_ROOT))):
+        digest.update(str(path.relative_to(env.DATA_ROOT)).encode() + b"\0")
+        digest.update(hashlib.sha256(text).digest())
+    return digest.hexdigest()[:24]
+
+
+def all_symbols(spec: KernelSpec, configs: Sequence[Config] | None = None) -> list[tuple[str, Config, str]]:
+    """``(export, config, symbol)`` for every export of every (prebuilt) config."""
+    configs = spec.prebuilt if configs is None else configs
+    return [(export, config, symbol_name(spec, export, config)) for config in configs for export in spec.exports]

@@ -1,0 +1,162 @@
+"""Compilers and the CUDA arch: where they are, what version they are, and what to build for.
+
+Versions enter the cache key. Asking a compiler for its version costs 5-50 ms, too much for a
+warm load, so each answer is remembered in the cache folder, keyed by the binary's path, size
+and mtime: a new or upgraded compiler is asked again.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from jit_kernel import env
+
+DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
+
+
+class ToolchainError(RuntimeError):
+    """A compiler or the CUDA arch could not be determined; the message says what to set."""
+
+
+@functools.cache
+def cuda_home() -> Path:
+    """The CUDA toolkit root: ``$CUDA_HOME`` / ``$CUDA_PATH``, else the home of the real nvcc.
+
+    The ``nvcc`` on PATH may be a wrapper script (as ``/usr/local/bin/nvcc`` is on our dev
+    machines), so its parent is not the toolkit. nvcc's dry run prints the real ``TOP``.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        configured = os.environ.get(var)
+        if configured:
+            home = Path(configured)
+            if not (home / "bin" / "nvcc").is_file():
+                raise ToolchainError(f"${var}={configured} has no bin/nvcc; point it at a CUDA toolkit")
+            return home.resolve()
+    nvcc_on_path = shutil.which("nvcc")
+    if nvcc_on_path is not None:
+        real = Path(nvcc_on_path).resolve()
+        if (real.parent.parent / "include" / "cuda_runtime.h").is_file():
+            return real.parent.parent
+        dry_run = subprocess.run(
+            [nvcc_on_path, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        match = re.search(r"^#\$ TOP=(.+)$", dry_run.stdout + dry_run.stderr, re.MULTILINE)
+        if match and (Path(match.group(1)) / "bin" / "nvcc").is_file():
+            return Path(match.group(1)).resolve()
+    if (DEFAULT_CUDA_HOME / "bin" / "nvcc").is_file():
+        return DEFAULT_CUDA_HOME.resolve()
+    raise ToolchainError(
+        "nvcc not found: CUDA kernels are compiled on first use and need the CUDA toolkit. "
+        "Install it (for example the `cuda-nvcc` package, or the NVIDIA CUDA toolkit) and set "
+        "CUDA_HOME=/path/to/cuda, or put its bin/ on PATH."
+    )
+
+
+def nvcc_path() -> Path:
+    return cuda_home() / "bin" / "nvcc"
+
+
+def host_compiler() -> Path:
+    """The host C++ compiler: ``$CXX`` (as tvm-ffi's build honours it), else ``c++``."""
+    name = os.environ.get("CXX", "c++")
+    found = shutil.which(name)
+    if found is None:
+        raise ToolchainError(f"host C++ compiler {name!r} not found: install g++ (or clang++) or set CXX")
+    return Path(found).resolve()
+
+
+def _version_memo_path() -> Path:
+    return env.cache_dir() / "toolchain-versions.json"
+
+
+def tool_version(binary: Path) -> str:
+    """The first meaningful lines of ``binary --version``, memoised on disk by binary identity."""
+    stat = binary.stat()
+    identity = f"{binary}:{stat.st_size}:{stat.st_mtime_ns}"
+    memo_path = _version_memo_path()
+    try:
+        memo: dict[str, str] = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if identity in memo:
+        return memo[identity]
+    result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.strip() and "Copyright" not in line]
+    version = " | ".join(lines[-2:] if "nvcc" in binary.name else lines[:1])
+    memo[identity] = version
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        staging = memo_path.with_name(f"{memo_path.name}.{os.getpid()}.tmp")
+        staging.write_text(json.dumps(memo, indent=1, sort_keys=True))
+        os.replace(staging, memo_path)
+    except OSError:
+        pass  # A read-only cache folder only costs the next process one more probe.
+    return version
+
+
+def nvcc_release() -> tuple[int, int]:
+    match = re.search(r"release (\d+)\.(\d+)", tool_version(nvcc_path()))
+    if match is None:
+        raise ToolchainError(f"cannot parse the nvcc version from {tool_version(nvcc_path())!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)([af]?)$")
+
+
+def parse_arch(arch: str) -> tuple[int, int, str]:
+    """``"9.0a"`` -> ``(9, 0, "a")``; raises ValueError on anything else."""
+    match = _ARCH_PATTERN.match(arch.strip())
+    if match is None:
+        raise ValueError(f"invalid CUDA arch {arch!r}: expected MAJOR.MINOR with an optional a/f suffix, e.g. 9.0a")
+    return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    """The arch to compile for a device of this compute capability.
+
+    Hopper and datacenter Blackwell get their arch-specific ``a`` targets (wgmma, tcgen05).
+    For 12.x the family target ``f`` needs CUDA 12.9+; older toolkits get ``a``.
+    """
+    if major in (9, 10):
+        return f"{major}.{minor}a"
+    if major == 12:
+        return f"{major}.{minor}{'f' if nvcc_release() >= (12, 9) else 'a'}"
+    return f"{major}.{minor}"
+
+
+def current_cuda_arch() -> str:
+    """``$JIT_KERNEL_CUDA_ARCH``, else the current GPU's arch via torch."""
+    override = env.cuda_arch_override()
+    if override:
+        parse_arch(override)
+        return override.strip()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ToolchainError(
+            "no CUDA GPU is visible, so the CUDA arch to compile for is unknown; "
+            "set JIT_KERNEL_CUDA_ARCH (for example JIT_KERNEL_CUDA_ARCH=9.0a for an H100) to compile anyway"
+        )
+    major, minor = torch.cuda.get_device_capability()
+    return arch_for_capability(major, minor)
+
+
+def sm_name(arch: str) -> str:
+    """``"9.0a"`` -> ``"sm_90a"``."""
+    major, minor, suffix = parse_arch(arch)
+    return f"sm_{major}{minor}{suffix}"
+
+
+def gencode_flag(arch: str) -> str:
+    major, minor, suffix = parse_arch(arch)
+    return f"-gencode=arch=compute_{major}{minor}{suffix},code=sm_{major}{minor}{suffix}"
