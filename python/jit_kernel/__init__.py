@@ -22,4 +22,17 @@ def _configure_logging() -> None:
 
 _configure_logging()
 
-__all__ = ["CPPArgList", "__version__", "cache_once", "load_jit", "make_cpp_args"]
+# Ops import torch; load them on first use so that `python -m jit_kernel.aot` (run by CMake in a
+# build environment without torch) and the CLI start fast.
+_OPS = {"add_constant": "jit_kernel.ops.add_constant"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _OPS:
+        import importlib
+
+        return getattr(importlib.import_module(_OPS[name]), name)
+    raise AttributeError(f"module 'jit_kernel' has no attribute {name!r}")
+
+
+__all__ = ["CPPArgList", "__version__", "add_constant", "cache_once", "load_jit", "make_cpp_args"]

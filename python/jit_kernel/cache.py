@@ -33,6 +33,7 @@ from typing import Any
 import filelock
 
 from jit_kernel import env, toolchain
+from jit_kernel.arch import Arch
 from jit_kernel.sources import included_files
 from jit_kernel.version import __version__
 
@@ -55,6 +56,8 @@ class BuildRequest:
     extra_ldflags: tuple[str, ...] = ()
     extra_include_paths: tuple[Path, ...] = ()
     arch: str | None = None
+    # Human-readable origin, e.g. "add_constant<5>"; recorded in meta.json, not part of the key.
+    description: str = dataclasses.field(default="", compare=False)
 
     @property
     def has_cuda(self) -> bool:
@@ -192,7 +195,7 @@ def _publish(request: BuildRequest, key: str, root: Path) -> Path:
     entry = root / entry_name(request, key)
     staging = root / ".staging" / f"{entry.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
-    target = f"for {toolchain.sm_name(request.arch)}" if request.arch else "for the host"
+    target = f"for {Arch.parse(request.arch).sm}" if request.arch else "for the host"
     logger.info("compiling %s %s (first use; cached afterwards)", request.name, target)
     start = time.perf_counter()
     try:
@@ -201,6 +204,7 @@ def _publish(request: BuildRequest, key: str, root: Path) -> Path:
             leftover.unlink()
         meta = {
             "name": request.name,
+            "description": request.description,
             "key": key,
             "library": library.name,
             "size": library.stat().st_size,
@@ -253,6 +257,7 @@ def load_or_build(request: BuildRequest, root: Path | None = None) -> Any:
 class CacheEntry:
     path: Path
     name: str
+    description: str
     arch: str | None
     size_bytes: int
     created: float
@@ -276,6 +281,7 @@ def list_entries(root: Path | None = None) -> list[CacheEntry]:
             CacheEntry(
                 path=entry,
                 name=str(meta.get("name", entry.name)),
+                description=str(meta.get("description", "")),
                 arch=meta.get("arch"),
                 size_bytes=size,
                 created=float(meta.get("created", 0.0)),

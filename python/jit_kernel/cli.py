@@ -1,9 +1,11 @@
-"""``python -m jit_kernel <command>``: clangd, doctor, cache."""
+"""``python -m jit_kernel <command>``: doctor, list, warm, clangd, cache."""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import os
 import platform
 import sys
 import time
@@ -11,7 +13,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jit_kernel import cache, env, toolchain
+from jit_kernel import cache, env, families, prebuilt, toolchain
+from jit_kernel.arch import Arch
+from jit_kernel.dispatch import jit_module
+from jit_kernel.spec import Config, ConfigValue, KernelSpec, symbol_name
 from jit_kernel.version import __version__
 
 DEFAULT_CLANGD_ARCH = "8.0"
@@ -19,8 +24,7 @@ DEFAULT_CLANGD_ARCH = "8.0"
 
 def _clangd_arch(requested: str | None) -> str:
     if requested:
-        toolchain.parse_arch(requested)
-        return requested
+        return str(Arch.parse(requested))
     try:
         return toolchain.current_cuda_arch()
     except toolchain.ToolchainError:
@@ -32,7 +36,7 @@ def clangd_config(arch: str) -> str:
 
     flags = [
         "-xcuda",
-        f"--cuda-gpu-arch={toolchain.sm_name(arch)}",
+        f"--cuda-gpu-arch={Arch.parse(arch).sm}",
         "-std=c++20",
         "-Wall",
         "-Wextra",
@@ -52,7 +56,7 @@ def cmd_clangd(args: argparse.Namespace) -> int:
         return 1
     arch = _clangd_arch(args.cuda_arch)
     target.write_text(clangd_config(arch))
-    print(f"wrote {target} for {toolchain.sm_name(arch)}; restart clangd to pick it up")
+    print(f"wrote {target} for {Arch.parse(arch).sm}; restart clangd to pick it up")
     return 0
 
 
@@ -81,7 +85,7 @@ def _gpu_description() -> tuple[str, bool]:
     major, minor = torch.cuda.get_device_capability(index)
     name = torch.cuda.get_device_name(index)
     arch = toolchain.arch_for_capability(major, minor)
-    return f"{name} (cuda:{index}, compute capability {major}.{minor}, builds for {toolchain.sm_name(arch)})", True
+    return f"{name} (cuda:{index}, compute capability {major}.{minor}, builds for {Arch.parse(arch).sm})", True
 
 
 def _self_test_host() -> str:
@@ -116,7 +120,7 @@ def _self_test_cuda(gpu: bool) -> str:
         arch = env.cuda_arch_override() or "9.0a"
         request = make_build_request("doctor_cuda", *args, cuda_arch=arch, **build)  # type: ignore[arg-type]
         cache.load_or_build(request)
-        return f"CUDA module compiled and loaded for {toolchain.sm_name(arch)} (not run: no GPU)"
+        return f"CUDA module compiled and loaded for {Arch.parse(arch).sm} (not run: no GPU)"
     from jit_kernel.jit import load_jit
 
     module = load_jit("doctor_cuda", *args, **build)  # type: ignore[arg-type]
@@ -177,7 +181,7 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
     entries = cache.list_entries(root)
     print(f"{root}: {len(entries)} modules, {_format_size(cache.total_size(root))}")
     for entry in entries:
-        arch = toolchain.sm_name(entry.arch) if entry.arch else "host"
+        arch = Arch.parse(entry.arch).sm if entry.arch else "host"
         state = "ok" if entry.valid else "CORRUPT (rebuilt on next use)"
         print(f"  {entry.name:<48} {arch:<8} {_format_size(entry.size_bytes):>10}  {state}  {entry.path.name}")
     return 0
@@ -188,6 +192,102 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     removed = cache.clear(root)
     print(f"removed {removed} modules from {root}")
     return 0
+
+
+def _current_capability() -> tuple[int, int] | None:
+    import torch
+
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+def _decision(spec: KernelSpec, config: Config, capability: tuple[int, int] | None) -> str:
+    if spec.target == "cuda" and capability is None:
+        return "no GPU visible"
+    reason = prebuilt.unusable_reason(spec, symbol_name(spec, next(iter(spec.exports)), config), capability)
+    return "prebuilt" if reason is None else f"jit ({reason})"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    capability = _current_capability()
+    manifest = prebuilt.manifest()
+    running = f"sm_{capability[0]}{capability[1]}" if capability else "no GPU"
+    if manifest is None:
+        print(f"prebuilt library: none installed (every config is JIT-compiled); running on {running}")
+    else:
+        print(f"prebuilt library: {manifest.library} (CUDA {manifest.cuda_version}, tvm-ffi "
+              f"{manifest.tvm_ffi_version}, {len(manifest.symbols)} symbols); running on {running}")  # fmt: skip
+    cached = cache.list_entries()
+    for spec in families.ALL_FAMILIES:
+        if args.family and spec.family not in args.family:
+            continue
+        print(f"\n{spec.family} ({spec.target}; {', '.join(spec.sources)}; params {', '.join(spec.params)})")
+        for config in spec.prebuilt:
+            symbol = symbol_name(spec, next(iter(spec.exports)), config)
+            entry = manifest.symbols.get(symbol) if manifest else None
+            if entry is None:
+                built = "not in this build"
+            elif spec.target == "host":
+                built = "host"
+            else:
+                built = " ".join([a.sm for a in entry.machine_code] + [f"{a.compute}(PTX)" for a in entry.ptx])
+            print(f"  prebuilt  {spec.describe(config):<40} {built:<36} -> {_decision(spec, config, capability)}")
+        for entry in cached:
+            if entry.description.startswith(f"{spec.family}<"):
+                arch = Arch.parse(entry.arch).sm if entry.arch else "host"
+                print(f"  jit-cache {entry.description:<40} {arch:<36} {'ok' if entry.valid else 'CORRUPT'}")
+    return 0
+
+
+def _parse_config(spec: KernelSpec, text: str) -> Config:
+    """``4096,bf16_t`` (in parameter order) or ``hidden=4096,dtype=bf16_t``."""
+
+    def value(item: str) -> ConfigValue:
+        item = item.strip()
+        if item in ("true", "false"):
+            return item == "true"
+        try:
+            return int(item)
+        except ValueError:
+            return item
+
+    items = [item for item in text.split(",") if item.strip()]
+    if all("=" in item for item in items):
+        pairs = (item.split("=", 1) for item in items)
+        config = spec.config_from_mapping({k.strip(): value(v) for k, v in pairs})
+    else:
+        config = tuple(value(item) for item in items)
+    spec.check_config(config)
+    return config
+
+
+def _warm_one(family_name: str, config: Config, arch: str | None) -> str:
+    spec = families.family(family_name)
+    start = time.perf_counter()
+    jit_module(spec, config, cuda_arch=arch)
+    target = Arch.parse(arch).sm if arch else "host"
+    return f"{spec.describe(config)} for {target} ({time.perf_counter() - start:.1f} s)"
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    spec = families.family(args.family)
+    configs = [_parse_config(spec, text) for text in args.config] or list(spec.prebuilt)
+    if spec.target == "host":
+        archs: list[str | None] = [None]
+    else:
+        archs = [str(Arch.parse(a)) for a in args.arch] or [toolchain.current_cuda_arch()]
+    jobs = [(spec.family, config, arch) for config in configs for arch in archs]
+    print(f"warming {len(jobs)} {spec.family} module(s) into {env.cache_dir()} with {args.jobs} worker(s)")
+    failures = 0
+    with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(_warm_one, *job): job for job in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                print(f"  ready  {future.result()}")
+            except Exception as error:
+                failures += 1
+                _, config, arch = futures[future]
+                print(f"  FAILED {spec.describe(config)} for {arch or 'host'}: {error}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,6 +303,27 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check the setup and run a self-test")
     doctor.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
     doctor.set_defaults(handler=cmd_doctor)
+
+    listing = commands.add_parser("list", help="prebuilt and cached configs per family, and the decision here")
+    listing.add_argument("family", nargs="*", help="only these families")
+    listing.set_defaults(handler=cmd_list)
+
+    warm = commands.add_parser("warm", help="compile configs into the JIT cache ahead of time")
+    warm.add_argument("family", help="kernel family, e.g. add_constant")
+    warm.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="e.g. 4096,bf16_t or hidden=4096,dtype=bf16_t (repeatable; default: the prebuilt grid)",
+    )
+    warm.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        help="CUDA arch, e.g. 9.0a (repeatable; default: this GPU's or $JIT_KERNEL_CUDA_ARCH)",
+    )
+    warm.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
+    warm.set_defaults(handler=cmd_warm)
 
     cache_cmd = commands.add_parser("cache", help="inspect or clear the JIT cache")
     cache_actions = cache_cmd.add_subparsers(dest="action", required=True)

@@ -53,3 +53,18 @@ def log_level() -> str:
 def configure_logging() -> bool:
     """Whether the package attaches its own stderr handler (``JIT_KERNEL_CONFIGURE_LOGGING=0`` opts out)."""
     return os.environ.get("JIT_KERNEL_CONFIGURE_LOGGING", "1") != "0"
+
+
+def prebuilt_disabled() -> bool:
+    """``JIT_KERNEL_DISABLE_PREBUILT=1``: ignore the prebuilt library, JIT-compile everything."""
+    return _flag("JIT_KERNEL_DISABLE_PREBUILT")
+
+
+def jit_disabled() -> bool:
+    """``JIT_KERNEL_DISABLE_JIT=1``: a config with no usable prebuilt symbol is an error, not a compile."""
+    return _flag("JIT_KERNEL_DISABLE_JIT")
+
+
+def aot_archs() -> str | None:
+    """``JIT_KERNEL_AOT_ARCHS``: the arch list the prebuilt library is built for (build time only)."""
+    return os.environ.get("JIT_KERNEL_AOT_ARCHS")

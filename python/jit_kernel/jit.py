@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from jit_kernel import cache, env, toolchain
+from jit_kernel.arch import Arch
 
 if TYPE_CHECKING:
     import torch
@@ -134,6 +135,7 @@ def make_build_request(
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str] | None = None,
     cuda_arch: str | None = None,
+    description: str = "",
 ) -> cache.BuildRequest:
     """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the GPU's."""
     cpp_paths = [_resolve_source(f) for f in cpp_files or ()]
@@ -145,8 +147,7 @@ def make_build_request(
     has_cuda = bool(cuda_lines)
     arch = None
     if has_cuda:
-        arch = cuda_arch or toolchain.current_cuda_arch()
-        toolchain.parse_arch(arch)
+        arch = str(Arch.parse(cuda_arch)) if cuda_arch else toolchain.current_cuda_arch()
     return cache.BuildRequest(
         name=_module_name(args),
         cpp_source="\n".join(cpp_lines),
@@ -157,10 +158,11 @@ def make_build_request(
         extra_ldflags=tuple(extra_ldflags or ()),
         extra_include_paths=tuple(Path(p).resolve() for p in extra_include_paths or ()),
         arch=arch,
+        description=description,
     )
 
 
-_loaded: dict[tuple[cache.BuildRequest, str | None], Module] = {}
+_loaded: dict[tuple[cache.BuildRequest, Path | None], Module] = {}
 _loaded_lock = threading.Lock()
 
 
@@ -194,13 +196,17 @@ def load_jit(
         extra_ldflags=extra_ldflags,
         extra_include_paths=extra_include_paths,
     )
-    memo_key = (request, build_directory)
+    return load_request(request, Path(build_directory).resolve() if build_directory else None)
+
+
+def load_request(request: cache.BuildRequest, root: Path | None = None) -> Module:
+    """Load a described build through the in-process memo and the disk cache."""
+    memo_key = (request, root)
     module = _loaded.get(memo_key)
     if module is None:
         with _loaded_lock:
             module = _loaded.get(memo_key)
             if module is None:
-                root = Path(build_directory).resolve() if build_directory else None
                 module = cache.load_or_build(request, root)
                 _loaded[memo_key] = module
     return module

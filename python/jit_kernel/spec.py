@@ -24,7 +24,7 @@ ConfigValue = int | bool | str
 Config = tuple[ConfigValue, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # specs are singletons: identity equality and hash
 class KernelSpec:
     """One kernel family.
 

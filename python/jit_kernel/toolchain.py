@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from jit_kernel import env
+from jit_kernel.arch import Arch
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 
@@ -110,17 +111,6 @@ def nvcc_release() -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)([af]?)$")
-
-
-def parse_arch(arch: str) -> tuple[int, int, str]:
-    """``"9.0a"`` -> ``(9, 0, "a")``; raises ValueError on anything else."""
-    match = _ARCH_PATTERN.match(arch.strip())
-    if match is None:
-        raise ValueError(f"invalid CUDA arch {arch!r}: expected MAJOR.MINOR with an optional a/f suffix, e.g. 9.0a")
-    return int(match.group(1)), int(match.group(2)), match.group(3)
-
-
 def arch_for_capability(major: int, minor: int) -> str:
     """The arch to compile for a device of this compute capability.
 
@@ -138,8 +128,7 @@ def current_cuda_arch() -> str:
     """``$JIT_KERNEL_CUDA_ARCH``, else the current GPU's arch via torch."""
     override = env.cuda_arch_override()
     if override:
-        parse_arch(override)
-        return override.strip()
+        return str(Arch.parse(override))
     import torch
 
     if not torch.cuda.is_available():
@@ -149,14 +138,3 @@ def current_cuda_arch() -> str:
         )
     major, minor = torch.cuda.get_device_capability()
     return arch_for_capability(major, minor)
-
-
-def sm_name(arch: str) -> str:
-    """``"9.0a"`` -> ``"sm_90a"``."""
-    major, minor, suffix = parse_arch(arch)
-    return f"sm_{major}{minor}{suffix}"
-
-
-def gencode_flag(arch: str) -> str:
-    major, minor, suffix = parse_arch(arch)
-    return f"-gencode=arch=compute_{major}{minor}{suffix},code=sm_{major}{minor}{suffix}"

@@ -1,0 +1,57 @@
+/// \file runtime.cuh
+/// \brief Host-side queries of the CUDA runtime (occupancy, device
+/// properties), each checked with `RuntimeDeviceCheck`.
+///
+/// They cost a driver call each: cache results that cannot change, e.g.
+/// `static const auto num_sm = runtime::get_sm_count(device_id);`.
+
+#pragma once
+
+#include <sgl_kernel/utils.cuh>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace host::runtime {
+
+/// \brief How many blocks of `kernel` fit on one SM at once (on the current device).
+template <typename Kernel>
+inline auto get_blocks_per_sm(Kernel&& kernel, int32_t block_dim, std::size_t dynamic_smem = 0, DebugInfo where = {})
+    -> uint32_t {
+  int num_blocks = 0;
+  RuntimeDeviceCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&num_blocks, kernel, block_dim, dynamic_smem), where);
+  return static_cast<uint32_t>(num_blocks);
+}
+
+/// \brief Number of SMs of device `device_id`.
+inline auto get_sm_count(int device_id, DebugInfo where = {}) -> uint32_t {
+  int count = 0;
+  RuntimeDeviceCheck(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_id), where);
+  return static_cast<uint32_t>(count);
+}
+
+/// \brief Major compute capability of device `device_id` (9 on H100).
+inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
+  int major = 0;
+  RuntimeDeviceCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), where);
+  return major;
+}
+
+/// \brief CUDA runtime version, e.g. 13000 for 13.0.
+inline auto get_runtime_version(DebugInfo where = {}) -> int {
+  int version = 0;
+  RuntimeDeviceCheck(cudaRuntimeGetVersion(&version), where);
+  return version;
+}
+
+/// \brief Dynamic shared memory left per block when `num_blocks` blocks of
+/// `block_size` threads of `kernel` share an SM (on the current device).
+template <typename Kernel>
+inline auto get_available_dynamic_smem_per_block(Kernel&& kernel, int num_blocks, int block_size, DebugInfo where = {})
+    -> std::size_t {
+  std::size_t bytes = 0;
+  RuntimeDeviceCheck(cudaOccupancyAvailableDynamicSMemPerBlock(&bytes, kernel, num_blocks, block_size), where);
+  return bytes;
+}
+
+}  // namespace host::runtime

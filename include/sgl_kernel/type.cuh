@@ -1,0 +1,283 @@
+/// \file type.cuh
+/// \brief `dtype_trait<T>` for the CUDA float types, `packed_t<T>` and `device::cast`.
+///
+/// | type        | packed_t    | `value` (DLPack) | from                       | math                                  |
+/// |-------------|-------------|------------------|----------------------------|---------------------------------------|
+/// | `fp32_t`    | `fp32x2_t`  | float32          | any, fp16, bf16, fp8       | abs sqrt rsqrt exp sin cos max min    |
+/// | `fp16_t`    | `fp16x2_t`  | float16          | any, fp32, bf16            | abs sqrt rsqrt exp sin cos max min    |
+/// | `bf16_t`    | `bf16x2_t`  | bfloat16         | any, fp32, fp16            | abs sqrt rsqrt exp sin cos max min    |
+/// | `fp32x2_t`  | `fp32x4_t`  | -                | fp16x2, bf16x2, fp8x2      | abs sqrt rsqrt exp sin cos max min    |
+/// | `fp16x2_t`  | `void`      | -                | fp32x2, bf16x2             | abs sqrt rsqrt exp sin cos max min    |
+/// | `bf16x2_t`  | `void`      | -                | fp32x2, fp16x2             | abs sqrt rsqrt exp sin cos max min    |
+/// | `fp8_e4m3_t`, `fp8_e5m2_t` | `fp8x2_*_t` | float8_e4m3fn, float8_e5m2 | any (saturating) | -          |
+/// | `fp8x2_e4m3_t`, `fp8x2_e5m2_t` | `void` | -          | fp32x2 (saturating)        | -                                     |
+///
+/// Packed math is element-wise. Float-to-narrow conversions round to nearest even.
+/// Other types keep the primary `dtype_trait` from `tensor.h` (only `value`).
+
+#pragma once
+
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.cuh>
+
+namespace device::details {
+
+/// \brief What every specialization has: `self_t`, `packed_t` and a `from`
+/// that falls back to `static_cast` for conversions without a dedicated intrinsic.
+template <typename Self, typename Packed>
+struct dtype_trait_base : host::dl_dtype_of<Self> {
+  using self_t = Self;
+  using packed_t = Packed;
+
+  template <typename S>
+  SGL_DEVICE static Self from(const S& value) {
+    return static_cast<Self>(value);
+  }
+};
+
+}  // namespace device::details
+
+template <>
+struct dtype_trait<fp32_t> : device::details::dtype_trait_base<fp32_t, fp32x2_t> {
+  using dtype_trait_base::from;
+  SGL_DEVICE static fp32_t from(const fp16_t& x) {
+    return __half2float(x);
+  }
+  SGL_DEVICE static fp32_t from(const bf16_t& x) {
+    return __bfloat162float(x);
+  }
+  SGL_DEVICE static fp32_t abs(fp32_t x) {
+    return fabsf(x);
+  }
+  SGL_DEVICE static fp32_t sqrt(fp32_t x) {
+    return sqrtf(x);
+  }
+  SGL_DEVICE static fp32_t rsqrt(fp32_t x) {
+    return rsqrtf(x);
+  }
+  SGL_DEVICE static fp32_t exp(fp32_t x) {
+    return expf(x);
+  }
+  SGL_DEVICE static fp32_t sin(fp32_t x) {
+    return sinf(x);
+  }
+  SGL_DEVICE static fp32_t cos(fp32_t x) {
+    return cosf(x);
+  }
+  SGL_DEVICE static fp32_t max(fp32_t x, fp32_t y) {
+    return fmaxf(x, y);
+  }
+  SGL_DEVICE static fp32_t min(fp32_t x, fp32_t y) {
+    return fminf(x, y);
+  }
+};
+
+template <>
+struct dtype_trait<fp16_t> : device::details::dtype_trait_base<fp16_t, fp16x2_t> {
+  using dtype_trait_base::from;
+  SGL_DEVICE static fp16_t from(const fp32_t& x) {
+    return __float2half_rn(x);
+  }
+  SGL_DEVICE static fp16_t from(const bf16_t& x) {
+    return __float2half_rn(__bfloat162float(x));
+  }
+  SGL_DEVICE static fp16_t abs(fp16_t x) {
+    return __habs(x);
+  }
+  SGL_DEVICE static fp16_t sqrt(fp16_t x) {
+    return hsqrt(x);
+  }
+  SGL_DEVICE static fp16_t rsqrt(fp16_t x) {
+    return hrsqrt(x);
+  }
+  SGL_DEVICE static fp16_t exp(fp16_t x) {
+    return hexp(x);
+  }
+  SGL_DEVICE static fp16_t sin(fp16_t x) {
+    return hsin(x);
+  }
+  SGL_DEVICE static fp16_t cos(fp16_t x) {
+    return hcos(x);
+  }
+  SGL_DEVICE static fp16_t max(fp16_t x, fp16_t y) {
+    return __hmax(x, y);
+  }
+  SGL_DEVICE static fp16_t min(fp16_t x, fp16_t y) {
+    return __hmin(x, y);
+  }
+};
+
+template <>
+struct dtype_trait<bf16_t> : device::details::dtype_trait_base<bf16_t, bf16x2_t> {
+  using dtype_trait_base::from;
+  SGL_DEVICE static bf16_t from(const fp32_t& x) {
+    return __float2bfloat16_rn(x);
+  }
+  SGL_DEVICE static bf16_t from(const fp16_t& x) {
+    return __float2bfloat16_rn(__half2float(x));
+  }
+  SGL_DEVICE static bf16_t abs(bf16_t x) {
+    return __habs(x);
+  }
+  SGL_DEVICE static bf16_t sqrt(bf16_t x) {
+    return hsqrt(x);
+  }
+  SGL_DEVICE static bf16_t rsqrt(bf16_t x) {
+    return hrsqrt(x);
+  }
+  SGL_DEVICE static bf16_t exp(bf16_t x) {
+    return hexp(x);
+  }
+  SGL_DEVICE static bf16_t sin(bf16_t x) {
+    return hsin(x);
+  }
+  SGL_DEVICE static bf16_t cos(bf16_t x) {
+    return hcos(x);
+  }
+  SGL_DEVICE static bf16_t max(bf16_t x, bf16_t y) {
+    return __hmax(x, y);
+  }
+  SGL_DEVICE static bf16_t min(bf16_t x, bf16_t y) {
+    return __hmin(x, y);
+  }
+};
+
+template <>
+struct dtype_trait<fp32x2_t> : device::details::dtype_trait_base<fp32x2_t, fp32x4_t> {
+  using dtype_trait_base::from;
+  SGL_DEVICE static fp32x2_t from(const fp16x2_t& x) {
+    return __half22float2(x);
+  }
+  SGL_DEVICE static fp32x2_t from(const bf16x2_t& x) {
+    return __bfloat1622float2(x);
+  }
+  SGL_DEVICE static fp32x2_t abs(fp32x2_t x) {
+    return {fabsf(x.x), fabsf(x.y)};
+  }
+  SGL_DEVICE static fp32x2_t sqrt(fp32x2_t x) {
+    return {sqrtf(x.x), sqrtf(x.y)};
+  }
+  SGL_DEVICE static fp32x2_t rsqrt(fp32x2_t x) {
+    return {rsqrtf(x.x), rsqrtf(x.y)};
+  }
+  SGL_DEVICE static fp32x2_t exp(fp32x2_t x) {
+    return {expf(x.x), expf(x.y)};
+  }
+  SGL_DEVICE static fp32x2_t sin(fp32x2_t x) {
+    return {sinf(x.x), sinf(x.y)};
+  }
+  SGL_DEVICE static fp32x2_t cos(fp32x2_t x) {
+    return {cosf(x.x), cosf(x.y)};
+  }
+  SGL_DEVICE static fp32x2_t max(fp32x2_t x, fp32x2_t y) {
+    return {fmaxf(x.x, y.x), fmaxf(x.y, y.y)};
+  }
+  SGL_DEVICE static fp32x2_t min(fp32x2_t x, fp32x2_t y) {
+    return {fminf(x.x, y.x), fminf(x.y, y.y)};
+  }
+};
+
+template <>
+struct dtype_trait<fp16x2_t> : device::details::dtype_trait_base<fp16x2_t, void> {
+  using dtype_trait_base::from;
+  SGL_DEVICE static fp16x2_t from(const fp32x2_t& x) {
+    return __float22half2_rn(x);
+  }
+  SGL_DEVICE static fp16x2_t from(const bf16x2_t& x) {
+    return __float22half2_rn(__bfloat1622float2(x));
+  }
+  SGL_DEVICE static fp16x2_t abs(fp16x2_t x) {
+    return __habs2(x);
+  }
+  SGL_DEVICE static fp16x2_t sqrt(fp16x2_t x) {
+    return h2sqrt(x);
+  }
+  SGL_DEVICE static fp16x2_t rsqrt(fp16x2_t x) {
+    return h2rsqrt(x);
+  }
+  SGL_DEVICE static fp16x2_t exp(fp16x2_t x) {
+    return h2exp(x);
+  }
+  SGL_DEVICE static fp16x2_t sin(fp16x2_t x) {
+    return h2sin(x);
+  }
+  SGL_DEVICE static fp16x2_t cos(fp16x2_t x) {
+    return h2cos(x);
+  }
+  SGL_DEVICE static fp16x2_t max(fp16x2_t x, fp16x2_t y) {
+    return __hmax2(x, y);
+  }
+  SGL_DEVICE static fp16x2_t min(fp16x2_t x, fp16x2_t y) {
+    return __hmin2(x, y);
+  }
+};
+
+template <>
+struct dtype_trait<bf16x2_t> : device::details::dtype_trait_base<bf16x2_t, void> {
+  using dtype_trait_base::from;
+  SGL_DEVICE static bf16x2_t from(const fp32x2_t& x) {
+    return __float22bfloat162_rn(x);
+  }
+  SGL_DEVICE static bf16x2_t from(const fp16x2_t& x) {
+    return __float22bfloat162_rn(__half22float2(x));
+  }
+  SGL_DEVICE static bf16x2_t abs(bf16x2_t x) {
+    return __habs2(x);
+  }
+  SGL_DEVICE static bf16x2_t sqrt(bf16x2_t x) {
+    return h2sqrt(x);
+  }
+  SGL_DEVICE static bf16x2_t rsqrt(bf16x2_t x) {
+    return h2rsqrt(x);
+  }
+  SGL_DEVICE static bf16x2_t exp(bf16x2_t x) {
+    return h2exp(x);
+  }
+  SGL_DEVICE static bf16x2_t sin(bf16x2_t x) {
+    return h2sin(x);
+  }
+  SGL_DEVICE static bf16x2_t cos(bf16x2_t x) {
+    return h2cos(x);
+  }
+  SGL_DEVICE static bf16x2_t max(bf16x2_t x, bf16x2_t y) {
+    return __hmax2(x, y);
+  }
+  SGL_DEVICE static bf16x2_t min(bf16x2_t x, bf16x2_t y) {
+    return __hmin2(x, y);
+  }
+};
+
+// FP8 types are storage formats: conversions only (the constructors saturate to the finite range).
+template <>
+struct dtype_trait<fp8_e4m3_t> : device::details::dtype_trait_base<fp8_e4m3_t, fp8x2_e4m3_t> {};
+
+template <>
+struct dtype_trait<fp8_e5m2_t> : device::details::dtype_trait_base<fp8_e5m2_t, fp8x2_e5m2_t> {};
+
+template <>
+struct dtype_trait<fp8x2_e4m3_t> : device::details::dtype_trait_base<fp8x2_e4m3_t, void> {};
+
+template <>
+struct dtype_trait<fp8x2_e5m2_t> : device::details::dtype_trait_base<fp8x2_e5m2_t, void> {};
+
+/// \brief The packed (x2) type of `T`: `packed_t<fp16_t>` is `fp16x2_t`.
+template <typename T>
+using packed_t = typename dtype_trait<T>::packed_t;
+
+namespace device {
+
+/**
+ * \brief Converts between the CUDA number types with the right intrinsic:
+ *        `cast<fp32x2_t>(half2_value)`, `cast<bf16_t, float>(x)`.
+ *        Types without a `dtype_trait::from` fall back to `static_cast`.
+ */
+template <typename To, typename From>
+SGL_DEVICE To cast(const From& value) {
+  if constexpr (requires { dtype_trait<To>::from(value); }) {
+    return dtype_trait<To>::from(value);
+  } else {
+    return static_cast<To>(value);
+  }
+}
+
+}  // namespace device

@@ -1,0 +1,219 @@
+/// \file utils.cuh
+/// \brief CUDA essentials: dtype aliases, `SGL_DEVICE`, small device helpers,
+/// PDL hooks, and on the host `RuntimeDeviceCheck` and `LaunchKernel`.
+///
+/// `RuntimeDeviceCheck` messages follow `utils.h`:
+///
+///     CUDA error at <file>:<line>: <cudaErrorName> (<description>)
+
+#pragma once
+
+#include <sgl_kernel/utils.h>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <type_traits>
+#include <utility>
+
+// Element types, named by width so kernels read the same for every dtype.
+using fp32_t = float;
+using fp16_t = __half;
+using bf16_t = __nv_bfloat16;
+using fp8_e4m3_t = __nv_fp8_e4m3;
+using fp8_e5m2_t = __nv_fp8_e5m2;
+
+// Packed pairs (and quads) used for vectorized math.
+using fp32x2_t = float2;
+using fp16x2_t = __half2;
+using bf16x2_t = __nv_bfloat162;
+using fp8x2_e4m3_t = __nv_fp8x2_e4m3;
+using fp8x2_e5m2_t = __nv_fp8x2_e5m2;
+using fp32x4_t = float4;
+using fp8x4_e4m3_t = __nv_fp8x4_e4m3;
+using fp8x4_e5m2_t = __nv_fp8x4_e5m2;
+
+/// \brief Qualifier for device helper functions.
+#define SGL_DEVICE __forceinline__ __device__
+
+namespace device {
+
+inline constexpr uint32_t kWarpThreads = 32;
+inline constexpr uint32_t kFullMask = 0xffffffffu;
+
+/// \brief Programmatic dependent launch (PDL), first half: block until the
+/// preceding kernel in the stream has triggered (or finished), so its output
+/// is visible. Put it before the first read of that output. A no-op below sm_90
+/// or when `kUsePDL` is false; harmless when the launch did not enable PDL.
+template <bool kUsePDL = true>
+SGL_DEVICE void PDLWaitPrimary() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  if constexpr (kUsePDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// \brief PDL, second half: let the next kernel in the stream start its
+/// prologue now. Call it once this kernel no longer needs exclusive resources.
+template <bool kUsePDL = true>
+SGL_DEVICE void PDLTriggerSecondary() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  if constexpr (kUsePDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// \brief Read element `offset` of type `T` from an untyped pointer.
+template <typename T>
+SGL_DEVICE auto load_as(const void* ptr, int64_t offset = 0) -> T {
+  return static_cast<const T*>(ptr)[offset];
+}
+
+/// \brief Write element `offset` of type `T`. `T` must be spelled out
+/// (`store_as<fp16_t>(...)`): deducing it from `value` would silently store a float.
+template <typename T>
+SGL_DEVICE void store_as(void* ptr, std::type_identity_t<T> value, int64_t offset = 0) {
+  static_cast<T*>(ptr)[offset] = value;
+}
+
+/// \brief `device::pointer::offset` is the host one: it is `__host__ __device__`
+/// under nvcc. An alias (rather than a copy) keeps `using namespace host;`
+/// and `using namespace device;` in one scope unambiguous.
+namespace pointer = ::host::pointer;
+
+/// \brief Plain register array, e.g. the per-thread payload of warp-wide copies.
+template <typename T, std::size_t N>
+struct device_vec {
+  T data[N];
+};
+
+}  // namespace device
+
+namespace host {
+
+/// \brief Throws `PanicError` if `error` is not `cudaSuccess`.
+inline void RuntimeDeviceCheck(cudaError_t error, DebugInfo where = {}) {
+  if (error == cudaSuccess) [[likely]]
+    return;
+  details::fail("CUDA error", where, cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
+}
+
+/// \brief Checks (and clears) the last CUDA error, e.g. right after a `<<<...>>>` launch.
+inline void RuntimeDeviceCheck(DebugInfo where = {}) {
+  RuntimeDeviceCheck(cudaGetLastError(), where);
+}
+
+/**
+ * \brief Launches a kernel through `cudaLaunchKernelEx` and checks the result.
+ *
+ * \code
+ *   LaunchKernel(num_blocks, num_threads, device.unwrap())(kernel, params);
+ *   LaunchKernel(grid, block, stream, smem_bytes).enable_pdl(kUsePDL)(kernel, a, b);
+ * \endcode
+ *
+ * Built from a `DLDevice`, it launches on PyTorch's current stream for that
+ * device (`resolve_device`) and makes that device current for the launch,
+ * restoring the caller's device afterwards: a kernel must run where its
+ * tensors are, even when the caller's current device is another GPU.
+ * Dynamic shared memory above the 48 KiB default is opted into automatically.
+ * Errors name the line that built the launcher.
+ */
+class LaunchKernel {
+ public:
+  explicit LaunchKernel(
+      dim3 grid_dim, dim3 block_dim, DLDevice device, std::size_t dynamic_smem_bytes = 0, DebugInfo where = {})
+      : m_config(make_config(grid_dim, block_dim, resolve_device(device, where), dynamic_smem_bytes)),
+        m_device_id(device.device_id),
+        m_where(where) {}
+
+  explicit LaunchKernel(
+      dim3 grid_dim, dim3 block_dim, cudaStream_t stream, std::size_t dynamic_smem_bytes = 0, DebugInfo where = {})
+      : m_config(make_config(grid_dim, block_dim, stream, dynamic_smem_bytes)), m_where(where) {}
+
+  LaunchKernel(const LaunchKernel&) = delete;
+  LaunchKernel& operator=(const LaunchKernel&) = delete;
+
+  /// \brief PyTorch's current stream on `device` (as tvm-ffi recorded it for this call).
+  static auto resolve_device(DLDevice device, DebugInfo where = {}) -> cudaStream_t {
+    RuntimeCheck(
+        where,
+        device.device_type == kDLCUDA || device.device_type == kDLCUDAManaged,
+        "LaunchKernel needs a CUDA device, got device_type=",
+        static_cast<int>(device.device_type));
+    return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  }
+
+  /// \brief Allow the next kernel in the stream to overlap with this one's tail
+  /// (programmatic stream serialization, sm_90+). Pair with `PDLWaitPrimary`.
+  auto enable_pdl(bool enabled = true) -> LaunchKernel& {
+    m_pdl = enabled;
+    return *this;
+  }
+
+  template <typename Kernel, typename... Args>
+  auto operator()(Kernel&& kernel, Args&&... args) const -> void {
+    const CurrentDevice guard{m_device_id, m_where};
+    auto config = m_config;
+    cudaLaunchAttribute attribute{};
+    if (m_pdl) {
+      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute.val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+    }
+    if (config.dynamicSmemBytes > kDefaultSmemLimit) {
+      RuntimeDeviceCheck(
+          cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(config.dynamicSmemBytes)),
+          m_where);
+    }
+    RuntimeDeviceCheck(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), m_where);
+  }
+
+ private:
+  static constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
+
+  /// \brief Makes `device_id` current for its lifetime (if it is not already);
+  /// `-1` means "leave the current device alone" (stream-based launches).
+  class CurrentDevice {
+   public:
+    CurrentDevice(int device_id, const DebugInfo& where) {
+      if (device_id < 0) return;
+      RuntimeDeviceCheck(cudaGetDevice(&m_previous), where);
+      if (m_previous == device_id) return;
+      RuntimeDeviceCheck(cudaSetDevice(device_id), where);
+      m_switched = true;
+    }
+    CurrentDevice(const CurrentDevice&) = delete;
+    CurrentDevice& operator=(const CurrentDevice&) = delete;
+    ~CurrentDevice() {
+      if (m_switched) cudaSetDevice(m_previous);  // cannot throw from here; restoring rarely fails
+    }
+
+   private:
+    int m_previous = -1;
+    bool m_switched = false;
+  };
+
+  static auto make_config(dim3 grid_dim, dim3 block_dim, cudaStream_t stream, std::size_t smem) -> cudaLaunchConfig_t {
+    auto config = cudaLaunchConfig_t{};
+    config.gridDim = grid_dim;
+    config.blockDim = block_dim;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = nullptr;
+    config.numAttrs = 0;
+    return config;
+  }
+
+  cudaLaunchConfig_t m_config;
+  int m_device_id = -1;
+  bool m_pdl = false;
+  DebugInfo m_where;
+};
+
+}  // namespace host

@@ -1,0 +1,83 @@
+/// \file vec.cuh
+/// \brief `AlignedVector<T, N>`: N elements moved with one wide load/store.
+
+#pragma once
+
+#include <sgl_kernel/utils.cuh>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace device {
+
+/**
+ * \brief `N` elements of `T`, aligned to their total size so that copying the
+ *        whole vector compiles to a single 32/64/128-bit (or, on sm_100+,
+ *        256-bit) memory instruction.
+ *
+ * `load(ptr, i)` / `store(ptr, i)` treat `ptr` as an array of vectors and move
+ * vector number `i`, i.e. elements `[i * N, (i + 1) * N)`. The address must be
+ * aligned to `sizeof(T) * N` bytes.
+ *
+ * \code
+ *   AlignedVector<fp16_t, 8> v;  // 16 bytes
+ *   v.load(src, i);
+ *   v[0] = v[0] + v[1];
+ *   v.store(dst, i);
+ * \endcode
+ *
+ * \tparam N a power of two with `sizeof(T) * N <= 32`.
+ */
+template <typename T, std::size_t N>
+struct AlignedVector {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "AlignedVector: N must be a power of two");
+  static_assert(sizeof(T) * N <= 32, "AlignedVector: at most 32 bytes (256 bits) per vector");
+
+  using value_type = T;
+  static constexpr std::size_t kSize = N;
+  static constexpr std::size_t kBytes = sizeof(T) * N;
+
+  /// \brief Loads vector number `offset` from `ptr` (a `T*` or `void*`).
+  template <typename U>
+  SGL_DEVICE void load(const U* ptr, std::size_t offset = 0) {
+    static_assert(std::is_same_v<U, T> || std::is_void_v<U>, "AlignedVector::load: pointer must be T* or void*");
+    m_storage = reinterpret_cast<const Storage*>(ptr)[offset];
+  }
+
+  /// \brief Stores this vector as vector number `offset` of `ptr` (a `T*` or `void*`).
+  template <typename U>
+  SGL_DEVICE void store(U* ptr, std::size_t offset = 0) const {
+    static_assert(std::is_same_v<U, T> || std::is_void_v<U>, "AlignedVector::store: pointer must be T* or void*");
+    reinterpret_cast<Storage*>(ptr)[offset] = m_storage;
+  }
+
+  SGL_DEVICE void fill(T value) {
+#pragma unroll
+    for (std::size_t i = 0; i < N; ++i) m_storage.data[i] = value;
+  }
+
+  SGL_DEVICE auto operator[](std::size_t i) -> T& {
+    return m_storage.data[i];
+  }
+  SGL_DEVICE auto operator[](std::size_t i) const -> const T& {
+    return m_storage.data[i];
+  }
+  SGL_DEVICE auto data() -> T* {
+    return m_storage.data;
+  }
+  SGL_DEVICE auto data() const -> const T* {
+    return m_storage.data;
+  }
+  static constexpr auto size() -> std::size_t {
+    return N;
+  }
+
+ private:
+  // The alignment is what lets the compiler emit one vector instruction per copy.
+  struct alignas(sizeof(T) * N) Storage {
+    T data[N];
+  };
+  Storage m_storage;
+};
+
+}  // namespace device
