@@ -68,7 +68,7 @@ struct AlignedVector {
   SGL_DEVICE auto data() const -> const T* {
     return m_storage.data;
   }
-  static constexpr auto size() -> std::size_t {
+  __host__ __device__ static constexpr auto size() -> std::size_t {
     return N;
   }
 

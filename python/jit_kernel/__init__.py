@@ -31,7 +31,9 @@ def __getattr__(name: str) -> object:
     if name in _OPS:
         import importlib
 
-        return getattr(importlib.import_module(_OPS[name]), name)
+        value = getattr(importlib.import_module(_OPS[name]), name)
+        globals()[name] = value  # later lookups are plain attribute hits
+        return value
     raise AttributeError(f"module 'jit_kernel' has no attribute {name!r}")
 
 

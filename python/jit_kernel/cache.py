@@ -140,7 +140,7 @@ def _lock(root: Path, entry: str) -> Iterator[None]:
     try:
         lock.acquire(timeout=1)
     except filelock.Timeout:
-        logger.info("waiting for another process that is compiling %s", entry)
+        logger.info("waiting for another process to finish building %s", entry)
         lock.acquire()
     try:
         yield
