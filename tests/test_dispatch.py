@@ -1,0 +1,195 @@
+"""The dispatcher: prebuilt first when it fits the GPU and the sources, JIT otherwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jit_kernel
+from jit_helpers import recorded_logs
+from jit_kernel import env, families, prebuilt
+from jit_kernel.arch import Arch, parse_arch_list, runs_on
+from jit_kernel.dispatch import Dispatcher, JitDisabledError
+from jit_kernel.spec import KernelSpec, symbol_name
+
+installed = pytest.mark.skipif(
+    env.DATA_ROOT != env.PACKAGE_DIR, reason="needs the installed wheel (a source checkout has no prebuilt library)"
+)
+
+
+def _i32(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.int32)
+
+
+@pytest.fixture
+def host() -> Dispatcher:
+    return Dispatcher(families.ADD_CONSTANT_HOST)
+
+
+@pytest.fixture
+def cuda_at(monkeypatch: pytest.MonkeyPatch):
+    """A CUDA dispatcher that believes the GPU has the given compute capability."""
+
+    def make(capability: tuple[int, int]) -> Dispatcher:
+        monkeypatch.setattr("jit_kernel.dispatch.device_capability", lambda: capability)
+        return Dispatcher(families.ADD_CONSTANT_CUDA)
+
+    return make
+
+
+def test_add_constant_cpu_results() -> None:
+    for constant in (1, 2, 3, 5, -4):
+        src = torch.randint(-1000, 1000, (37,), dtype=torch.int32)
+        out = torch.full_like(src, 123456)
+        assert jit_kernel.add_constant(src, constant, out=out) is out
+        assert torch.equal(out, src + constant)
+    grid = torch.randint(-1000, 1000, (3, 5), dtype=torch.int32)
+    assert torch.equal(jit_kernel.add_constant(grid, 2), grid + 2)
+    empty = torch.empty(0, dtype=torch.int32)
+    assert jit_kernel.add_constant(empty, 1).numel() == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"),
+    [
+        (lambda: jit_kernel.add_constant(torch.zeros(4), 1), TypeError, "src must be int32"),
+        (lambda: jit_kernel.add_constant([1, 2], 1), TypeError, "src must be a torch.Tensor"),
+        (lambda: jit_kernel.add_constant(_i32(4), 1.5), TypeError, "constant must be an int"),
+        (lambda: jit_kernel.add_constant(_i32(4), 2**31), ValueError, "int32"),
+        (
+            lambda: jit_kernel.add_constant(_i32(4, 4).t(), 1),
+            ValueError,
+            "src must be contig",
+        ),
+        (
+            lambda: jit_kernel.add_constant(_i32(4), 1, out=_i32(5)),
+            ValueError,
+            "out must be",
+        ),
+    ],
+)
+def test_add_constant_bad_input_names_the_argument(call, error: type[Exception], pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+@installed
+def test_prebuilt_config_takes_the_prebuilt_symbol(host: Dispatcher) -> None:
+    with recorded_logs() as logs:
+        host.function("run", (1,))
+    assert host.decisions[(1,)] == "prebuilt"
+    assert "add_constant_host<1>: prebuilt" in logs.messages
+    assert logs.compiles() == []
+
+
+def test_other_config_is_jit_compiled_and_says_why(host: Dispatcher) -> None:
+    with recorded_logs() as logs:
+        run = host.function("run", (17,))
+    src = torch.arange(8, dtype=torch.int32)
+    out = torch.empty_like(src)
+    run(out, src)
+    assert torch.equal(out, src + 17)
+    assert host.decisions[(17,)].startswith("jit (")
+    assert any(m.startswith("add_constant_host<17>: jit (") for m in logs.messages)
+    with recorded_logs() as logs:
+        assert host.function("run", (17,)) is run  # resolved once: a dict hit afterwards
+    assert logs.messages == []
+
+
+def test_disable_prebuilt_forces_jit(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_PREBUILT", "1")
+    host.function("run", (2,))
+    assert host.decisions[(2,)] == "jit (prebuilt disabled by JIT_KERNEL_DISABLE_PREBUILT=1)"
+
+
+def test_disable_jit_turns_a_miss_into_an_error(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
+    with pytest.raises(JitDisabledError, match=r"add_constant_host<12345>.*JIT_KERNEL_DISABLE_JIT=1"):
+        host.function("run", (12345,))
+
+
+def test_disable_jit_and_prebuilt_together_is_an_error(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_PREBUILT", "1")
+    with pytest.raises(JitDisabledError, match=r"add_constant_host<1>.*DISABLE_PREBUILT"):
+        host.function("run", (1,))
+
+
+@installed
+def test_prebuilt_for_another_arch_is_not_used(cuda_at, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")  # resolve without compiling
+    manifest = prebuilt.manifest()
+    assert manifest is not None
+    entry = manifest.symbols[symbol_name(families.ADD_CONSTANT_CUDA, "run", (1,))]
+    built = entry.machine_code[0]
+    on_built_gpu = cuda_at((built.major, built.minor))
+    on_built_gpu.function("run", (1,))
+    assert on_built_gpu.decisions[(1,)] == "prebuilt"
+    with pytest.raises(JitDisabledError, match=r"add_constant<1>.*no prebuilt for sm_120"):
+        cuda_at((12, 0)).function("run", (1,))
+    with pytest.raises(JitDisabledError, match=r"no prebuilt for sm_75"):
+        cuda_at((7, 5)).function("run", (1,))
+
+
+@installed
+def test_prebuilt_from_other_sources_is_not_used(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prebuilt, "installed_source_hash", lambda spec: "edited-sources")
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
+    with pytest.raises(JitDisabledError, match="sources differ"):
+        host.function("run", (3,))
+
+
+@pytest.mark.parametrize(
+    ("arch", "capability", "machine_code", "ptx"),
+    [
+        ("8.0", (8, 0), True, True),
+        ("8.0", (8, 9), True, True),
+        ("8.0", (9, 0), False, True),
+        ("8.9", (8, 0), False, False),
+        ("9.0a", (9, 0), True, True),
+        ("9.0a", (10, 0), False, False),
+        ("10.0a", (10, 3), False, False),
+        ("12.0f", (12, 1), True, True),
+        ("12.0f", (10, 0), False, False),
+        ("12.0", (12, 0), True, True),
+    ],
+)
+def test_arch_compatibility_rules(arch: str, capability: tuple[int, int], machine_code: bool, ptx: bool) -> None:
+    parsed = Arch.parse(arch)
+    assert parsed.machine_code_runs_on(capability) is machine_code
+    assert parsed.ptx_runs_on(capability) is ptx
+    assert runs_on([], [parsed], capability) is ptx
+
+
+def test_arch_list_parsing() -> None:
+    targets = parse_arch_list("8.0;8.9 9.0a,10.0a;12.0+PTX")
+    assert [str(t.arch) for t in targets] == ["8.0", "8.9", "9.0a", "10.0a", "12.0"]
+    assert [t.ptx for t in targets] == [False, False, False, False, True]
+    assert targets[2].gencode() == "-gencode=arch=compute_90a,code=sm_90a"
+    assert targets[4].gencode() == "-gencode=arch=compute_120,code=[sm_120,compute_120]"
+    assert parse_arch_list("none") == [] == parse_arch_list("")
+    with pytest.raises(ValueError, match="invalid CUDA arch"):
+        parse_arch_list("sm_90")
+
+
+def test_symbol_names_are_unique_c_identifiers() -> None:
+    spec = KernelSpec(family="demo", sources=("x.cuh",), params=("a", "b", "c"), exports={"run": "K<{args}>::run"})
+    configs = [(1, True, "bf16_t"), (-1, True, "bf16_t"), (1, False, "bf16_t"), (1, True, "fp16_t"), (11, True, "f")]
+    names = [symbol_name(spec, "run", c) for c in configs]
+    assert len(set(names)) == len(names)
+    assert all(n.isidentifier() for n in names)
+    assert names[0] == "demo__run__1_true_bf16_t"
+    assert names[1] == "demo__run__m1_true_bf16_t"
+    assert spec.describe((1, True, "bf16_t")) == "demo<1, true, bf16_t>"
+    assert spec.wrapper("run", (1, True, "bf16_t")) == "K<1, true, bf16_t>::run"
+    with pytest.raises(ValueError, match="does not match parameters"):
+        spec.check_config((1,))
+
+
+def test_every_family_spec_is_consistent() -> None:
+    for spec in families.ALL_FAMILIES:
+        assert spec.prebuilt, f"{spec.family} prebuilds nothing"
+        for source in spec.sources:
+            assert (env.CSRC_DIR / source).is_file(), source
+        symbols = [symbol_name(spec, e, c) for c in spec.prebuilt for e in spec.exports]
+        assert len(set(symbols)) == len(symbols)
