@@ -13,7 +13,8 @@
 //   panic_now, irange_sum, div_ceil, dtype_bytes
 //
 // The test finds expected line numbers through the `@line:<case>` markers, so
-// keep each marker on the line that makes the failing call.
+// keep each marker on the line that makes the failing call. g++ reports that
+// line; nvcc reports the first line of a multi-line statement, marked `@chain:`.
 
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.h>
@@ -59,7 +60,7 @@ inline void stride_mismatch(TensorView t) {
   using namespace host;
   auto S = SymbolicSize{"kv_stride"};
   S.set_value(32);
-  TensorMatcher({-1, -1})  //
+  TensorMatcher({-1, -1})  // @chain:stride_mismatch
       .with_strides({S, 1})
       .verify(t);  // @line:stride_mismatch
 }
@@ -155,13 +156,13 @@ inline auto bind_shared(TensorView a, TensorView b, TensorView w) -> tvm::ffi::A
   auto S = SymbolicSize{"row_stride"};
   auto dtype = SymbolicDType{};
   auto device = SymbolicDevice{};
-  TensorMatcher({N, D})  //
+  TensorMatcher({N, D})  // @chain:bind_shared_b
       .with_strides({S, 1})
       .with_dtype<float, double>(dtype)
       .with_device<kDLCPU>(device)
       .verify(a)
-      .verify(b);
-  TensorMatcher({D}).with_dtype(dtype).with_device(device).verify(w);
+      .verify(b);  // @line:bind_shared_b
+  TensorMatcher({D}).with_dtype(dtype).with_device(device).verify(w);  // @line:bind_shared_w
   return {N.unwrap(), D.unwrap(), S.unwrap()};
 }
 

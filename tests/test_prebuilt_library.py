@@ -1,0 +1,141 @@
+"""The prebuilt library: manifest vs generated sources, exports, machine code, host-only builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tvm_ffi
+
+from jit_kernel import aot, env, families, prebuilt
+from jit_kernel.spec import all_symbols, source_hash
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+installed = pytest.mark.skipif(
+    env.DATA_ROOT != env.PACKAGE_DIR, reason="needs the installed wheel (a source checkout has no prebuilt library)"
+)
+
+
+def _manifest() -> prebuilt.Manifest:
+    manifest = prebuilt.manifest()
+    assert manifest is not None, "the installed wheel carries no prebuilt manifest"
+    return manifest
+
+
+@installed
+def test_manifest_matches_freshly_generated_sources(tmp_path: Path) -> None:
+    manifest = _manifest()
+    cuda_entries = [s for s in manifest.symbols.values() if s.target == "cuda"]
+    archs = ";".join(str(a) for a in cuda_entries[0].machine_code) if cuda_entries else "none"
+    generated = aot.generate(tmp_path, archs, manifest.cuda_version, manifest.tvm_ffi_version)
+    installed_manifest = json.loads((prebuilt.LIBRARY_DIR / prebuilt.MANIFEST_NAME).read_text())
+    assert generated["symbols"] == installed_manifest["symbols"]
+    units = "\n".join(p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".cc", ".cu"))
+    exported = set(re.findall(r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\((\w+),", units))
+    assert exported == set(manifest.symbols)
+
+
+@installed
+def test_manifest_covers_every_family_grid_with_current_source_hashes() -> None:
+    manifest = _manifest()
+    for spec in families.ALL_FAMILIES:
+        if spec.target == "cuda" and manifest.cuda_version is None:
+            continue
+        for export, config, symbol in all_symbols(spec):
+            entry = manifest.symbols[symbol]
+            assert (entry.family, entry.export, entry.config) == (spec.family, export, config)
+            assert entry.source_hash == source_hash(spec)
+            if spec.target == "cuda":
+                assert entry.machine_code, f"{symbol} has no machine code"
+
+
+@installed
+def test_library_loads_without_a_gpu_and_exports_every_symbol() -> None:
+    library = prebuilt.library()
+    for symbol in _manifest().symbols:
+        assert library.implements_function(symbol), symbol
+
+
+def fatbin_entries(library: Path) -> list[tuple[str, int]]:
+    """(kind, sm) of every image embedded in a CUDA library's fat binaries (no cuobjdump needed).
+
+    A fat binary is a 16-byte header (magic 0xBA55ED50, version, header size, payload size)
+    followed by entries, each with its own header: kind (1 PTX, 2 ELF) at byte 0, header size
+    at byte 4, padded payload size at byte 8, and the SM version at byte 28.
+    """
+    data = library.read_bytes()
+    magic = struct.pack("<I", 0xBA55ED50)
+    found: list[tuple[str, int]] = []
+    start = data.find(magic)
+    while start >= 0:
+        _, _, header_size, fat_size = struct.unpack_from("<IHHQ", data, start)
+        entry, end = start + header_size, start + header_size + fat_size
+        while entry < end:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
+            (sm,) = struct.unpack_from("<I", data, entry + 28)
+            found.append(({1: "ptx", 2: "elf"}.get(kind, str(kind)), sm))
+            entry += entry_header + payload
+        start = data.find(magic, end)
+    return found
+
+
+@installed
+def test_cuda_instantiations_are_machine_code_for_the_manifest_archs() -> None:
+    manifest = _manifest()
+    if manifest.cuda_version is None:
+        pytest.skip("host-only prebuilt library (built without a CUDA toolkit)")
+    entries = fatbin_entries(manifest.library)
+    units = sum(len(spec.prebuilt) for spec in families.ALL_FAMILIES if spec.target == "cuda")
+    archs = {a for s in manifest.symbols.values() for a in s.machine_code}
+    ptx = {a for s in manifest.symbols.values() for a in s.ptx}
+    for arch in archs:
+        assert entries.count(("elf", arch.major * 10 + arch.minor)) == units, entries
+    for arch in ptx:
+        assert entries.count(("ptx", arch.major * 10 + arch.minor)) == units, entries
+
+
+def test_host_only_generation_has_no_cuda_symbols(tmp_path: Path) -> None:
+    generated = aot.generate(tmp_path, "none", None, tvm_ffi.__version__)
+    symbols = generated["symbols"]
+    assert isinstance(symbols, dict) and symbols
+    assert {s["target"] for s in symbols.values()} == {"host"}
+    assert not list(tmp_path.glob("cuda/*.cu"))
+    assert 'set(JIT_KERNEL_AOT_CUDA_SOURCES "")' in (tmp_path / "sources.cmake").read_text()
+
+
+def _cmake() -> str:
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        pytest.skip("cmake not installed")
+    version = subprocess.run([cmake, "--version"], capture_output=True, text=True, check=True).stdout
+    major, minor = map(int, re.search(r"(\d+)\.(\d+)", version).groups())  # type: ignore[union-attr]
+    if (major, minor) < (3, 26):
+        pytest.skip(f"cmake {major}.{minor} is older than the 3.26 the build needs")
+    return cmake
+
+
+def test_build_without_cuda_toolkit_is_host_only_and_says_so(tmp_path: Path) -> None:
+    cmake = _cmake()
+    environment = {**os.environ, "CUDACXX": "/nonexistent/nvcc", "JIT_KERNEL_AOT_ARCHS": "9.0"}
+    environment.pop("CUDA_HOME", None)
+    configure = subprocess.run(
+        [cmake, "-S", str(REPO_ROOT), "-B", str(tmp_path), f"-DPython_EXECUTABLE={sys.executable}"],
+        capture_output=True, text=True, env=environment, check=False,
+    )  # fmt: skip
+    assert configure.returncode == 0, configure.stderr
+    assert "no CUDA toolkit found" in configure.stderr
+    assert "host-only" in configure.stderr
+    build = subprocess.run([cmake, "--build", str(tmp_path), "-j2"], capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    manifest = json.loads((tmp_path / "generated" / "prebuilt_manifest.json").read_text())
+    assert manifest["cuda_version"] is None
+    assert {s["target"] for s in manifest["symbols"].values()} == {"host"}
+    library = tvm_ffi.load_module(str(tmp_path / "libjit_kernel_prebuilt.so"))
+    assert all(library.implements_function(symbol) for symbol in manifest["symbols"])
