@@ -88,49 +88,50 @@ def _gpu_description() -> tuple[str, bool]:
     return f"{name} (cuda:{index}, compute capability {major}.{minor}, builds for {Arch.parse(arch).sm})", True
 
 
-def _self_test_host() -> str:
+def _check_add_constant(device: str, constant: int) -> str:
+    """Run add_constant through the public op and the dispatcher; return the dispatcher's decision."""
     import torch
 
-    from jit_kernel.jit import load_jit, make_cpp_args
+    from jit_kernel.ops import add_constant as op
 
-    args = make_cpp_args(7)
-    module = load_jit(
-        "doctor_host", *args, cpp_files=["add_constant.h"],
-        cpp_wrappers=[("run", f"jit_kernel::add_constant::run_host<{args}>")],
-    )  # fmt: skip
-    src = torch.arange(1000, dtype=torch.int32)
-    out = torch.full_like(src, -1)
-    module.run(out, src)
-    if not torch.equal(out, src + 7):
-        raise RuntimeError("host self-test module computed a wrong result")
-    return "host module compiled, loaded and ran correctly"
+    src = torch.arange(-500, 1 << 16, dtype=torch.int32, device=device)
+    out = op.add_constant(src, constant)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    if not torch.equal(out, src + constant):
+        raise RuntimeError(f"add_constant<{constant}> on {device} computed a wrong result")
+    dispatcher = op._CUDA if device == "cuda" else op._HOST
+    return dispatcher.decisions[(constant,)]
+
+
+def _self_test_host() -> str:
+    prebuilt_decision = _check_add_constant("cpu", 1)
+    jit_decision = _check_add_constant("cpu", 7)
+    return f"add_constant<1>: {prebuilt_decision}; add_constant<7>: {jit_decision}; results correct"
 
 
 def _self_test_cuda(gpu: bool) -> str:
-    import torch
+    if gpu:
+        prebuilt_decision = _check_add_constant("cuda", 1)
+        jit_decision = _check_add_constant("cuda", 7)
+        return f"add_constant<1>: {prebuilt_decision}; add_constant<7>: {jit_decision}; results correct on the GPU"
+    arch = env.cuda_arch_override() or "9.0a"
+    jit_module(families.ADD_CONSTANT_CUDA, (7,), cuda_arch=arch)
+    return f"add_constant<7> compiled and loaded for {Arch.parse(arch).sm} (not run: no GPU)"
 
-    from jit_kernel.jit import make_build_request, make_cpp_args
 
-    args = make_cpp_args(7)
-    build = {
-        "cuda_files": ["add_constant.cuh"],
-        "cuda_wrappers": [("run", f"jit_kernel::add_constant::run_cuda<{args}>")],
-    }
-    if not gpu:
-        arch = env.cuda_arch_override() or "9.0a"
-        request = make_build_request("doctor_cuda", *args, cuda_arch=arch, **build)  # type: ignore[arg-type]
-        cache.load_or_build(request)
-        return f"CUDA module compiled and loaded for {Arch.parse(arch).sm} (not run: no GPU)"
-    from jit_kernel.jit import load_jit
-
-    module = load_jit("doctor_cuda", *args, **build)  # type: ignore[arg-type]
-    src = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
-    out = torch.full_like(src, -1)
-    module.run(out, src)
-    torch.cuda.synchronize()
-    if not torch.equal(out, src + 7):
-        raise RuntimeError("CUDA self-test kernel computed a wrong result")
-    return "CUDA module compiled, loaded and ran correctly on the GPU"
+def _prebuilt_description() -> str:
+    manifest = prebuilt.manifest()
+    if manifest is None:
+        return "none installed (every config is JIT-compiled on first use)"
+    cuda = [s for s in manifest.symbols.values() if s.target == "cuda"]
+    archs = sorted({a.sm for s in cuda for a in s.machine_code} | {f"{a.compute}(PTX)" for s in cuda for a in s.ptx})
+    families_built = sorted({s.family for s in manifest.symbols.values()})
+    return (
+        f"{len(manifest.symbols)} symbols of {len(families_built)} families ({', '.join(families_built)}); "
+        f"CUDA {manifest.cuda_version or 'none (host-only build)'}; archs {' '.join(archs) or '-'}; "
+        f"tvm-ffi {manifest.tvm_ffi_version}; `python -m jit_kernel list` for details"
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -149,14 +150,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"GPU            {gpu_text}")
     print(f"headers        {env.INCLUDE_DIR}")
     root = env.cache_dir()
+    print(f"prebuilt       {_probe(_prebuilt_description)}")
     print(f"cache          {root} ({len(cache.list_entries(root))} modules, {_format_size(cache.total_size(root))})")
 
-    checks: list[tuple[str, Callable[[], str]]] = [("host JIT self-test", _self_test_host)]
+    checks: list[tuple[str, Callable[[], str]]] = [("host self-test", _self_test_host)]
     if nvcc.startswith("unavailable"):
         if gpu:
             problems.append("a GPU is visible but nvcc is missing, so kernels cannot be JIT-compiled")
     else:
-        checks.append(("CUDA JIT self-test", lambda: _self_test_cuda(gpu)))
+        checks.append(("CUDA self-test", lambda: _self_test_cuda(gpu)))
     for label, check in checks:
         start = time.perf_counter()
         try:

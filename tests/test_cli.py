@@ -1,0 +1,108 @@
+"""``python -m jit_kernel``: clangd, doctor, list, warm, cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tvm_ffi.libinfo
+
+from jit_kernel import cache, env
+
+
+def run_cli(*args: str, cwd: Path | None = None, **environment: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jit_kernel", *args],
+        capture_output=True, text=True, cwd=cwd, env={**os.environ, **environment}, check=False,
+    )  # fmt: skip
+
+
+def test_clangd_writes_config_and_never_overwrites(tmp_path: Path) -> None:
+    result = run_cli("clangd", "--cuda-arch", "9.0a", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / ".clangd").read_text()
+    assert text.startswith("CompileFlags:\n  Add:\n")
+    for flag in ("-xcuda", "--cuda-gpu-arch=sm_90a", "-std=c++20"):
+        assert f"    - {flag}\n" in text
+    assert f"-isystem{env.INCLUDE_DIR}\n" in text
+    assert f"-isystem{tvm_ffi.libinfo.find_include_path()}\n" in text
+
+    (tmp_path / ".clangd").write_text("mine\n")
+    refused = run_cli("clangd", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "--overwrite" in refused.stderr
+    assert (tmp_path / ".clangd").read_text() == "mine\n"
+
+    replaced = run_cli("clangd", "--overwrite", "--cuda-arch", "8.0", cwd=tmp_path)
+    assert replaced.returncode == 0
+    assert "--cuda-gpu-arch=sm_80" in (tmp_path / ".clangd").read_text()
+
+
+def test_clangd_rejects_a_bad_arch(tmp_path: Path) -> None:
+    result = run_cli("clangd", "--cuda-arch", "sm90", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "invalid CUDA arch" in result.stderr
+    assert not (tmp_path / ".clangd").exists()
+
+
+def test_doctor_reports_and_passes(tmp_path: Path) -> None:
+    result = run_cli("doctor", JIT_KERNEL_CACHE_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("jit-kernel ", "torch ", "apache-tvm-ffi ", "nvcc ", "host compiler ", "GPU ", "prebuilt ", "cache "):
+        assert line in result.stdout
+    assert "[ok]   host self-test" in result.stdout
+    assert "healthy" in result.stdout
+
+
+def test_doctor_fails_with_the_reason_when_the_host_compiler_is_missing(tmp_path: Path) -> None:
+    result = run_cli("doctor", JIT_KERNEL_CACHE_DIR=str(tmp_path), CXX="no-such-compiler-xyz")
+    assert result.returncode != 0
+    assert "unhealthy" in result.stderr
+    assert "host self-test failed" in result.stderr
+    assert "no-such-compiler-xyz" in result.stderr
+
+
+def test_warm_then_list_then_clear(tmp_path: Path) -> None:
+    warmed = run_cli(
+        "warm", "add_constant_host", "--config", "41", "--config", "constant=42", "-j", "2",
+        JIT_KERNEL_CACHE_DIR=str(tmp_path),
+    )  # fmt: skip
+    assert warmed.returncode == 0, warmed.stderr
+    assert warmed.stdout.count("  ready  add_constant_host<") == 2
+    listed = run_cli("list", "add_constant_host", JIT_KERNEL_CACHE_DIR=str(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    assert "add_constant_host (host" in listed.stdout
+    assert "prebuilt  add_constant_host<1>" in listed.stdout
+    assert "jit-cache add_constant_host<41>" in listed.stdout
+    assert "jit-cache add_constant_host<42>" in listed.stdout
+    assert "add_constant (cuda" not in listed.stdout
+    cache_listed = run_cli("cache", "list", JIT_KERNEL_CACHE_DIR=str(tmp_path))
+    assert "2 modules" in cache_listed.stdout
+    cleared = run_cli("cache", "clear", JIT_KERNEL_CACHE_DIR=str(tmp_path))
+    assert "removed 2 modules" in cleared.stdout
+    assert cache.list_entries(tmp_path) == []
+
+
+def test_warm_a_cuda_config_for_a_named_arch_without_a_gpu(tmp_path: Path) -> None:
+    warmed = run_cli("warm", "add_constant", "--config", "43", "--arch", "9.0a", JIT_KERNEL_CACHE_DIR=str(tmp_path))
+    assert warmed.returncode == 0, warmed.stderr
+    assert "add_constant<43> for sm_90a" in warmed.stdout
+    (entry,) = cache.list_entries(tmp_path)
+    assert entry.arch == "9.0a" and entry.valid and entry.description == "add_constant<43>"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("warm", "no_such_family"), "unknown kernel family"),
+        (("warm", "add_constant_host", "--config", "1,2"), "does not match parameters"),
+        (("warm", "add_constant_host", "--config", "width=3"), "missing ['constant']"),
+    ],
+)
+def test_warm_rejects_bad_requests(args: tuple[str, ...], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
