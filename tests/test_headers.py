@@ -9,6 +9,7 @@ fixtures, whose own code we do not police: there only warnings from `sgl_kernel/
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+import jit_kernel
 
 REPO = Path(__file__).resolve().parent.parent
 INCLUDE = REPO / "include"
@@ -179,11 +183,7 @@ def check(results: dict[str, Result], unit: Unit) -> None:
     result = results[unit.name]
     assert result.returncode == 0, f"{unit.name} failed to compile:\n{result.output}"
     if not unit.strict:
-        ours = [
-            line
-            for line in result.output.splitlines()
-            if "warning" in line.lower() and "sgl_kernel/" in line
-        ]
+        ours = [line for line in result.output.splitlines() if "warning" in line.lower() and "sgl_kernel/" in line]
         assert not ours, f"{unit.name}: warnings from the headers:\n" + "\n".join(ours)
 
 
@@ -202,3 +202,180 @@ def test_every_header_has_a_compile_test():
     missing = [h.name for h in HEADERS.glob("*.cuh") if h.stem not in tested]
     assert not missing, f"add a tests/cpp/headers/<name>.cu for: {missing}"
 
+
+# ---- on a GPU: the helpers compute the right thing, the seed kernels run ------------------------
+
+GPU_CASES = CPP / "gpu_cases.cuh"
+
+
+def _exports(path: Path, namespace: str) -> list[tuple[str, str]]:
+    block = re.search(r"// Functions \(namespace \w+\):\n((?://.*\n)+?)\n", path.read_text())
+    assert block, f"{path.name} lost its function list"
+    names = [n.strip() for n in block.group(1).replace("//", " ").split(",") if n.strip()]
+    return [(name, f"{namespace}::{name}") for name in names]
+
+
+@pytest.fixture(scope="module")
+def gpu_mod():
+    return jit_kernel.load_jit(
+        "header_gpu_cases", cuda_files=[str(GPU_CASES)], cuda_wrappers=_exports(GPU_CASES, "gpu_cases")
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_block_and_warp_reductions(gpu_mod):
+    x = torch.randn(64, 256, device="cuda")
+    out = torch.empty(64, 6, device="cuda")
+    gpu_mod.block_reduce(x, out)
+    expected = torch.stack(
+        [x.sum(1), x.amax(1), x.amin(1), x.abs().amax(1), x[:, 32:64].sum(1), x[:, 8:16].sum(1)], dim=1
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
+def test_gpu_atomic_extrema(gpu_mod, sign):
+    x = torch.randn(100_000, device="cuda") if sign == 0.0 else torch.rand(100_000, device="cuda") * sign
+    out = torch.tensor([-float("inf"), float("inf")], device="cuda")
+    gpu_mod.atomic_extrema(x, out)
+    assert out.tolist() == [x.max().item(), x.min().item()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_vector_tile_cast(gpu_mod, dtype):
+    src = torch.randn(8 * 1000, device="cuda").to(getattr(torch, dtype))
+    dst = torch.empty_like(src)
+    gpu_mod.vec_scale(dst, src)
+    assert torch.equal(dst, src * 2)
+
+
+@pytest.mark.gpu
+def test_gpu_casts_round_like_torch(gpu_mod):
+    src = torch.randn(4096, device="cuda") * 100
+    h, b = torch.empty_like(src, dtype=torch.float16), torch.empty_like(src, dtype=torch.bfloat16)
+    q = torch.empty_like(src, dtype=torch.float8_e4m3fn)
+    gpu_mod.cast_from_float(src, h, b, q)
+    assert torch.equal(h, src.half()) and torch.equal(b, src.bfloat16())
+    assert torch.equal(q.float(), src.to(torch.float8_e4m3fn).float())
+    back = torch.empty(3, 4096, device="cuda")
+    gpu_mod.cast_to_float(h, b, q, back)
+    assert torch.equal(back, torch.stack([h.float(), b.float(), q.float()]))
+
+
+@pytest.mark.gpu
+def test_gpu_math(gpu_mod):
+    x = torch.randn(4096, device="cuda") * 3
+    out = torch.empty(8, 4096, device="cuda")
+    gpu_mod.math_ops(x, out)
+    expected = torch.stack(
+        [x.abs(), x.abs().sqrt(), (x.abs() + 1).rsqrt(), x.exp(), x.sin(), x.cos(), x.clamp(min=0),
+         x.half().clamp(max=0).float()]
+    )  # fmt: skip
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_threads", [32, 8])
+def test_gpu_streaming_copy(gpu_mod, group_threads):
+    src = torch.randint(0, 256, (1000, 512), dtype=torch.uint8, device="cuda")
+    dst = torch.zeros_like(src)
+    gpu_mod.stream_copy(dst, src, group_threads)
+    assert torch.equal(dst, src)
+
+
+@pytest.mark.gpu
+def test_gpu_launch_pdl_and_large_smem(gpu_mod):
+    x = torch.zeros(10_000, dtype=torch.int32, device="cuda")
+    assert gpu_mod.fill_index(x) == torch.cuda.current_device()
+    assert torch.equal(x, torch.arange(10_000, dtype=torch.int32, device="cuda"))
+    gpu_mod.pdl_chain(x)
+    assert torch.equal(x, torch.arange(1, 10_001, dtype=torch.int32, device="cuda"))
+    y = torch.randn(1024, device="cuda")
+    expected = y.flip(0)
+    gpu_mod.big_smem(y)
+    assert torch.equal(y, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_launch_on_the_tensors_device(gpu_mod):
+    """The caller's current device is cuda:0; the kernel must run on cuda:1 and leave cuda:0 current."""
+    torch.cuda.set_device(0)
+    x = torch.zeros(10_000, dtype=torch.int32, device="cuda:1")
+    assert gpu_mod.fill_index(x) == 0
+    torch.cuda.synchronize(1)
+    assert torch.equal(x.cpu(), torch.arange(10_000, dtype=torch.int32))
+    assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.gpu
+def test_gpu_runtime_queries(gpu_mod):
+    props = torch.cuda.get_device_properties(0)
+    sm_count, cc_major, version, blocks, smem = gpu_mod.runtime_info(0)
+    assert (sm_count, cc_major) == (props.multi_processor_count, props.major)
+    assert version >= 12000 and blocks >= 1 and smem > 0
+
+
+@pytest.mark.gpu
+def test_gpu_launch_error_names_the_call_site(gpu_mod):
+    line = next(i for i, t in enumerate(GPU_CASES.read_text().splitlines(), 1) if "@line:bad_launch" in t)
+    with pytest.raises(RuntimeError) as info:
+        gpu_mod.bad_launch(torch.zeros(4, dtype=torch.int32, device="cuda"))
+    assert re.fullmatch(rf"CUDA error at gpu_cases\.cuh:{line}: cudaErrorInvalidValue \(.+\)", str(info.value))
+
+
+@pytest.mark.gpu
+def test_gpu_seed_kernels_run():
+    """The seeds' kernels, built unchanged, compute what their tutorials say."""
+    seeds = CPP / "seeds"
+    mod = jit_kernel.load_jit(
+        "header_seed_kernels",
+        cuda_files=[str(seeds / "add_constant.cuh")],
+        cuda_wrappers=[("add_constant", "add_constant<3>")],
+    )
+    src = torch.arange(1000, dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    mod.add_constant(dst, src)
+    assert torch.equal(dst, src + 3)
+
+    mod = jit_kernel.load_jit(
+        "header_seed_scale",
+        cuda_files=[str(seeds / "scale.cuh")],
+        cuda_wrappers=[("scale_fp16", "scale<fp16_t, 2000, 1000>"), ("scale_fp32", "scale<fp32_t, 1, 2>")],
+    )
+    for size in (1, 127, 4097):
+        x = torch.randn(size, device="cuda", dtype=torch.float16)
+        y = torch.empty_like(x)
+        mod.scale_fp16(y, x)
+        torch.testing.assert_close(y, x * 2)
+        x32 = torch.randn(size, device="cuda")
+        y32 = torch.empty_like(x32)
+        mod.scale_fp32(y32, x32)
+        torch.testing.assert_close(y32, x32 * 0.5)
+
+    mod = jit_kernel.load_jit(
+        "header_seed_hicache",
+        cuda_files=[str(seeds / "hicache.cuh")],
+        cuda_wrappers=[("launch_one", "HiCacheKernel<256, 4, 2, 1024, 1>::run_one")],
+    )
+    k_src, v_src = torch.randn(2, 64, 128, dtype=torch.float16, device="cuda").unbind(0)
+    k_dst, v_dst = torch.zeros(2, 32, 128, dtype=torch.float16, device="cuda").unbind(0)
+    idx_src = torch.tensor([5, 60, 7], device="cuda")
+    idx_dst = torch.tensor([0, 31, 2], device="cuda")
+    mod.launch_one(k_dst, v_dst, idx_dst, k_src, v_src, idx_src)
+    assert torch.equal(k_dst[idx_dst], k_src[idx_src]) and torch.equal(v_dst[idx_dst], v_src[idx_src])
+
+    mod = jit_kernel.load_jit(
+        "header_seed_guides",
+        cuda_files=[str(seeds / "dev_guide.cuh")],
+        cuda_wrappers=[("my_kernel", "my_kernel::MyKernel<256>::run"), ("wait", "wait_value::stream_wait_value")],
+    )
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    mod.my_kernel(y, x)
+    assert torch.equal(y, x * 2)
+    flag = torch.ones(1, dtype=torch.int32, device="cuda")
+    mod.wait(flag, 1)  # already set: returns at once
+    torch.cuda.synchronize()

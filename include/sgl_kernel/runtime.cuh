@@ -19,7 +19,8 @@ template <typename Kernel>
 inline auto get_blocks_per_sm(Kernel&& kernel, int32_t block_dim, std::size_t dynamic_smem = 0, DebugInfo where = {})
     -> uint32_t {
   int num_blocks = 0;
-  RuntimeDeviceCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&num_blocks, kernel, block_dim, dynamic_smem), where);
+  RuntimeDeviceCheck(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&num_blocks, kernel, block_dim, dynamic_smem), where);
   return static_cast<uint32_t>(num_blocks);
 }
 

@@ -139,18 +139,21 @@ concept has_dl_dtype = requires { dl_dtype_of<T>::value; };
 template <has_dl_dtype T>
 inline constexpr DLDataType dl_dtype_v = dl_dtype_of<T>::value;
 
-/// \brief True when `dtype` is exactly the dtype of `T` (same code, bits, lanes).
-template <has_dl_dtype T>
-inline constexpr auto is_type(DLDataType dtype) -> bool {
-  constexpr auto expected = dl_dtype_v<T>;
-  return dtype.code == expected.code && dtype.bits == expected.bits && dtype.lanes == expected.lanes;
-}
-
 namespace details {
 
 inline constexpr auto same_dtype(DLDataType a, DLDataType b) -> bool {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
+
+}  // namespace details
+
+/// \brief True when `dtype` is exactly the dtype of `T` (same code, bits, lanes).
+template <has_dl_dtype T>
+inline constexpr auto is_type(DLDataType dtype) -> bool {
+  return details::same_dtype(dtype, dl_dtype_v<T>);
+}
+
+namespace details {
 
 /// \brief Device id meaning "any device of this type" in an allowed-device list.
 inline constexpr int32_t kAnyDeviceId = -1;
@@ -214,8 +217,8 @@ inline auto device_type_name(DLDeviceType type) -> std::string {
 inline auto device_name(DLDevice device) -> std::string {
   auto name = device_type_name(device.device_type);
   // CPU and pinned host memory have a single address space: their id carries no information.
-  const bool host_memory = device.device_type == kDLCPU || device.device_type == kDLCUDAHost ||
-                           device.device_type == kDLROCMHost;
+  const bool host_memory =
+      device.device_type == kDLCPU || device.device_type == kDLCUDAHost || device.device_type == kDLROCMHost;
   if (!host_memory && device.device_id != kAnyDeviceId) name += ":" + std::to_string(device.device_id);
   return name;
 }
@@ -350,7 +353,13 @@ class SymbolicSize {
       panic(where, describe(), " is already bound to ", *m_value, ", cannot set it to ", value);
     }
     if (!m_options.empty() && !contains(value)) {
-      panic(where, describe(), " cannot be ", value, ": allowed ", details::describe_options<details::SizeName>(m_options));
+      panic(
+          where,
+          describe(),
+          " cannot be ",
+          value,
+          ": allowed ",
+          details::describe_options<details::SizeName>(m_options));
     }
     m_value = value;
   }
@@ -385,7 +394,8 @@ class SymbolicSize {
   /// \brief Bind or compare; `what` is e.g. "Size mismatch for shape#1".
   auto match(int64_t value, const std::string& what) -> void {
     if (m_value) {
-      if (*m_value != value) details::mismatch(what + ": expected " + std::to_string(*m_value) + " but got " + std::to_string(value));
+      if (*m_value != value)
+        details::mismatch(what + ": expected " + std::to_string(*m_value) + " but got " + std::to_string(value));
       return;
     }
     if (!m_options.empty() && !contains(value)) {
@@ -555,8 +565,7 @@ class SymbolicDevice {
     if (m_value) {
       if (!details::same_device(*m_value, value)) {
         details::mismatch(
-            "Device mismatch: expected " + details::device_name(*m_value) + " but got " +
-            details::device_name(value));
+            "Device mismatch: expected " + details::device_name(*m_value) + " but got " + details::device_name(value));
       }
       return;
     }
@@ -703,9 +712,9 @@ class TensorMatcher {
       std::ostringstream os;
       os << "Tensor match failed for ";
       if (!name.empty()) os << "'" << name << "': ";
-      os << "Tensor" << sizes(view) << "[strides=" << strides(view)
-         << ", dtype=" << details::dtype_name(view.dtype()) << ", device=" << details::device_name(view.device())
-         << "] at " << where.file_basename() << ':' << where.line() << "\n- Root cause: " << error.cause();
+      os << "Tensor" << sizes(view) << "[strides=" << strides(view) << ", dtype=" << details::dtype_name(view.dtype())
+         << ", device=" << details::device_name(view.device()) << "] at " << where.file_basename() << ':'
+         << where.line() << "\n- Root cause: " << error.cause();
       throw PanicError(std::move(os).str(), error.cause());
     }
   }

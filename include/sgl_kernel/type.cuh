@@ -1,18 +1,15 @@
 /// \file type.cuh
 /// \brief `dtype_trait<T>` for the CUDA float types, `packed_t<T>` and `device::cast`.
 ///
-/// | type        | packed_t    | `value` (DLPack) | from                       | math                                  |
-/// |-------------|-------------|------------------|----------------------------|---------------------------------------|
-/// | `fp32_t`    | `fp32x2_t`  | float32          | any, fp16, bf16, fp8       | abs sqrt rsqrt exp sin cos max min    |
-/// | `fp16_t`    | `fp16x2_t`  | float16          | any, fp32, bf16            | abs sqrt rsqrt exp sin cos max min    |
-/// | `bf16_t`    | `bf16x2_t`  | bfloat16         | any, fp32, fp16            | abs sqrt rsqrt exp sin cos max min    |
-/// | `fp32x2_t`  | `fp32x4_t`  | -                | fp16x2, bf16x2, fp8x2      | abs sqrt rsqrt exp sin cos max min    |
-/// | `fp16x2_t`  | `void`      | -                | fp32x2, bf16x2             | abs sqrt rsqrt exp sin cos max min    |
-/// | `bf16x2_t`  | `void`      | -                | fp32x2, fp16x2             | abs sqrt rsqrt exp sin cos max min    |
-/// | `fp8_e4m3_t`, `fp8_e5m2_t` | `fp8x2_*_t` | float8_e4m3fn, float8_e5m2 | any (saturating) | -          |
-/// | `fp8x2_e4m3_t`, `fp8x2_e5m2_t` | `void` | -          | fp32x2 (saturating)        | -                                     |
+/// Specializations (`value` is the DLPack dtype, where one exists):
+/// - `fp32_t`, `fp16_t`, `bf16_t`: `value`, `packed_t` (their x2 type), `from` (any
+///   type, with intrinsics between the three), `abs sqrt rsqrt exp sin cos max min`.
+/// - `fp32x2_t` (packed `fp32x4_t`), `fp16x2_t`, `bf16x2_t` (packed `void`): `from`
+///   between the three, the same math, element-wise.
+/// - `fp8_e4m3_t`, `fp8_e5m2_t` (`value`, packed `fp8x2_*_t`) and `fp8x2_e4m3_t`,
+///   `fp8x2_e5m2_t`: storage formats, so only `from` (saturating to the finite range).
 ///
-/// Packed math is element-wise. Float-to-narrow conversions round to nearest even.
+/// Float-to-narrow conversions round to nearest even.
 /// Other types keep the primary `dtype_trait` from `tensor.h` (only `value`).
 
 #pragma once

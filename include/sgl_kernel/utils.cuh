@@ -96,9 +96,14 @@ struct device_vec {
 namespace host {
 
 /// \brief Throws `PanicError` if `error` is not `cudaSuccess`.
+///
+/// It also clears CUDA's last-error slot first: a failed call (a bad launch
+/// configuration, say) leaves its error there, and the next unrelated check,
+/// e.g. PyTorch's after its own launch, would report it again.
 inline void RuntimeDeviceCheck(cudaError_t error, DebugInfo where = {}) {
   if (error == cudaSuccess) [[likely]]
     return;
+  cudaGetLastError();
   details::fail("CUDA error", where, cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
 }
 

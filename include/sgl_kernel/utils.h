@@ -61,7 +61,8 @@ struct DebugInfo : public std::source_location {
 /// "... at file:line: " prefix), so callers can nest it in a larger report.
 class PanicError : public std::runtime_error {
  public:
-  PanicError(std::string message, std::string cause) : std::runtime_error(std::move(message)), m_cause(std::move(cause)) {}
+  PanicError(std::string message, std::string cause)
+      : std::runtime_error(std::move(message)), m_cause(std::move(cause)) {}
 
   auto cause() const noexcept -> const std::string& {
     return m_cause;

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+
+# Imported here rather than at the first kernel call: process start-up pays it, a request does not.
+import tvm_ffi  # noqa: F401
 
 from jit_kernel import env
 from jit_kernel.jit import CPPArgList, cache_once, load_jit, make_cpp_args
@@ -22,19 +26,9 @@ def _configure_logging() -> None:
 
 _configure_logging()
 
-# Ops import torch; load them on first use so that `python -m jit_kernel.aot` (run by CMake in a
-# build environment without torch) and the CLI start fast.
-_OPS = {"add_constant": "jit_kernel.ops.add_constant"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _OPS:
-        import importlib
-
-        value = getattr(importlib.import_module(_OPS[name]), name)
-        globals()[name] = value  # later lookups are plain attribute hits
-        return value
-    raise AttributeError(f"module 'jit_kernel' has no attribute {name!r}")
-
+# torch is a runtime dependency; only CMake's configure step (`python -m jit_kernel.aot`, in a
+# build environment) imports the package without it, and it needs no ops.
+if importlib.util.find_spec("torch") is not None:
+    from jit_kernel.ops.add_constant import add_constant
 
 __all__ = ["CPPArgList", "__version__", "add_constant", "cache_once", "load_jit", "make_cpp_args"]

@@ -22,15 +22,13 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import filelock
 
 from jit_kernel import env, toolchain
 from jit_kernel.arch import Arch
@@ -125,7 +123,7 @@ def verified_library(entry: Path) -> Path | None:
 
 def _discard(entry: Path, root: Path) -> None:
     """Move a bad entry out of the way atomically, then delete it."""
-    trash = root / ".staging" / f"discarded.{entry.name}.{uuid.uuid4().hex[:8]}"
+    trash = root / ".staging" / f"discarded.{entry.name}.{secrets.token_hex(4)}"
     trash.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.rename(entry, trash)
@@ -134,6 +132,8 @@ def _discard(entry: Path, root: Path) -> None:
 
 @contextlib.contextmanager
 def _lock(root: Path, entry: str) -> Iterator[None]:
+    import filelock  # only a miss needs it; importing it costs ~8 ms of every process start
+
     path = root / ".locks" / f"{entry}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(str(path))
@@ -193,7 +193,7 @@ def _compile(request: BuildRequest, folder: Path) -> Path:
 def _publish(request: BuildRequest, key: str, root: Path) -> Path:
     """Build into a private folder and rename it into place. The caller holds the entry's lock."""
     entry = root / entry_name(request, key)
-    staging = root / ".staging" / f"{entry.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    staging = root / ".staging" / f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}"
     staging.mkdir(parents=True)
     target = f"for {Arch.parse(request.arch).sm}" if request.arch else "for the host"
     logger.info("compiling %s %s (first use; cached afterwards)", request.name, target)

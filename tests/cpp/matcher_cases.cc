@@ -7,7 +7,7 @@
 //   size_mismatch, size_literal_mismatch, size_options, rank_mismatch,
 //   stride_mismatch, stride_literal_mismatch, not_contiguous, dtype_bound,
 //   dtype_symbol_options, dtype_options, dtype_chain, device_type,
-//   device_options, device_bound, named_tensor, bind_shared, wildcard,
+//   device_options, device_bound, device_bound_host, named_tensor, bind_shared, wildcard,
 //   size_one_stride, size_one_binds, unwrap_dtype, unwrap_device,
 //   unwrap_unbound, set_value_conflict, runtime_check, runtime_check_at,
 //   panic_now, irange_sum, div_ceil, dtype_bytes
@@ -113,6 +113,14 @@ inline void device_bound(TensorView t) {
   TensorMatcher({-1, -1}).with_device(device).verify(t);  // @line:device_bound
 }
 
+// PyTorch exports pinned tensors as `cpu`; a bound symbol still shows the pinned-memory name.
+inline void device_bound_host(TensorView t) {
+  using namespace host;
+  auto device = SymbolicDevice{};
+  device.set_value(DLDevice{kDLCUDAHost, 0});
+  TensorMatcher({-1, -1}).with_device(device).verify(t);  // @line:device_bound_host
+}
+
 inline void named_tensor(TensorView k_cache) {
   using namespace host;
   auto D = SymbolicSize{"hidden_size"};
@@ -161,7 +169,7 @@ inline auto bind_shared(TensorView a, TensorView b, TensorView w) -> tvm::ffi::A
       .with_dtype<float, double>(dtype)
       .with_device<kDLCPU>(device)
       .verify(a)
-      .verify(b);  // @line:bind_shared_b
+      .verify(b);                                                      // @line:bind_shared_b
   TensorMatcher({D}).with_dtype(dtype).with_device(device).verify(w);  // @line:bind_shared_w
   return {N.unwrap(), D.unwrap(), S.unwrap()};
 }

@@ -11,7 +11,8 @@ __device__ T everything(T x, T y) {
   return math::max(math::min(math::abs(x), y), math::sqrt(math::rsqrt(math::exp(math::sin(math::cos(x))))));
 }
 
-__global__ void math_kernel(float* f, fp16_t* h, bf16_t* b, fp16x2_t* h2, bf16x2_t* b2, fp32x2_t* f2, int* i, uint32_t* u) {
+__global__ void math_kernel(
+    float* f, fp16_t* h, bf16_t* b, fp16x2_t* h2, bf16x2_t* b2, fp32x2_t* f2, int* i, uint32_t* u) {
   using namespace device;
   const auto t = threadIdx.x;
   f[t] = everything(f[t], math::log2e * math::loge2 + math::pi + math::FP8_E4M3_MAX + math::FP8_E5M2_MAX);
