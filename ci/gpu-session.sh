@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (the `device` tool): install the carried tvm-ffi wheel, build and
+# install the package with its prebuilt library, then run the requested steps. Logs go to $OUT.
+#
+#   bash ci/gpu-session.sh [doctor] [tests] [sanitize] [bench] [custom "<command>"]
+#
+# Run from the repository root with `.whl` carried (../shared/gpu/fetch-wheels fills it).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+export JIT_KERNEL_AOT_ARCHS=${JIT_KERNEL_AOT_ARCHS:-9.0a} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+export JIT_KERNEL_CACHE_DIR=/tmp/jit-cache
+nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+
+start=$(date +%s)
+python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+echo "build+install: $(( $(date +%s) - start )) s (archs $JIT_KERNEL_AOT_ARCHS)" | tee -a "$OUT/summary.txt"
+
+status=0
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  case $step in
+    doctor) (cd /tmp && python3 -m jit_kernel doctor) 2>&1 | tee "$OUT/doctor.log" || status=1 ;;
+    tests) python3 -m pytest -q -x -p no:cacheprovider -m "${PYTEST_MARK:-gpu or not gpu}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1 ;;
+    sanitize)
+      compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -x -p no:cacheprovider -m gpu ${SANITIZE_ARGS:-} \
+        2>&1 | tee "$OUT/sanitize.log" | tail -20 || status=1 ;;
+    bench)
+      for bench in ${BENCHES:-bench_first_call bench_dispatch}; do
+        (cd /tmp && python3 -m "jit_kernel.benchmark.$bench") 2>&1 | tee "$OUT/$bench.log" | tail -30 || status=1
+      done ;;
+    custom) bash -c "$1" 2>&1 | tee -a "$OUT/custom.log" || status=1; shift ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit $status
