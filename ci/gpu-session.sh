@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
     doctor) (cd /tmp && python3 -m jit_kernel doctor) 2>&1 | tee "$OUT/doctor.log" || status=1 ;;
-    tests) python3 -m pytest -q -x -p no:cacheprovider -m "${PYTEST_MARK:-gpu or not gpu}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider -m "${PYTEST_MARK:-gpu or not gpu}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1 ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -x -p no:cacheprovider -m gpu ${SANITIZE_ARGS:-} \
         2>&1 | tee "$OUT/sanitize.log" | tail -20 || status=1 ;;
