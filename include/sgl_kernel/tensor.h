@@ -48,6 +48,7 @@
 
 #pragma once
 
+#include <sgl_kernel/dtype.h>
 #include <sgl_kernel/utils.h>
 
 #include <dlpack/dlpack.h>
@@ -71,88 +72,6 @@
 
 namespace host {
 
-// ---------------------------------------------------------------------------
-// C++ type -> DLPack dtype
-// ---------------------------------------------------------------------------
-
-/// \brief `dl_dtype_of<T>::value` is the DLPack dtype of `T`; types without one
-/// have no `value`. This is the only mapping the matcher itself uses.
-///
-/// Why a separate helper: the global `dtype_trait<T>` (below) derives from it,
-/// and `type.cuh` adds full specializations such as `dtype_trait<fp16_t>` with
-/// device math. Code in this header never names `dtype_trait`, so including
-/// `tensor.h` first never instantiates it, and those specializations cannot
-/// come "after instantiation". (User code should likewise include `type.cuh`
-/// before it first uses `dtype_trait`, e.g. with all includes at the top.)
-template <typename T>
-struct dl_dtype_of {};
-
-template <std::integral T>
-struct dl_dtype_of<T> {
-  static constexpr DLDataType value = {
-      .code = static_cast<uint8_t>(std::is_signed_v<T> ? kDLInt : kDLUInt),
-      .bits = static_cast<uint8_t>(sizeof(T) * 8),
-      .lanes = 1};
-};
-
-// PyTorch exports bool as an 8-bit kDLBool, not as an unsigned integer.
-template <>
-struct dl_dtype_of<bool> {
-  static constexpr DLDataType value = {.code = kDLBool, .bits = 8, .lanes = 1};
-};
-
-template <>
-struct dl_dtype_of<float> {
-  static constexpr DLDataType value = {.code = kDLFloat, .bits = 32, .lanes = 1};
-};
-
-template <>
-struct dl_dtype_of<double> {
-  static constexpr DLDataType value = {.code = kDLFloat, .bits = 64, .lanes = 1};
-};
-
-#ifdef __CUDACC__
-template <>
-struct dl_dtype_of<__half> {
-  static constexpr DLDataType value = {.code = kDLFloat, .bits = 16, .lanes = 1};
-};
-
-template <>
-struct dl_dtype_of<__nv_bfloat16> {
-  static constexpr DLDataType value = {.code = kDLBfloat, .bits = 16, .lanes = 1};
-};
-
-template <>
-struct dl_dtype_of<__nv_fp8_e4m3> {
-  static constexpr DLDataType value = {.code = kDLFloat8_e4m3fn, .bits = 8, .lanes = 1};
-};
-
-template <>
-struct dl_dtype_of<__nv_fp8_e5m2> {
-  static constexpr DLDataType value = {.code = kDLFloat8_e5m2, .bits = 8, .lanes = 1};
-};
-#endif
-
-template <typename T>
-concept has_dl_dtype = requires { dl_dtype_of<T>::value; };
-
-template <has_dl_dtype T>
-inline constexpr DLDataType dl_dtype_v = dl_dtype_of<T>::value;
-
-namespace details {
-
-inline constexpr auto same_dtype(DLDataType a, DLDataType b) -> bool {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
-
-}  // namespace details
-
-/// \brief True when `dtype` is exactly the dtype of `T` (same code, bits, lanes).
-template <has_dl_dtype T>
-inline constexpr auto is_type(DLDataType dtype) -> bool {
-  return details::same_dtype(dtype, dl_dtype_v<T>);
-}
-
 namespace details {
 
 /// \brief Device id meaning "any device of this type" in an allowed-device list.
@@ -166,35 +85,6 @@ inline constexpr auto same_device(DLDevice a, DLDevice b) -> bool {
 inline constexpr auto device_matches(DLDevice option, DLDevice device) -> bool {
   return option.device_type == device.device_type &&
          (option.device_id == kAnyDeviceId || option.device_id == device.device_id);
-}
-
-/// \brief A dtype name as PyTorch spells it: `float16`, `bfloat16`, `int32`, `bool`, `float8_e4m3fn`.
-inline auto dtype_name(DLDataType dtype) -> std::string {
-  const auto bits = std::to_string(dtype.bits);
-  std::string name;
-  switch (dtype.code) {
-    case kDLInt: name = "int" + bits; break;
-    case kDLUInt: name = "uint" + bits; break;
-    case kDLFloat: name = "float" + bits; break;
-    case kDLBfloat: name = "bfloat" + bits; break;
-    case kDLBool: name = dtype.bits == 8 ? "bool" : "bool" + bits; break;
-    case kDLComplex: name = "complex" + bits; break;
-    case kDLOpaqueHandle: name = "handle" + bits; break;
-    case kDLFloat8_e3m4: name = "float8_e3m4"; break;
-    case kDLFloat8_e4m3: name = "float8_e4m3"; break;
-    case kDLFloat8_e4m3b11fnuz: name = "float8_e4m3b11fnuz"; break;
-    case kDLFloat8_e4m3fn: name = "float8_e4m3fn"; break;
-    case kDLFloat8_e4m3fnuz: name = "float8_e4m3fnuz"; break;
-    case kDLFloat8_e5m2: name = "float8_e5m2"; break;
-    case kDLFloat8_e5m2fnuz: name = "float8_e5m2fnuz"; break;
-    case kDLFloat8_e8m0fnu: name = "float8_e8m0fnu"; break;
-    case kDLFloat6_e2m3fn: name = "float6_e2m3fn"; break;
-    case kDLFloat6_e3m2fn: name = "float6_e3m2fn"; break;
-    case kDLFloat4_e2m1fn: name = "float4_e2m1fn"; break;
-    default: name = "dtype(code=" + std::to_string(dtype.code) + ", bits=" + bits + ")"; break;
-  }
-  if (dtype.lanes != 1) name += "x" + std::to_string(dtype.lanes);
-  return name;
 }
 
 inline auto device_type_name(DLDeviceType type) -> std::string {
@@ -809,9 +699,3 @@ class TensorMatcher {
 };
 
 }  // namespace host
-
-/// \brief Per-type trait, global like the `fp16_t` aliases. Here it only
-/// carries the DLPack dtype (`dtype_trait<int32_t>::value`); `type.cuh` gives
-/// the CUDA float types full specializations with conversions and math.
-template <typename T>
-struct dtype_trait : host::dl_dtype_of<T> {};

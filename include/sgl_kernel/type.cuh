@@ -10,11 +10,11 @@
 ///   `fp8x2_e5m2_t`: storage formats, so only `from` (saturating to the finite range).
 ///
 /// Float-to-narrow conversions round to nearest even.
-/// Other types keep the primary `dtype_trait` from `tensor.h` (only `value`).
+/// Other types keep the primary `dtype_trait` from `dtype.h` (only `value`).
 
 #pragma once
 
-#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/dtype.h>
 #include <sgl_kernel/utils.cuh>
 
 namespace device::details {

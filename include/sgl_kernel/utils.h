@@ -13,7 +13,9 @@
 ///     Panic at <file>:<line>: <args...>                    (Panic, panic)
 ///
 /// `<file>` is the basename of the caller's source file. Without arguments the
-/// message ends after `<line>`.
+/// message ends after `<line>`. g++ reports the line of the call itself; in code
+/// compiled by nvcc, a call spread over several lines (a `TensorMatcher` chain)
+/// reports the first line of its statement.
 
 #pragma once
 
