@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import jit_kernel
 from jit_helpers import recorded_logs, write_host_kernel
 from jit_kernel import cache, toolchain
 from jit_kernel.jit import make_build_request
 
-REPO_PYTHON = Path(__file__).resolve().parent.parent / "python"
+# Subprocesses import the same jit_kernel as this process (installed, or the source checkout).
+PACKAGE_PARENT = Path(jit_kernel.__file__).resolve().parent.parent
 
 
 def _request(folder: Path, **overrides: object) -> cache.BuildRequest:
@@ -86,7 +88,7 @@ def test_corrupt_library_is_detected_rebuilt_and_loaded(tmp_path: Path) -> None:
     assert not cache.list_entries(root)[0].valid
     # A new process, as dlopen would hand this process its already-loaded copy.
     script = f"""
-import sys; sys.path.insert(0, {str(REPO_PYTHON)!r})
+import sys; sys.path.insert(0, {str(PACKAGE_PARENT)!r})
 from jit_kernel import cache
 from jit_kernel.jit import make_build_request
 from pathlib import Path
@@ -119,7 +121,7 @@ def test_eight_concurrent_processes_compile_once(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     start_at = time.time() + 3.0  # every process waits for this instant, then asks at once
     script = textwrap.dedent(f"""
-        import sys, time; sys.path.insert(0, {str(REPO_PYTHON)!r})
+        import sys, time; sys.path.insert(0, {str(PACKAGE_PARENT)!r})
         from pathlib import Path
         from jit_kernel import cache
         from jit_kernel.jit import make_build_request

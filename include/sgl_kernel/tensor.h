@@ -281,19 +281,17 @@ class SymbolicSize {
     return false;
   }
 
-  /// \brief Bind or compare; `what` is e.g. "Size mismatch for shape#1".
-  auto match(int64_t value, const std::string& what) -> void {
-    if (m_value) {
-      if (*m_value != value)
-        details::mismatch(what + ": expected " + std::to_string(*m_value) + " but got " + std::to_string(value));
-      return;
-    }
-    if (!m_options.empty() && !contains(value)) {
-      details::mismatch(
-          what + ": expected " + details::describe_options<details::SizeName>(m_options) + " but got " +
-          std::to_string(value));
-    }
+  /// \brief Binds `value` if unbound (and allowed); true if the symbol now holds `value`.
+  auto try_match(int64_t value) -> bool {
+    if (m_value) return *m_value == value;
+    if (!m_options.empty() && !contains(value)) return false;
     m_value = value;
+    return true;
+  }
+
+  /// \brief What `try_match` wanted: the bound value, else the allowed options.
+  auto expected() const -> std::string {
+    return m_value ? std::to_string(*m_value) : details::describe_options<details::SizeName>(m_options);
   }
 
   std::optional<int64_t> m_value;
@@ -632,18 +630,17 @@ class TensorMatcher {
     match_symbol(m_device_symbol, m_chain_device, view.device());
   }
 
-  /// \brief Compare one shape/stride entry against the tensor's value.
+  /// \brief Compare one shape/stride entry against the tensor's value. The
+  /// message is only built on a mismatch: this runs for every launch.
   static auto match_entry(const SizeRef& ref, int64_t actual, const char* headline, const char* kind, std::size_t i)
       -> void {
     if (ref.is_wildcard()) return;
+    const auto symbol = ref.symbol();
+    if (symbol != nullptr ? symbol->try_match(actual) : ref.value() == actual) return;
     auto what = std::string{headline} + " for " + kind + "#" + std::to_string(i);
-    if (ref.symbol() != nullptr && !ref.symbol()->name().empty()) {
-      what += "('" + std::string{ref.symbol()->name()} + "')";
-    }
-    if (ref.symbol() != nullptr) return ref.symbol()->match(actual, what);
-    if (ref.value() != actual) {
-      details::mismatch(what + ": expected " + std::to_string(ref.value()) + " but got " + std::to_string(actual));
-    }
+    if (symbol != nullptr && !symbol->name().empty()) what += "('" + std::string{symbol->name()} + "')";
+    const auto expected = symbol != nullptr ? symbol->expected() : std::to_string(ref.value());
+    details::mismatch(what + ": expected " + expected + " but got " + std::to_string(actual));
   }
 
   /// \brief Without a user symbol the chain symbol checks its options and binds.
