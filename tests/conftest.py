@@ -34,16 +34,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_session_cache, ignore_errors=True)
 
 
-def _has_gpu() -> bool:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
-    return torch.cuda.is_available()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _has_gpu():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and gpus == 0:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        elif "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason="needs at least 2 CUDA GPUs"))
