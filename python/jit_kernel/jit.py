@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -117,6 +118,12 @@ def _wrapper(export: tuple[str, str]) -> str:
     return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({export_name}, ({expression}));"
 
 
+def _host_compiler_for_nvcc() -> tuple[str, ...]:
+    """``$CXX`` is honoured by the host compile (tvm-ffi's ninja uses it); make nvcc's host pass use
+    it too, so that one module is not built by two different host compilers."""
+    return ("-ccbin", str(toolchain.host_compiler())) if os.environ.get("CXX") else ()
+
+
 def _module_name(args: Sequence[object]) -> str:
     name = "_".join(["jit_kernel", *(re.sub(r"[^A-Za-z0-9]+", "_", str(arg)).strip("_") for arg in args)])
     if len(name) > 96:  # file names have limits; the cache key still distinguishes modules
@@ -154,7 +161,7 @@ def make_build_request(
         cuda_source="\n".join(cuda_lines),
         source_files=tuple(cpp_paths + cuda_paths),
         extra_cflags=(*DEFAULT_CFLAGS, *(extra_cflags or ())),
-        extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *(extra_cuda_cflags or ())),
+        extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *_host_compiler_for_nvcc(), *(extra_cuda_cflags or ())),
         extra_ldflags=tuple(extra_ldflags or ()),
         extra_include_paths=tuple(Path(p).resolve() for p in extra_include_paths or ()),
         arch=arch,
