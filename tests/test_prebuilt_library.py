@@ -57,6 +57,18 @@ def test_manifest_covers_every_family_grid_with_current_source_hashes() -> None:
 
 
 @installed
+def test_library_needs_no_cuda_runtime_library() -> None:
+    """cudart is linked statically, so the library loads where no CUDA libraries are installed."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) not installed")
+    headers = subprocess.run([objdump, "-p", str(_manifest().library)], capture_output=True, text=True, check=True)
+    needed = re.findall(r"NEEDED\s+(\S+)", headers.stdout)
+    assert needed, headers.stdout
+    assert not [lib for lib in needed if lib.startswith(("libcudart", "libcuda.", "libnvrtc"))], needed
+
+
+@installed
 def test_library_loads_without_a_gpu_and_exports_every_symbol() -> None:
     library = prebuilt.library()
     for symbol in _manifest().symbols:
