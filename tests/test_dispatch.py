@@ -193,3 +193,41 @@ def test_every_family_spec_is_consistent() -> None:
             assert (env.CSRC_DIR / source).is_file(), source
         symbols = [symbol_name(spec, e, c) for c in spec.prebuilt for e in spec.exports]
         assert len(set(symbols)) == len(symbols)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("constant", [1, 3, 9])  # prebuilt, prebuilt, JIT
+@pytest.mark.parametrize("size", [0, 1, 1000, 1_000_003])
+def test_add_constant_cuda_results(constant: int, size: int) -> None:
+    src = torch.randint(-(2**30), 2**30, (size,), dtype=torch.int32, device="cuda")
+    out = torch.full_like(src, -123456)
+    assert jit_kernel.add_constant(src, constant, out=out) is out
+    torch.testing.assert_close(out, src + constant, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_add_constant_cuda_runs_on_the_current_stream() -> None:
+    src = torch.randint(-1000, 1000, (1 << 22,), dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(10_000_000)  # keeps `stream` busy: a launch on another stream would run first
+        out = jit_kernel.add_constant(src, 2)
+        snapshot = out.clone()  # ordered after the kernel only if the kernel used `stream`
+    stream.synchronize()
+    assert torch.equal(snapshot, src + 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_add_constant_runs_on_its_tensors_device() -> None:
+    """Inputs on cuda:1 while cuda:0 is current: the kernel runs on cuda:1, on cuda:1's current
+    stream, and cuda:0 stays current afterwards."""
+    torch.cuda.set_device(0)
+    src = torch.randint(-1000, 1000, (1 << 20,), dtype=torch.int32, device="cuda:1")
+    stream = torch.cuda.Stream(device="cuda:1")
+    with torch.cuda.stream(stream):
+        for constant in (1, 9):
+            out = jit_kernel.add_constant(src, constant)
+            assert out.device == torch.device("cuda:1")
+            assert torch.equal(out, src + constant)
+    assert torch.cuda.current_device() == 0
