@@ -206,15 +206,17 @@ def test_add_constant_cuda_results(constant: int, size: int) -> None:
 
 
 @pytest.mark.gpu
-def test_add_constant_cuda_runs_on_the_current_stream() -> None:
-    src = torch.randint(-1000, 1000, (1 << 22,), dtype=torch.int32, device="cuda")
+@pytest.mark.parametrize("constant", [2, 9])  # prebuilt, JIT
+def test_add_constant_cuda_runs_on_the_current_stream(constant: int) -> None:
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(10_000_000)  # keeps `stream` busy: a launch on another stream would run first
-        out = jit_kernel.add_constant(src, 2)
-        snapshot = out.clone()  # ordered after the kernel only if the kernel used `stream`
+        src = torch.zeros(1 << 22, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(src)
+        torch.cuda._sleep(50_000_000)  # a kernel on any other stream would run before the fill below
+        src.fill_(5)
+        jit_kernel.add_constant(src, constant, out=out)
     stream.synchronize()
-    assert torch.equal(snapshot, src + 2)
+    assert torch.equal(out, torch.full_like(src, 5 + constant))
 
 
 @pytest.mark.gpu
