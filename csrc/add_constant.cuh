@@ -62,13 +62,17 @@ void run_cuda(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
     static const uint32_t num_sm = runtime::get_sm_count(device.unwrap().device_id);
     const auto blocks = std::min<std::size_t>(div_ceil(n / 4, kBlockSize), std::size_t{num_sm} * 32);
     LaunchKernel(blocks, kBlockSize, device.unwrap())(
-        add_constant_vec_kernel<kConstant>, static_cast<int32_t*>(dst.data_ptr()),
-        static_cast<const int32_t*>(src.data_ptr()), n);
+        add_constant_vec_kernel<kConstant>,
+        static_cast<int32_t*>(dst.data_ptr()),
+        static_cast<const int32_t*>(src.data_ptr()),
+        n);
     return;
   }
   LaunchKernel(div_ceil(n, kBlockSize), kBlockSize, device.unwrap())(
-      add_constant_kernel<kConstant>, static_cast<int32_t*>(dst.data_ptr()),
-      static_cast<const int32_t*>(src.data_ptr()), n);
+      add_constant_kernel<kConstant>,
+      static_cast<int32_t*>(dst.data_ptr()),
+      static_cast<const int32_t*>(src.data_ptr()),
+      n);
 }
 
 }  // namespace jit_kernel::add_constant

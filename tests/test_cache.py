@@ -30,6 +30,14 @@ def _request(folder: Path, **overrides: object) -> cache.BuildRequest:
     return make_build_request("cache_test", **kwargs)  # type: ignore[arg-type]
 
 
+def _corrupt(library: Path, content: bytes) -> None:
+    """Put bad bytes at the library's path as a new file. Rewriting it in place would also
+    corrupt this process's own mapping of it (the test loaded it), and crash it with SIGBUS."""
+    staged = library.with_suffix(".corrupt")
+    staged.write_bytes(content)
+    os.replace(staged, library)
+
+
 def test_unchanged_sources_never_rebuild(tmp_path: Path) -> None:
     write_host_kernel(tmp_path / "src")
     root = tmp_path / "cache"
@@ -84,7 +92,7 @@ def test_corrupt_library_is_detected_rebuilt_and_loaded(tmp_path: Path) -> None:
     cache.load_or_build(request, root)
     (entry,) = cache.list_entries(root)
     library = entry.path / f"{request.name}.so"
-    library.write_bytes(library.read_bytes()[: library.stat().st_size // 3])  # truncated
+    _corrupt(library, library.read_bytes()[: library.stat().st_size // 3])  # truncated
     assert not cache.list_entries(root)[0].valid
     # A new process, as dlopen would hand this process its already-loaded copy.
     script = f"""
@@ -111,7 +119,7 @@ def test_garbage_library_of_the_right_size_is_rebuilt(tmp_path: Path) -> None:
     cache.load_or_build(request, root)
     (entry,) = cache.list_entries(root)
     library = entry.path / f"{request.name}.so"
-    library.write_bytes(b"\0" * library.stat().st_size)
+    _corrupt(library, b"\0" * library.stat().st_size)
     assert cache.verified_library(entry.path) is None
 
 

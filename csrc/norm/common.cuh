@@ -115,8 +115,8 @@ inline bool vector_aligned(const Params& p, std::size_t elem_bytes) {
                 ok(reinterpret_cast<uint64_t>(s.weight)) && ok(s.dim * elem_bytes) && ok(s.in_s0 * elem_bytes) &&
                 ok(s.in_s1 * elem_bytes) && ok(s.out_s0 * elem_bytes) && ok(s.out_s1 * elem_bytes);
     if (s.residual != nullptr) {
-      good = good && ok(reinterpret_cast<uint64_t>(s.residual)) && ok(s.res_s0 * elem_bytes) &&
-             ok(s.res_s1 * elem_bytes);
+      good =
+          good && ok(reinterpret_cast<uint64_t>(s.residual)) && ok(s.res_s0 * elem_bytes) && ok(s.res_s1 * elem_bytes);
     }
     if (!good) return false;
   }
