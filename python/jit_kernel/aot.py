@@ -77,6 +77,8 @@ def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi
                 "machine_code": [str(t.arch) for t in targets] if spec.target == "cuda" else [],
                 "ptx": [str(t.arch) for t in targets if t.ptx] if spec.target == "cuda" else [],
                 "source_hash": digest,
+                "cuda_version": cuda_version if spec.target == "cuda" else None,
+                "tvm_ffi_version": tvm_ffi_version,
             }
     manifest = {
         "format": 1,
