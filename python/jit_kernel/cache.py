@@ -105,10 +105,6 @@ def entry_name(request: BuildRequest, key: str) -> str:
     return f"{request.name}-{key}"
 
 
-def library_name(request: BuildRequest) -> str:
-    return f"{request.name}.so"
-
-
 def verified_library(entry: Path) -> Path | None:
     """The entry's library if it is complete and matches its recorded hash, else None."""
     try:
