@@ -10,13 +10,18 @@ from pathlib import Path
 import pytest
 import tvm_ffi.libinfo
 
+import jit_kernel
 from jit_kernel import cache, env
+
+# The CLI subprocess imports the same jit_kernel as this process (installed, or the source checkout).
+PACKAGE_PARENT = str(Path(jit_kernel.__file__).resolve().parent.parent)
 
 
 def run_cli(*args: str, cwd: Path | None = None, **environment: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "jit_kernel", *args],
-        capture_output=True, text=True, cwd=cwd, env={**os.environ, **environment}, check=False,
+        capture_output=True, text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": path, **environment}, check=False,
     )  # fmt: skip
 
 
