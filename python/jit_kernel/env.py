@@ -68,3 +68,9 @@ def jit_disabled() -> bool:
 def aot_archs() -> str | None:
     """``JIT_KERNEL_AOT_ARCHS``: the arch list the prebuilt library is built for (build time only)."""
     return os.environ.get("JIT_KERNEL_AOT_ARCHS")
+
+
+def check_indices() -> bool:
+    """``JIT_KERNEL_CHECK_INDICES=1``: hicache validates index bounds before a transfer (one
+    reduction and a sync); read at every call so that it can be toggled at run time."""
+    return _flag("JIT_KERNEL_CHECK_INDICES")

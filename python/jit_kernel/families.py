@@ -30,7 +30,102 @@ ADD_CONSTANT_CUDA = KernelSpec(
     prebuilt=((1,), (2,), (3,)),
 )
 
-ALL_FAMILIES: tuple[KernelSpec, ...] = (ADD_CONSTANT_HOST, ADD_CONSTANT_CUDA)
+# hicache: KV-cache row transfers (csrc/hicache.cuh). Config = (element_size, unroll, num_threads);
+# one translation unit holds all four exports for int32 and int64 indices, and the block quota
+# is a run-time argument, so a quota sweep compiles nothing. The grid: common row sizes
+# (head_dim 128 x 1..16 heads in bf16, DeepSeek MLA 576 x bf16 = 1152 and fp8 = 576), each with
+# its default unroll and 1024 threads per block.
+HICACHE_NUM_THREADS = 1024
+HICACHE_ROW_SIZES = (256, 512, 576, 1024, 1152, 2048, 4096)
+
+
+def hicache_default_unroll(element_size: int) -> int:
+    """Rows per warp: small rows share a warp (4 rows of 8 lanes), large rows get all 32 lanes."""
+    if element_size <= 512:
+        return 4
+    if element_size <= 1024:
+        return 2
+    return 1
+
+
+HICACHE = KernelSpec(
+    family="hicache",
+    sources=("hicache.cuh",),
+    params=("element_size", "unroll", "num_threads"),
+    exports={
+        "run_one": "jit_kernel::hicache::HiCache<{args}>::run_one",
+        "run_one_mla": "jit_kernel::hicache::HiCache<{args}>::run_one_mla",
+        "run_all": "jit_kernel::hicache::HiCache<{args}>::run_all",
+        "run_all_mla": "jit_kernel::hicache::HiCache<{args}>::run_all_mla",
+    },
+    prebuilt=tuple((size, hicache_default_unroll(size), HICACHE_NUM_THREADS) for size in HICACHE_ROW_SIZES),
+)
+
+# stream_wait: a stream spins on a device flag (csrc/stream_wait.cuh). No template parameters.
+STREAM_WAIT = KernelSpec(
+    family="stream_wait",
+    sources=("stream_wait.cuh",),
+    params=(),
+    exports={
+        "wait": "jit_kernel::stream_wait::wait",
+        "wait_bounded": "jit_kernel::stream_wait::wait_bounded",
+    },
+    prebuilt=((),),
+)
+
+# Norms (csrc/norm/). Config = (hidden or head_dim, dtype); 0 is the generic kernel that takes D at
+# run time (any D, strided or misaligned rows, fp32). A specialised config also falls back to the
+# generic kernel inside, for rows that are not aligned 16-byte vectors.
+NORM_HIDDEN_SIZES = (1024, 2048, 4096, 5120, 7168, 8192)
+RMSNORM = KernelSpec(
+    family="rmsnorm",
+    sources=("norm/rmsnorm.cuh",),
+    params=("hidden", "dtype"),
+    exports={
+        "rmsnorm": "jit_kernel::norm::RMSNorm<{args}>::rmsnorm",
+        "fused_add": "jit_kernel::norm::RMSNorm<{args}>::fused_add",
+        "across_heads": "jit_kernel::norm::RMSNorm<{args}>::across_heads",
+    },
+    prebuilt=tuple((h, t) for h in NORM_HIDDEN_SIZES for t in ("bf16_t", "fp16_t"))
+    + tuple((0, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
+)
+QKNORM_HEAD_DIMS = (64, 128, 256)
+QKNORM = KernelSpec(
+    family="qknorm",
+    sources=("norm/qknorm.cuh",),
+    params=("head_dim", "dtype"),
+    exports={"run": "jit_kernel::norm::QKNorm<{args}>::run"},
+    prebuilt=tuple((d, t) for d in QKNORM_HEAD_DIMS for t in ("bf16_t", "fp16_t"))
+    + tuple((0, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
+)
+PER_TENSOR_QUANT_FP8 = KernelSpec(
+    family="per_tensor_quant_fp8",
+    sources=("quant/per_tensor_fp8.cuh",),
+    params=("dtype",),
+    exports={
+        "dynamic": "jit_kernel::quant::PerTensorQuantFp8<{args}>::dynamic",
+        "static": "jit_kernel::quant::PerTensorQuantFp8<{args}>::static_scale",
+    },
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+SCALE = KernelSpec(
+    family="scale",
+    sources=("scale.cuh",),
+    params=("dtype",),
+    exports={"run": "jit_kernel::scale::run<{args}>"},
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+
+ALL_FAMILIES: tuple[KernelSpec, ...] = (
+    ADD_CONSTANT_HOST,
+    ADD_CONSTANT_CUDA,
+    HICACHE,
+    STREAM_WAIT,
+    RMSNORM,
+    QKNORM,
+    PER_TENSOR_QUANT_FP8,
+    SCALE,
+)
 
 
 def family(name: str) -> KernelSpec:

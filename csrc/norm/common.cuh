@@ -1,0 +1,173 @@
+// RMSNorm building blocks shared by the rmsnorm and qknorm families.
+//
+// A norm launch works on up to two "row sets" (q and k for the qk norms, one tensor otherwise).
+// A row set is addressed as rows r = outer * inner + i, at element offset outer * s0 + i * s1, so
+// the same kernels serve `[N, D]` rows with a token stride and `[N, H, D]` heads with token and
+// head strides. Semantics (every path): x = float(input) (fused: r = T(float(input) +
+// float(residual)) is stored to residual and x = float(r)); rrms = rsqrt(mean(x^2) + eps);
+// out = T(x * rrms * float(weight)). Sums are accumulated in fp32.
+#pragma once
+
+#include <sgl_kernel/cta.cuh>
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/type.cuh>
+#include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/utils.h>
+#include <sgl_kernel/vec.cuh>
+#include <sgl_kernel/warp.cuh>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace jit_kernel::norm {
+
+struct RowSet {
+  void* out;
+  const void* in;
+  void* residual;  // nullptr unless fused add
+  const void* weight;
+  int64_t rows;   // outer * inner
+  int64_t inner;  // rows per outer index (heads per token; 1 for plain rows)
+  int64_t dim;
+  int64_t in_s0, in_s1, out_s0, out_s1, res_s0, res_s1;  // element strides
+};
+
+struct Params {
+  RowSet set[2];
+  int32_t num_sets;
+  float eps;
+};
+
+template <typename T>
+inline constexpr int64_t kVecElems = 16 / static_cast<int64_t>(sizeof(T));
+
+SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64_t& out_off, int64_t& res_off) {
+  const int64_t outer = s.inner == 1 ? row : row / s.inner;
+  const int64_t i = row - outer * s.inner;
+  in_off = outer * s.in_s0 + i * s.in_s1;
+  out_off = outer * s.out_s0 + i * s.out_s1;
+  res_off = outer * s.res_s0 + i * s.res_s1;
+}
+
+// Generic path: any dim, one block per row (grid-stride over rows), two passes over the row
+// (the second one hits L1/L2). kN = 1 is the scalar path for rows that are not whole 16-byte
+// vectors or are misaligned; kN = kVecElems<T> moves 16 bytes per access.
+template <typename T, int kN>
+__global__ void generic_kernel(const Params p) {
+  using device::AlignedVector;
+  using Vec = AlignedVector<T, kN>;
+  __shared__ float smem[32];
+  const RowSet& s = p.set[blockIdx.y];
+  const int64_t nvec = s.dim / kN;
+  for (int64_t row = blockIdx.x; row < s.rows; row += gridDim.x) {
+    int64_t in_off, out_off, res_off;
+    row_offsets(s, row, in_off, out_off, res_off);
+    const T* in = static_cast<const T*>(s.in) + in_off;
+    T* out = static_cast<T*>(s.out) + out_off;
+    T* res = s.residual == nullptr ? nullptr : static_cast<T*>(s.residual) + res_off;
+    float sum = 0.f;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      Vec x;
+      x.load(in, v);
+      if (res != nullptr) {
+        Vec r;
+        r.load(res, v);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          x[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[j]) + dtype_trait<fp32_t>::from(r[j]));
+        }
+        x.store(res, v);
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const float f = dtype_trait<fp32_t>::from(x[j]);
+        sum += f * f;
+      }
+    }
+    device::cta::reduce_sum(sum, smem);
+    __syncthreads();
+    const float rrms = rsqrtf(smem[0] / static_cast<float>(s.dim) + p.eps);
+    const T* src = res != nullptr ? res : in;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      Vec x, w, y;
+      x.load(src, v);
+      w.load(static_cast<const T*>(s.weight), v);
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[j]) * rrms * dtype_trait<fp32_t>::from(w[j]));
+      }
+      y.store(out, v);
+    }
+    __syncthreads();  // smem is reused by the next row
+  }
+}
+
+// Whole-16-byte-vector addressing of every pointer and stride of the launch.
+inline bool vector_aligned(const Params& p, std::size_t elem_bytes) {
+  auto ok = [](uint64_t value) { return value % 16 == 0; };
+  for (int i = 0; i < p.num_sets; ++i) {
+    const RowSet& s = p.set[i];
+    bool good = ok(reinterpret_cast<uint64_t>(s.out)) && ok(reinterpret_cast<uint64_t>(s.in)) &&
+                ok(reinterpret_cast<uint64_t>(s.weight)) && ok(s.dim * elem_bytes) && ok(s.in_s0 * elem_bytes) &&
+                ok(s.in_s1 * elem_bytes) && ok(s.out_s0 * elem_bytes) && ok(s.out_s1 * elem_bytes);
+    if (s.residual != nullptr) {
+      good =
+          good && ok(reinterpret_cast<uint64_t>(s.residual)) && ok(s.res_s0 * elem_bytes) && ok(s.res_s1 * elem_bytes);
+    }
+    if (!good) return false;
+  }
+  return true;
+}
+
+inline int64_t max_rows(const Params& p) {
+  int64_t rows = 0;
+  for (int i = 0; i < p.num_sets; ++i) rows = std::max(rows, p.set[i].rows);
+  return rows;
+}
+
+template <typename T>
+void launch_generic(const Params& p, DLDevice device) {
+  const int64_t rows = max_rows(p);
+  if (rows == 0) return;
+  int64_t max_dim = 0;
+  for (int i = 0; i < p.num_sets; ++i) max_dim = std::max(max_dim, p.set[i].dim);
+  const bool vec = vector_aligned(p, sizeof(T));
+  const int64_t units = vec ? max_dim / kVecElems<T> : max_dim;
+  const auto threads = static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(units, int64_t{32}) * 32, 32, 512));
+  const dim3 grid(static_cast<uint32_t>(std::min<int64_t>(rows, int64_t{1} << 30)), p.num_sets);
+  if (vec) {
+    host::LaunchKernel(grid, threads, device)(generic_kernel<T, static_cast<int>(kVecElems<T>)>, p);
+  } else {
+    host::LaunchKernel(grid, threads, device)(generic_kernel<T, 1>, p);
+  }
+}
+
+// Fills a row set from a [rows, dim] (inner = 1) or [outer, inner, dim] view.
+inline RowSet make_rows(tvm::ffi::TensorView out, tvm::ffi::TensorView in, const void* weight) {
+  RowSet s{};
+  s.out = out.data_ptr();
+  s.in = in.data_ptr();
+  s.weight = weight;
+  const auto rank = in.dim();
+  s.dim = in.size(rank - 1);
+  if (rank == 2) {
+    s.inner = 1;
+    s.rows = in.size(0);
+    s.in_s0 = in.stride(0);
+    s.out_s0 = out.stride(0);
+  } else {
+    s.inner = in.size(1);
+    s.rows = in.size(0) * in.size(1);
+    s.in_s0 = in.stride(0);
+    s.in_s1 = in.stride(1);
+    s.out_s0 = out.stride(0);
+    s.out_s1 = out.stride(1);
+  }
+  return s;
+}
+
+}  // namespace jit_kernel::norm

@@ -1,0 +1,298 @@
+"""hicache benchmark: KV row transfers against the torch a user would write and the copy ceilings.
+
+    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png]   (JIT_KERNEL_BENCH_CI=1: CI sizes)
+
+Providers, all measured in the same run on the same buffers:
+
+- ``jit_kernel``: ``transfer_hicache_one_layer`` (default unroll and block quota);
+- ``torch``: index the source, move it, ``index_copy_`` into the destination (host-side gathers
+  and scatters run on the CPU, as they would in user code; timed with events, not graphs);
+- ceilings: a contiguous pinned ``cudaMemcpyAsync`` of the same bytes in the same direction
+  (``Tensor.copy_(non_blocking=True)``), and a device-to-device copy (``copy_ceiling_gbps``).
+
+Bytes: host<->device counts the K and V bytes moved once (``2 * n * element_size``), as the
+pinned copy moves them; device->device counts bytes read plus written (``4 * n * element_size``),
+as the device copy ceiling does. Indices are sorted random rows of a cache twice as large as the
+batch (destinations unique). Times are CUDA-graph medians in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range, run_benchmark
+from jit_kernel.hicache import (
+    DEFAULT_BLOCK_QUOTA,
+    transfer_hicache_all_layer,
+    transfer_hicache_one_layer,
+)
+
+DIRECTIONS = {"d2h": ("cuda", "cpu"), "h2d": ("cpu", "cuda"), "d2d": ("cuda", "cuda")}
+
+
+def _alloc(rows: int, element_size: int, where: str) -> torch.Tensor:
+    if where == "cuda":
+        return torch.randint(0, 255, (rows, element_size), dtype=torch.uint8, device="cuda")
+    t = torch.empty(rows, element_size, dtype=torch.uint8, pin_memory=True)
+    t.random_(0, 255)
+    return t
+
+
+def _indices(n: int, rows: int, *, unique: bool) -> torch.Tensor:
+    idx = torch.randperm(rows)[:n] if unique else torch.randint(0, rows, (n,))
+    return idx.sort().values.cuda()
+
+
+class Case:
+    def __init__(self, direction: str, element_size: int, n: int, num_layers: int = 1) -> None:
+        src_where, dst_where = DIRECTIONS[direction]
+        self.direction, self.element_size, self.n = direction, element_size, n
+        rows = 2 * n
+        self.k_src = [_alloc(rows, element_size, src_where) for _ in range(num_layers)]
+        self.v_src = [_alloc(rows, element_size, src_where) for _ in range(num_layers)]
+        self.k_dst = [_alloc(rows, element_size, dst_where) for _ in range(num_layers)]
+        self.v_dst = [_alloc(rows, element_size, dst_where) for _ in range(num_layers)]
+        self.idx_src = _indices(n, rows, unique=False)
+        self.idx_dst = _indices(n, rows, unique=True)
+        # torch baseline helpers: CPU copies of the indices and staging buffers
+        self.idx_src_cpu, self.idx_dst_cpu = self.idx_src.cpu(), self.idx_dst.cpu()
+        self.stage_host = torch.empty(n, element_size, dtype=torch.uint8, pin_memory=True)
+        self.stage_dev = torch.empty(n, element_size, dtype=torch.uint8, device="cuda")
+
+    def moved_bytes(self) -> int:
+        factor = 4 if self.direction == "d2d" else 2
+        return factor * self.n * self.element_size
+
+    def kernel(
+        self, *, unroll: int | None = None, block_quota: int | None = None, layer: int = 0
+    ) -> Callable[[], None]:
+        k_dst, v_dst, k_src, v_src = self.k_dst[layer], self.v_dst[layer], self.k_src[layer], self.v_src[layer]
+        return lambda: transfer_hicache_one_layer(
+            k_dst, v_dst, self.idx_dst, k_src, v_src, self.idx_src, unroll=unroll, block_quota=block_quota
+        )
+
+    def all_layers(self, *, block_quota: int | None = None) -> Callable[[], None]:
+        def table(ts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64, device="cuda")
+
+        tables = [table(self.k_dst), table(self.v_dst), table(self.k_src), table(self.v_src)]
+        e = self.element_size
+        return lambda: transfer_hicache_all_layer(
+            tables[0], tables[1], self.idx_dst, tables[2], tables[3], self.idx_src,
+            kv_cache_src_stride_bytes=e, kv_cache_dst_stride_bytes=e, block_quota=block_quota,
+        )  # fmt: skip
+
+    def torch_baseline(self) -> Callable[[], None]:
+        k_dst, v_dst, k_src, v_src = self.k_dst[0], self.v_dst[0], self.k_src[0], self.v_src[0]
+        if self.direction == "d2d":
+
+            def run() -> None:
+                for dst, src in ((k_dst, k_src), (v_dst, v_src)):
+                    dst.index_copy_(0, self.idx_dst, src.index_select(0, self.idx_src))
+
+        elif self.direction == "d2h":
+
+            def run() -> None:
+                for dst, src in ((k_dst, k_src), (v_dst, v_src)):
+                    self.stage_host.copy_(src.index_select(0, self.idx_src))  # gather on the GPU, move (syncs)
+                    dst.index_copy_(0, self.idx_dst_cpu, self.stage_host)  # scatter on the CPU
+
+        else:
+
+            def run() -> None:
+                for dst, src in ((k_dst, k_src), (v_dst, v_src)):
+                    torch.index_select(src, 0, self.idx_src_cpu, out=self.stage_host)  # gather on the CPU
+                    self.stage_dev.copy_(self.stage_host, non_blocking=True)  # move
+                    dst.index_copy_(0, self.idx_dst, self.stage_dev)  # scatter on the GPU
+
+        return run
+
+
+def _time(fn: Callable[[], object], graph: bool = True) -> float:
+    fn()
+    torch.cuda.synchronize()
+    if graph:
+        try:
+            return run_benchmark(fn)
+        except Exception as error:  # a capture failure must not lose the whole table
+            print(f"  (graph capture failed: {type(error).__name__}: {error}; timing with events)")
+    return run_benchmark(fn, use_cuda_graph=False)
+
+
+_ceiling_cache: dict[tuple[str, int], float] = {}
+
+
+def pinned_ceiling_gbps(direction: str, num_bytes: int) -> float:
+    """A contiguous pinned cudaMemcpyAsync of ``num_bytes`` in ``direction``."""
+    key = (direction, num_bytes)
+    if key not in _ceiling_cache:
+        host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+        fn = (
+            (lambda: dev.copy_(host, non_blocking=True))
+            if direction == "h2d"
+            else (lambda: host.copy_(dev, non_blocking=True))
+        )
+        _ceiling_cache[key] = gbps(num_bytes, _time(fn))
+    return _ceiling_cache[key]
+
+
+def ceiling_gbps(direction: str, num_bytes: int) -> float:
+    if direction == "d2d":
+        key = ("d2d", num_bytes)
+        if key not in _ceiling_cache:
+            _ceiling_cache[key] = copy_ceiling_gbps(num_bytes)
+        return _ceiling_cache[key]
+    return pinned_ceiling_gbps(direction, num_bytes)
+
+
+def main_table(sizes: list[int], batches: list[int], num_sms: int) -> None:
+    print(
+        f"\n## One layer, default unroll; block quota {DEFAULT_BLOCK_QUOTA} (the default) host<->device, "
+        f"{num_sms} (all SMs) device->device; sorted random indices"
+    )
+    print("| dir | element B | rows | quota | jit_kernel us | GB/s | % ceiling | ceiling GB/s | torch us | speed-up |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for direction in DIRECTIONS:
+        quota = num_sms if direction == "d2d" else DEFAULT_BLOCK_QUOTA
+        for size in sizes:
+            for n in batches:
+                case = Case(direction, size, n)
+                us = _time(case.kernel(block_quota=quota))
+                torch_us = _time(case.torch_baseline(), graph=False)
+                bw = gbps(case.moved_bytes(), us)
+                ceiling = ceiling_gbps(direction, case.moved_bytes())
+                print(
+                    f"| {direction} | {size} | {n} | {quota} | {us:.1f} | {bw:.1f} | {100 * bw / ceiling:.0f}% "
+                    f"| {ceiling:.1f} | {torch_us:.1f} | {torch_us / us:.1f}x |"
+                )
+                del case
+
+
+def quota_sweep(sizes: list[int], n: int, quotas: list[int]) -> dict[tuple[str, int], list[float]]:
+    print(f"\n## Bandwidth (GB/s) against block_quota, {n} rows (blocks of 1024 threads)")
+    print("| dir | element B | " + " | ".join(f"q={q}" for q in quotas) + " | ceiling |")
+    print("|---|---:|" + "---:|" * (len(quotas) + 1))
+    results = {}
+    for direction in DIRECTIONS:
+        for size in sizes:
+            case = Case(direction, size, n)
+            row = [gbps(case.moved_bytes(), _time(case.kernel(block_quota=q))) for q in quotas]
+            results[(direction, size)] = row
+            ceiling = ceiling_gbps(direction, case.moved_bytes())
+            print(f"| {direction} | {size} | " + " | ".join(f"{b:.1f}" for b in row) + f" | {ceiling:.1f} |")
+            del case
+    return results
+
+
+def alternatives(options: list[tuple[int, int]], n: int, num_sms: int) -> None:
+    print(f"\n## Alternatives: unroll (rows per warp) at the default quota and at quota = {num_sms}, {n} rows, GB/s")
+    print("| dir | element B | unroll | q=default | q=all SMs |")
+    print("|---|---:|---:|---:|---:|")
+    for direction in DIRECTIONS:
+        for size, unroll in options:
+            case = Case(direction, size, n)
+            a = gbps(case.moved_bytes(), _time(case.kernel(unroll=unroll)))
+            b = gbps(case.moved_bytes(), _time(case.kernel(unroll=unroll, block_quota=num_sms)))
+            print(f"| {direction} | {size} | {unroll} | {a:.1f} | {b:.1f} |")
+            del case
+
+
+def all_layer_table(size: int, n: int, layers: int) -> None:
+    print(f"\n## All-layer ({layers} layers, one launch) against one-layer calls, {size} B rows, {n} rows")
+    print("| dir | one-layer us | all-layer us per layer | ratio |")
+    print("|---|---:|---:|---:|")
+    for direction in DIRECTIONS:
+        case = Case(direction, size, n, num_layers=layers)
+        one = _time(case.kernel())
+        per_layer = _time(case.all_layers()) / layers
+        print(f"| {direction} | {one:.1f} | {per_layer:.1f} | {per_layer / one:.2f} |")
+        del case
+
+
+def host_overhead() -> None:
+    """Host time of one call (validation + dispatch + launch) on a 1-row transfer, against the
+    tvm-ffi function called directly (no Python checks) and an empty kernel launch by torch."""
+    import timeit
+
+    from jit_kernel.families import HICACHE_NUM_THREADS
+    from jit_kernel.hicache import default_unroll
+    from jit_kernel.ops.hicache import _HICACHE
+
+    def median_us(fn: Callable[[], object]) -> float:
+        fn()
+        torch.cuda.synchronize()
+        us = sorted(timeit.repeat(fn, number=2000, repeat=5))[2] / 2000 * 1e6
+        torch.cuda.synchronize()
+        return us
+
+    print("\n## Host time per call (1 row, 1024 B; median of 5 x 2000 calls)")
+    print("| call | us per call |")
+    print("|---|---:|")
+    for direction in ("d2d", "h2d"):
+        case = Case(direction, 1024, 1)
+        where = "CUDA caches" if direction == "d2d" else "pinned host source"
+        print(f"| transfer_hicache_one_layer, {where} | {median_us(case.kernel()):.2f} |")
+        direct = _HICACHE.function("run_one", (1024, default_unroll(1024), HICACHE_NUM_THREADS))
+        args = (case.k_dst[0], case.v_dst[0], case.idx_dst, case.k_src[0], case.v_src[0], case.idx_src, 4)
+        print(f"| tvm-ffi function called directly, {where} | {median_us(lambda d=direct, a=args: d(*a)):.2f} |")
+    x = torch.zeros(1, device="cuda")
+    print(f"| torch: x.add_(1) on a 1-element CUDA tensor | {median_us(lambda: x.add_(1)):.2f} |")
+
+
+def plot_quota_sweep(sweep: dict[tuple[str, int], list[float]], quotas: list[int], device: str, path: str) -> None:
+    """Two panels: host<->device (PCIe scale) and device->device (HBM scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (host_ax, dev_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for (direction, size), row in sweep.items():
+        ax = dev_ax if direction == "d2d" else host_ax
+        ax.plot(quotas, row, marker="o", label=f"{direction} {size} B")
+    for ax, title in ((host_ax, "host <-> device (K+V bytes)"), (dev_ax, "device -> device (read + written)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(quotas, [str(q) for q in quotas])
+        ax.set_xlabel("block_quota (blocks of 1024 threads)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"hicache bandwidth vs block_quota, 16384 rows ({device})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plot", help="write the quota sweep as a PNG here")
+    parser.add_argument("--skip-main", action="store_true")
+    parser.add_argument("--only-overhead", action="store_true", help="only the host time per call")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    num_sms = props.multi_processor_count
+    print(f"device: {props.name}, {num_sms} SMs; torch {torch.__version__}")
+    sizes = get_benchmark_range([256, 512, 1024, 1152, 2048, 4096], [1024])
+    batches = get_benchmark_range([4096, 16384], [4096])
+    host_overhead()
+    if args.only_overhead:
+        return
+    if not args.skip_main:
+        main_table(sizes, batches, num_sms)
+    quotas = get_benchmark_range([1, 2, 4, 8, 16, 32, num_sms], [1, 2, 4, num_sms])
+    sweep_sizes = get_benchmark_range([256, 1024, 4096], [1024])
+    sweep = quota_sweep(sweep_sizes, get_benchmark_range([16384], [4096])[0], quotas)
+    alternatives(get_benchmark_range([(256, 2), (1024, 1), (1024, 4), (4096, 2)], [(1024, 1)]), 16384, num_sms)
+    all_layer_table(1024, get_benchmark_range([4096], [1024])[0], 8)
+    if args.plot:
+        plot_quota_sweep(sweep, quotas, props.name, args.plot)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Argument checks shared by the norm, quant and scale ops: cheap, and naming the argument."""
+
+from __future__ import annotations
+
+import torch
+
+CPP_DTYPE = {torch.float16: "fp16_t", torch.bfloat16: "bf16_t", torch.float32: "fp32_t"}
+FLOAT_DTYPES = tuple(CPP_DTYPE)
+
+
+def check_cuda(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{op}: {name} must be one of ({names}), got {str(t.dtype).removeprefix('torch.')}")
+    return t
+
+
+def check_like(op: str, name: str, t: object, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    """``t`` must be a tensor on ``ref``'s device with ``ref``'s dtype."""
+    check_cuda(op, name, t, (ref.dtype,))
+    if t.device != ref.device:
+        raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
+    return t
+
+
+def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dim() > 0 and t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{op}: {name} must have a unit stride in its last dimension, got strides {t.stride()}")
+
+
+def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")

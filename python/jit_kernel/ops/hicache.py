@@ -1,0 +1,375 @@
+"""hicache: gather/scatter of KV-cache rows between GPU memory and pinned host memory.
+
+For every ``i``::
+
+    k_dst[indices_dst[i]] = k_src[indices_src[i]]
+    v_dst[indices_dst[i]] = v_src[indices_src[i]]
+
+One row is one token's slice of one layer, ``element_size`` bytes; the kernel moves bytes, so
+any dtype works. Caches may be CUDA tensors, or CPU tensors in pinned memory (accessed through
+UVA). The kernel is ``csrc/hicache.cuh``; its config is ``(element_size, unroll, num_threads)``
+and the block quota is a run-time argument.
+
+Out-of-range indices are not checked (that would cost a reduction and a host sync per call);
+``JIT_KERNEL_CHECK_INDICES=1`` turns the check on and raises :class:`IndexError` naming the first
+bad position. With the all-layer forms, which take raw pointers, only negative indices can be
+detected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jit_kernel import env
+from jit_kernel.dispatch import Dispatcher
+from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS
+from jit_kernel.families import hicache_default_unroll as default_unroll
+
+_HICACHE = Dispatcher(HICACHE)
+
+#: Blocks of 1024 threads a transfer may occupy by default (H100 has 132 SMs). Chosen from the
+#: quota sweep of ``bench_hicache`` (docs/benchmarks/hicache.md): enough in-flight bytes to keep
+#: PCIe saturated, few enough SMs that a background copy leaves the model's compute alone.
+DEFAULT_BLOCK_QUOTA = 4
+_VALID_UNROLLS = (1, 2, 4, 8, 16, 32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def can_use_hicache_jit_kernel(*, element_size: int) -> bool:
+    """Whether rows of ``element_size`` bytes can be moved by this kernel (a positive multiple of 16)."""
+    return isinstance(element_size, int) and element_size > 0 and element_size % 16 == 0
+
+
+def _options(fn: str, element_size: int, unroll: int | None, block_quota: int | None) -> tuple[int, int]:
+    if element_size <= 0 or element_size % 16 != 0:
+        raise ValueError(f"{fn}: the element size must be a positive multiple of 16 bytes, got {element_size}")
+    if unroll is None:
+        unroll = default_unroll(element_size)
+    elif type(unroll) is not int or unroll not in _VALID_UNROLLS:
+        raise ValueError(f"{fn}: unroll must be one of {_VALID_UNROLLS}, got {unroll!r}")
+    if block_quota is None:
+        block_quota = DEFAULT_BLOCK_QUOTA
+    elif type(block_quota) is not int or block_quota < 1:
+        raise ValueError(f"{fn}: block_quota must be a positive int, got {block_quota!r}")
+    return unroll, block_quota
+
+
+def _check_index_pair(fn: str, indices_dst: torch.Tensor, indices_src: torch.Tensor) -> None:
+    for name, t in (("indices_dst", indices_dst), ("indices_src", indices_src)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"{fn}: {name} must be int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
+    if indices_dst.numel() != indices_src.numel():
+        raise ValueError(
+            f"{fn}: indices_dst and indices_src must have the same length, got {indices_dst.numel()} and "
+            f"{indices_src.numel()}"
+        )
+    if indices_dst.dtype != indices_src.dtype:
+        raise TypeError(
+            f"{fn}: indices_dst and indices_src must have the same dtype, got {indices_dst.dtype} and "
+            f"{indices_src.dtype}"
+        )
+    for name, t in (("indices_dst", indices_dst), ("indices_src", indices_src)):
+        if not t.is_cuda:
+            raise ValueError(f"{fn}: {name} must be on a CUDA device, got {t.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous")
+    if indices_dst.get_device() != indices_src.get_device():
+        raise ValueError(
+            f"{fn}: indices_dst and indices_src must be on the same device, got {indices_dst.device} and "
+            f"{indices_src.device}"
+        )
+
+
+def _rows(fn: str, name: str, t: torch.Tensor, element_dim: int) -> torch.Tensor:
+    """``t`` viewed as ``[rows, element_dim]`` with unit last stride (any row stride)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() == 2 and t.size(1) == element_dim:
+        if element_dim == 1 or t.stride(1) == 1:
+            return t  # the common case, checked with the fewest calls
+        rows = t
+    else:
+        trailing, matches = 1, False
+        for size in reversed(t.shape):
+            trailing *= size
+            matches = matches or trailing == element_dim
+        if not matches:
+            raise ValueError(
+                f"{fn}: element_dim={element_dim} does not match {name} of shape {tuple(t.shape)}: it must be "
+                "the product of the cache's trailing dimensions"
+            )
+        try:
+            rows = t.view(-1, element_dim)
+        except RuntimeError as error:
+            raise ValueError(
+                f"{fn}: {name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as rows of "
+                f"{element_dim} elements: {error}"
+            ) from None
+    if rows.size(1) > 1 and rows.stride(1) != 1:
+        raise ValueError(f"{fn}: the last dimension of {name} must be contiguous (stride 1), got {t.stride()}")
+    return rows
+
+
+def _check_residency(fn: str, name: str, t: torch.Tensor, device: int) -> None:
+    if t.is_cuda:
+        if t.get_device() != device:  # ints: cheaper than building torch.device objects
+            raise ValueError(f"{fn}: {name} is on {t.device} but the indices are on cuda:{device}")
+    elif t.is_cpu:
+        if not t.is_pinned():
+            raise ValueError(
+                f"{fn}: {name} is in pageable (unpinned) CPU memory, which the GPU cannot read or write: "
+                "allocate it with pin_memory=True or call .pin_memory() on it"
+            )
+    else:
+        raise ValueError(f"{fn}: {name} must be a CUDA tensor or a pinned CPU tensor, got {t.device}")
+
+
+def _check_bounds(fn: str, name: str, indices: torch.Tensor, num_rows: int | None) -> None:
+    """``JIT_KERNEL_CHECK_INDICES=1``: one reduction and one sync; on failure, find the first bad position."""
+    if indices.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(indices)).tolist()
+    if lo >= 0 and (num_rows is None or hi < num_rows):
+        return
+    bad = (indices < 0) if num_rows is None else (indices < 0) | (indices >= num_rows)
+    position = int(bad.nonzero()[0, 0])
+    value = int(indices[position])
+    limit = "a non-negative row" if num_rows is None else f"in [0, {num_rows})"
+    raise IndexError(f"{fn}: {name}[{position}] = {value} is out of range: it must be {limit}")
+
+
+def _one_layer(
+    fn: str,
+    caches_dst: tuple[tuple[str, torch.Tensor], ...],
+    indices_dst: torch.Tensor,
+    caches_src: tuple[tuple[str, torch.Tensor], ...],
+    indices_src: torch.Tensor,
+    element_dim: int | None,
+    unroll: int | None,
+    block_quota: int | None,
+) -> None:
+    named = caches_dst + caches_src
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{fn}: {name} has dtype {t.dtype} but {first_name} has {first.dtype}; they must match")
+    if element_dim is None:
+        if first.dim() == 0:
+            raise ValueError(f"{fn}: {first_name} must have at least one dimension")
+        element_dim = first.size(-1)
+    elif type(element_dim) is not int or element_dim <= 0:
+        raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
+    element_size = element_dim * first.element_size()
+    unroll, block_quota = _options(fn, element_size, unroll, block_quota)
+    rows = [_rows(fn, name, t, element_dim) for name, t in named]
+    _check_index_pair(fn, indices_dst, indices_src)
+    device = indices_dst.get_device()
+    for name, t in named:
+        _check_residency(fn, name, t, device)
+    if env.check_indices():
+        n_dst = len(caches_dst)
+        _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
+        _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
+    if indices_dst.numel() == 0:
+        return
+    config = (element_size, unroll, HICACHE_NUM_THREADS)
+    if len(caches_dst) == 2:
+        _HICACHE.function("run_one", config)(rows[0], rows[1], indices_dst, rows[2], rows[3], indices_src, block_quota)
+    else:
+        _HICACHE.function("run_one_mla", config)(rows[0], indices_dst, rows[1], indices_src, block_quota)
+
+
+def transfer_hicache_one_layer(
+    k_cache_dst: torch.Tensor,
+    v_cache_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    k_cache_src: torch.Tensor,
+    v_cache_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    *,
+    element_dim: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+) -> None:
+    """``k_cache_dst[indices_dst[i]] = k_cache_src[indices_src[i]]`` (and for V) for one layer.
+
+    Caches are viewed as ``[-1, element_dim]`` (``element_dim`` defaults to the last dimension)
+    with any row stride and a unit last stride; they live on the indices' GPU or in pinned CPU
+    memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
+    and ``block_quota`` (most blocks the copy occupies) default to tuned values.
+    """
+    _one_layer(
+        "transfer_hicache_one_layer",
+        (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst)),
+        indices_dst,
+        (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src)),
+        indices_src,
+        element_dim,
+        unroll,
+        block_quota,
+    )
+
+
+def transfer_hicache_one_layer_mla(
+    cache_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    cache_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    *,
+    element_dim: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+) -> None:
+    """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
+    _one_layer(
+        "transfer_hicache_one_layer_mla",
+        (("cache_dst", cache_dst),),
+        indices_dst,
+        (("cache_src", cache_src),),
+        indices_src,
+        element_dim,
+        unroll,
+        block_quota,
+    )
+
+
+def _all_layer(
+    fn: str,
+    tables_dst: tuple[tuple[str, torch.Tensor], ...],
+    indices_dst: torch.Tensor,
+    tables_src: tuple[tuple[str, torch.Tensor], ...],
+    indices_src: torch.Tensor,
+    src_stride: int,
+    dst_stride: int,
+    element_size: int | None,
+    unroll: int | None,
+    block_quota: int | None,
+) -> None:
+    for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
+        if type(value) is not int or value <= 0:
+            raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
+    if element_size is None:
+        if src_stride != dst_stride:
+            raise ValueError(
+                f"{fn}: element_size is required when the strides differ ({src_stride} and {dst_stride} bytes)"
+            )
+        element_size = src_stride
+    elif type(element_size) is not int:
+        raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
+    unroll, block_quota = _options(fn, element_size, unroll, block_quota)
+    for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
+        if value < element_size or value % 16 != 0:
+            raise ValueError(
+                f"{fn}: {name} must be a multiple of 16 and at least element_size={element_size}, got {value}"
+            )
+    tables = tables_dst + tables_src
+    for name, t in tables:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.uint64:
+            raise TypeError(f"{fn}: {name} must be a uint64 tensor of per-layer addresses, got {t.dtype}")
+        if t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be a contiguous 1-D tensor [num_layers], got shape {tuple(t.shape)}")
+    num_layers = tables[0][1].numel()
+    for name, t in tables[1:]:
+        if t.numel() != num_layers:
+            raise ValueError(f"{fn}: {name} has {t.numel()} layers but {tables[0][0]} has {num_layers}")
+    _check_index_pair(fn, indices_dst, indices_src)
+    for name, t in tables:
+        if not t.is_cuda or t.get_device() != indices_dst.get_device():
+            raise ValueError(f"{fn}: {name} must be on the indices' device {indices_dst.device}, got {t.device}")
+    if env.check_indices():
+        _check_bounds(fn, "indices_dst", indices_dst, None)
+        _check_bounds(fn, "indices_src", indices_src, None)
+    if indices_dst.numel() == 0 or num_layers == 0:
+        return
+    config = (element_size, unroll, HICACHE_NUM_THREADS)
+    if len(tables_dst) == 2:
+        _HICACHE.function("run_all", config)(
+            tables[0][1], tables[1][1], indices_dst, tables[2][1], tables[3][1], indices_src,
+            src_stride, dst_stride, block_quota,
+        )  # fmt: skip
+    else:
+        _HICACHE.function("run_all_mla", config)(
+            tables[0][1], indices_dst, tables[1][1], indices_src, src_stride, dst_stride, block_quota
+        )
+
+
+def transfer_hicache_all_layer(
+    k_ptr_dst: torch.Tensor,
+    v_ptr_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    k_ptr_src: torch.Tensor,
+    v_ptr_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    *,
+    kv_cache_src_stride_bytes: int,
+    kv_cache_dst_stride_bytes: int,
+    element_size: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+) -> None:
+    """Every layer in one launch. ``*_ptr_*`` are uint64 CUDA tensors ``[num_layers]`` holding each
+    layer's base address (a CUDA address, or a pinned host buffer's; ``tensor.data_ptr()`` of a
+    pinned CPU tensor works under UVA). Row ``r`` of a layer starts ``r * stride_bytes`` after its
+    base. ``element_size`` (bytes per row) defaults to the stride when both strides are equal.
+
+    The addresses cannot be checked: they must be valid for every index, and host buffers pinned.
+    """
+    _all_layer(
+        "transfer_hicache_all_layer",
+        (("k_ptr_dst", k_ptr_dst), ("v_ptr_dst", v_ptr_dst)),
+        indices_dst,
+        (("k_ptr_src", k_ptr_src), ("v_ptr_src", v_ptr_src)),
+        indices_src,
+        kv_cache_src_stride_bytes,
+        kv_cache_dst_stride_bytes,
+        element_size,
+        unroll,
+        block_quota,
+    )
+
+
+def transfer_hicache_all_layer_mla(
+    ptr_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    ptr_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    *,
+    kv_cache_src_stride_bytes: int,
+    kv_cache_dst_stride_bytes: int,
+    element_size: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+) -> None:
+    """The MLA form of :func:`transfer_hicache_all_layer`: one cache per layer, no V."""
+    _all_layer(
+        "transfer_hicache_all_layer_mla",
+        (("ptr_dst", ptr_dst),),
+        indices_dst,
+        (("ptr_src", ptr_src),),
+        indices_src,
+        kv_cache_src_stride_bytes,
+        kv_cache_dst_stride_bytes,
+        element_size,
+        unroll,
+        block_quota,
+    )
+
+
+__all__ = [
+    "DEFAULT_BLOCK_QUOTA",
+    "can_use_hicache_jit_kernel",
+    "default_unroll",
+    "transfer_hicache_all_layer",
+    "transfer_hicache_all_layer_mla",
+    "transfer_hicache_one_layer",
+    "transfer_hicache_one_layer_mla",
+]

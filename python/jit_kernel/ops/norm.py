@@ -1,0 +1,257 @@
+"""RMSNorm ops: ``rmsnorm``, ``fused_add_rmsnorm``, ``fused_inplace_qknorm``, ``qknorm_across_heads``.
+
+Semantics (all in fp32, one rounding at the end): ``out = T(x * rsqrt(mean(x^2) + eps) * weight)``.
+``fused_add_rmsnorm`` first stores ``residual = T(input + residual)`` and normalises that stored
+value, so that ``input`` ends up exactly ``rmsnorm(residual_new, weight)``.
+
+Any D works: hidden sizes in :data:`~jit_kernel.families.NORM_HIDDEN_SIZES` (head dims in
+``QKNORM_HEAD_DIMS``) in fp16/bf16 use kernels specialised for that size; every other D, fp32,
+and rows that are not aligned 16-byte vectors use a generic kernel that takes D at run time.
+
+Every op is also registered as ``torch.ops.jit_kernel.*`` (with fake implementations and the
+mutated arguments declared); the functions here switch to those under ``torch.compile`` so a
+compiled graph has no break, and call the kernels directly otherwise (lower overhead).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jit_kernel.dispatch import Dispatcher
+from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
+from jit_kernel.ops._common import CPP_DTYPE, check_cuda, check_last_stride, check_like
+
+_RMSNORM = Dispatcher(RMSNORM)
+_QKNORM = Dispatcher(QKNORM)
+MAX_HIDDEN = 1 << 20
+_FAST_HIDDEN = frozenset(NORM_HIDDEN_SIZES)
+_FAST_HEAD_DIM = frozenset(QKNORM_HEAD_DIMS)
+
+
+def _eps(op: str, eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, int | float):
+        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+    return float(eps)
+
+
+def _rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """``[..., D]`` -> ``[rows, D]`` without copying (rows may be strided)."""
+    check_last_stride(op, name, t)
+    if t.dim() == 2:
+        return t
+    if t.dim() == 0:
+        raise ValueError(f"{op}: {name} must have at least one dimension")
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: the leading dimensions of {name} must collapse into rows with one stride, "
+            f"got shape {tuple(t.shape)} strides {t.stride()}"
+        ) from None
+
+
+def _hidden(op: str, name: str, d: int) -> int:
+    if not 1 <= d <= MAX_HIDDEN:
+        raise ValueError(f"{op}: the last dimension of {name} must be in [1, {MAX_HIDDEN}], got {d}")
+    return d
+
+
+def _weight(op: str, name: str, weight: object, ref: torch.Tensor, d: int, ref_name: str) -> None:
+    check_like(op, name, weight, ref, ref_name)
+    if weight.shape != (d,):
+        raise ValueError(f"{op}: {name} must have shape ({d},) to match {ref_name}, got {tuple(weight.shape)}")
+    # A [D] tensor with a non-unit stride: the kernels read it as contiguous.
+    if d > 1 and weight.stride(0) != 1:
+        raise ValueError(f"{op}: {name} must be contiguous, got stride {weight.stride()}")
+
+
+def _config(d: int, dtype: torch.dtype, fast: frozenset[int]) -> tuple[int, str]:
+    return (d if d in fast and dtype != torch.float32 else 0, CPP_DTYPE[dtype])
+
+
+# ---------------------------------------------------------------------------------------------
+# Direct implementations (validate, then call the kernel).
+
+
+def _rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None) -> torch.Tensor:
+    op = "rmsnorm"
+    check_cuda(op, "input", input)
+    eps = _eps(op, eps)
+    rows = _rows(op, "input", input)
+    d = _hidden(op, "input", input.shape[-1])
+    _weight(op, "weight", weight, input, d, "input")
+    if out is None:
+        out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+        out_rows = out.view(rows.shape)
+    else:
+        check_like(op, "out", out, input, "input")
+        if out.shape != input.shape:
+            raise ValueError(f"{op}: out must have the shape of input {tuple(input.shape)}, got {tuple(out.shape)}")
+        out_rows = _rows(op, "out", out)
+    _RMSNORM.function("rmsnorm", _config(d, input.dtype, _FAST_HIDDEN))(out_rows, rows, weight, eps)
+    return out
+
+
+def _fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    op = "fused_add_rmsnorm"
+    check_cuda(op, "input", input)
+    eps = _eps(op, eps)
+    check_like(op, "residual", residual, input, "input")
+    if residual.shape != input.shape:
+        raise ValueError(
+            f"{op}: residual must have the shape of input {tuple(input.shape)}, got {tuple(residual.shape)}"
+        )
+    rows = _rows(op, "input", input)
+    res_rows = _rows(op, "residual", residual)
+    d = _hidden(op, "input", input.shape[-1])
+    _weight(op, "weight", weight, input, d, "input")
+    _RMSNORM.function("fused_add", _config(d, input.dtype, _FAST_HIDDEN))(rows, res_rows, weight, eps)
+
+
+def _qknorm_across_heads(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+) -> None:
+    op = "qknorm_across_heads"
+    check_cuda(op, "q", q)
+    eps = _eps(op, eps)
+    check_like(op, "k", k, q, "q")
+    if q.dim() != 2 or k.dim() != 2:
+        raise ValueError(f"{op}: q and k must be [N, H*D], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
+    check_last_stride(op, "q", q)
+    check_last_stride(op, "k", k)
+    dq = _hidden(op, "q", q.shape[1])
+    dk = _hidden(op, "k", k.shape[1])
+    _weight(op, "q_weight", q_weight, q, dq, "q")
+    _weight(op, "k_weight", k_weight, q, dk, "k")
+    config = _config(dq, q.dtype, _FAST_HIDDEN) if dq == dk else (0, CPP_DTYPE[q.dtype])
+    _RMSNORM.function("across_heads", config)(q, k, q_weight, k_weight, eps)
+
+
+def _fused_inplace_qknorm(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+) -> None:
+    op = "fused_inplace_qknorm"
+    check_cuda(op, "q", q)
+    eps = _eps(op, eps)
+    check_like(op, "k", k, q, "q")
+    if q.dim() != 3 or k.dim() != 3:
+        raise ValueError(f"{op}: q and k must be [N, H, D], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"{op}: q and k must have the same head_dim, got {q.shape[2]} and {k.shape[2]}")
+    check_last_stride(op, "q", q)
+    check_last_stride(op, "k", k)
+    d = _hidden(op, "q", q.shape[2])
+    _weight(op, "q_weight", q_weight, q, d, "q")
+    _weight(op, "k_weight", k_weight, q, d, "q")
+    _QKNORM.function("run", _config(d, q.dtype, _FAST_HEAD_DIM))(q, k, q_weight, k_weight, eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library registration: torch.ops.jit_kernel.*
+
+
+@torch.library.custom_op("jit_kernel::rmsnorm", mutates_args=())
+def _rmsnorm_op(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rmsnorm(input, weight, eps, None)
+
+
+@_rmsnorm_op.register_fake
+def _(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty(input.shape, dtype=input.dtype, device=input.device)
+
+
+@torch.library.custom_op("jit_kernel::rmsnorm_out", mutates_args=("out",))
+def _rmsnorm_out_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _rmsnorm(input, weight, eps, out)
+
+
+@_rmsnorm_out_op.register_fake
+def _(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    return None
+
+
+@torch.library.custom_op("jit_kernel::fused_add_rmsnorm", mutates_args=("input", "residual"))
+def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _fused_add_rmsnorm(input, residual, weight, eps)
+
+
+@_fused_add_rmsnorm_op.register_fake
+def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    return None
+
+
+@torch.library.custom_op("jit_kernel::fused_inplace_qknorm", mutates_args=("q", "k"))
+def _qknorm_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    _fused_inplace_qknorm(q, k, q_weight, k_weight, eps)
+
+
+@_qknorm_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    return None
+
+
+@torch.library.custom_op("jit_kernel::qknorm_across_heads", mutates_args=("q", "k"))
+def _across_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    _qknorm_across_heads(q, k, q_weight, k_weight, eps)
+
+
+@_across_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def rmsnorm(
+    input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of the last dimension: ``out = input * rsqrt(mean(input^2) + eps) * weight``.
+
+    ``input`` is ``[..., D]`` in fp16, bf16 or fp32 on a CUDA device, with a unit last stride (rows
+    may be strided); ``weight`` is ``[D]`` of the same dtype. ``out`` may be ``input`` (in place).
+    """
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.jit_kernel.rmsnorm(input, weight, eps)
+        torch.ops.jit_kernel.rmsnorm_out(out, input, weight, eps)
+        return out
+    return _rmsnorm(input, weight, eps, out)
+
+
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    """In place: ``residual = input + residual`` (added in fp32, stored in the dtype), then
+    ``input = rmsnorm(residual) * weight``."""
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps)
+        return
+    _fused_add_rmsnorm(input, residual, weight, eps)
+
+
+def fused_inplace_qknorm(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    """Per-head RMSNorm in place, in one launch: q ``[N, Hq, D]``, k ``[N, Hk, D]`` (token and
+    head strides allowed, unit last stride), weights ``[D]``."""
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.fused_inplace_qknorm(q, k, q_weight, k_weight, eps)
+        return
+    _fused_inplace_qknorm(q, k, q_weight, k_weight, eps)
+
+
+def qknorm_across_heads(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    """RMSNorm of whole rows in place, in one launch: q ``[N, Hq*D]`` with ``q_weight`` ``[Hq*D]``,
+    k ``[N, Hk*D]`` with ``k_weight`` ``[Hk*D]``."""
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.qknorm_across_heads(q, k, q_weight, k_weight, eps)
+        return
+    _qknorm_across_heads(q, k, q_weight, k_weight, eps)

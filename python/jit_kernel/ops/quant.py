@@ -1,0 +1,78 @@
+"""``per_tensor_quant_fp8``: one float32 scale for a whole tensor, values in ``float8_e4m3fn``.
+
+``q = fp8(clamp(x * (1 / scale), -448, 448))``. Dynamic mode (the default) computes
+``scale = absmax(x) / 448`` into ``output_s`` itself, so ``output_s`` needs no zeroing by the
+caller; static mode (``is_static=True``) reads the scale given in ``output_s``. A zero scale
+(an all-zero input) gives an all-zero ``q``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jit_kernel.dispatch import Dispatcher
+from jit_kernel.families import PER_TENSOR_QUANT_FP8
+from jit_kernel.ops._common import CPP_DTYPE, check_contiguous, check_cuda
+
+_QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
+FP8_E4M3_MAX = 448.0
+
+
+def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor) -> None:
+    op = "per_tensor_quant_fp8"
+    check_cuda(op, "input", input)
+    check_contiguous(op, "input", input)
+    check_cuda(op, "output_q", output_q, (torch.float8_e4m3fn,))
+    if output_q.device != input.device:
+        raise ValueError(f"{op}: output_q is on {output_q.device} but input is on {input.device}")
+    if output_q.shape != input.shape:
+        raise ValueError(
+            f"{op}: output_q must have the shape of input {tuple(input.shape)}, got {tuple(output_q.shape)}"
+        )
+    check_contiguous(op, "output_q", output_q)
+    check_cuda(op, "output_s", output_s, (torch.float32,))
+    if output_s.device != input.device:
+        raise ValueError(f"{op}: output_s is on {output_s.device} but input is on {input.device}")
+    if output_s.numel() != 1:
+        raise ValueError(f"{op}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
+
+
+def _quant(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool) -> None:
+    _check(input, output_q, output_s)
+    export = "static" if is_static else "dynamic"
+    _QUANT.function(export, (CPP_DTYPE[input.dtype],))(output_q.view(-1), output_s.view(1), input.view(-1))
+
+
+@torch.library.custom_op("jit_kernel::per_tensor_quant_fp8", mutates_args=("output_q", "output_s"))
+def _quant_op(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool) -> None:
+    _quant(input, output_q, output_s, is_static)
+
+
+@_quant_op.register_fake
+def _(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool) -> None:
+    return None
+
+
+def per_tensor_quant_fp8(
+    input: torch.Tensor,
+    output_q: torch.Tensor | None = None,
+    output_s: torch.Tensor | None = None,
+    is_static: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``input`` (fp16, bf16 or fp32, any shape, contiguous) to ``float8_e4m3fn`` with one
+    per-tensor scale. Returns ``(output_q, output_s)``; ``output_s`` has shape ``(1,)``."""
+    if not isinstance(is_static, bool):
+        raise TypeError(f"per_tensor_quant_fp8: is_static must be a bool, got {type(is_static).__name__}")
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"per_tensor_quant_fp8: input must be a torch.Tensor, got {type(input).__name__}")
+    if output_q is None:
+        output_q = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
+    if output_s is None:
+        if is_static:
+            raise ValueError("per_tensor_quant_fp8: is_static=True needs the scale in output_s")
+        output_s = torch.empty(1, dtype=torch.float32, device=input.device)
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static)
+    else:
+        _quant(input, output_q, output_s, is_static)
+    return output_q, output_s

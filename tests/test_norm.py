@@ -1,0 +1,311 @@
+"""rmsnorm, fused_add_rmsnorm, fused_inplace_qknorm and qknorm_across_heads against a float64
+torch reference. Outputs are poisoned (NaN) first; inputs are fresh random tensors per test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jit_kernel
+from _norm_helpers import assert_close, fake_cuda
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+EPS = 1e-6
+
+
+def ref_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    xf = x.double()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def _inputs(n: int, d: int, dtype: torch.dtype, pad: int = 0, offset: int = 0):
+    """x [n, d] (rows strided by d + pad, data shifted by offset elements) and w [d]."""
+    base = torch.randn(n * (d + pad) + offset, device="cuda", dtype=torch.float32).to(dtype)
+    x = base[offset:].view(n, d + pad)[:, :d]
+    w = (torch.rand(d, device="cuda") + 0.5).to(dtype)
+    return x, w
+
+
+# The full token x D grid for small token counts; big token counts at representative D
+# (ids `big-*`: the sanitizer run deselects them with -k 'not big', memcheck makes them slow).
+SHAPES = [(n, d) for n in (1, 7, 128) for d in (64, 128, 1000, 1024, 4096, 5120, 8192, 16384)]
+SHAPES += [pytest.param(4097, d, id=f"big-4097-{d}") for d in (1000, 1024, 4096, 7168)]
+SHAPES += [pytest.param(16384, d, id=f"big-16384-{d}") for d in (2048, 5120, 8192, 16384)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "d"), SHAPES)
+def test_rmsnorm(n: int, d: int, dtype: torch.dtype) -> None:
+    if n * d >= 16384 * 8192 and dtype != torch.bfloat16:
+        pytest.skip("largest sizes in bf16 only (memory and time)")
+    x, w = _inputs(n, d, dtype)
+    out = torch.full_like(x, float("nan"))
+    res = jit_kernel.rmsnorm(x, w, EPS, out=out)
+    assert res is out
+    assert_close(out, ref_rmsnorm(x, w), dtype)
+    assert_close(jit_kernel.rmsnorm(x, w, EPS), ref_rmsnorm(x, w), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("d", "pad", "offset"), [(4096, 64, 0), (4096, 3, 0), (4096, 0, 1), (1024, 8, 1), (1000, 5, 3)]
+)
+def test_rmsnorm_strided_and_misaligned(d: int, pad: int, offset: int, dtype: torch.dtype) -> None:
+    x, w = _inputs(33, d, dtype, pad=pad, offset=offset)
+    out = torch.full((33, d + pad), float("nan"), device="cuda", dtype=dtype)[:, :d]
+    jit_kernel.rmsnorm(x, w, EPS, out=out)
+    assert_close(out, ref_rmsnorm(x, w), dtype)
+
+
+@pytest.mark.gpu
+def test_rmsnorm_input_1_view_and_3d_and_inplace() -> None:
+    dtype = torch.bfloat16
+    full = torch.randn(9, 4096, device="cuda", dtype=dtype)
+    x, w = full[1:], torch.randn(4096, device="cuda", dtype=dtype)
+    assert_close(jit_kernel.rmsnorm(x, w), ref_rmsnorm(x, w), dtype)
+    flat = torch.randn(8 * 4096 + 1, device="cuda", dtype=dtype)[1:].view(8, 4096)  # 2-byte misaligned
+    assert_close(jit_kernel.rmsnorm(flat, w), ref_rmsnorm(flat, w), dtype)
+    x3 = torch.randn(2, 5, 4096, device="cuda", dtype=dtype)
+    expected = ref_rmsnorm(x3, w)
+    assert jit_kernel.rmsnorm(x3, w).shape == x3.shape
+    assert jit_kernel.rmsnorm(x3, w, out=x3) is x3  # in place
+    assert_close(x3, expected, dtype)
+    empty = torch.empty(0, 4096, device="cuda", dtype=dtype)
+    assert jit_kernel.rmsnorm(empty, w).shape == (0, 4096)
+
+
+def ref_fused_add(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
+    new_r = (x.float() + r.float()).to(x.dtype)
+    return ref_rmsnorm(new_r, w), new_r
+
+
+FUSED_SHAPES = [(n, d) for n in (1, 7, 128) for d in (64, 1000, 1024, 4096, 5120, 8192, 16384)]
+FUSED_SHAPES += [pytest.param(4097, 4096, id="big-4097-4096")]
+FUSED_SHAPES += [pytest.param(16384, d, id=f"big-16384-{d}") for d in (1000, 8192)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "d"), FUSED_SHAPES)
+def test_fused_add_rmsnorm(n: int, d: int, dtype: torch.dtype) -> None:
+    x, w = _inputs(n, d, dtype)
+    r, _ = _inputs(n, d, dtype)
+    x, r = x.clone(), r.clone()
+    expected_out, expected_r = ref_fused_add(x, r, w)
+    assert jit_kernel.fused_add_rmsnorm(x, r, w, EPS) is None
+    torch.testing.assert_close(r, expected_r, rtol=0, atol=0)  # one fp32 add, one rounding
+    assert_close(x, expected_out, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("d", "pad", "offset"), [(4096, 64, 0), (4096, 0, 1), (5120, 3, 0)])
+def test_fused_add_rmsnorm_strided(d: int, pad: int, offset: int, dtype: torch.dtype) -> None:
+    x, w = _inputs(17, d, dtype, pad=pad, offset=offset)
+    r, _ = _inputs(17, d, dtype, pad=pad + 8, offset=offset)
+    expected_out, expected_r = ref_fused_add(x, r, w)
+    jit_kernel.fused_add_rmsnorm(x, r, w, EPS)
+    torch.testing.assert_close(r, expected_r, rtol=0, atol=0)
+    assert_close(x, expected_out, dtype)
+
+
+def _qkv(n: int, hq: int, hk: int, d: int, dtype: torch.dtype, pad: int = 0):
+    qkv = torch.randn(n, (hq + 2 * hk) * d + pad, device="cuda", dtype=torch.float32).to(dtype)
+    q = qkv[:, : hq * d].view(n, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+    v = qkv[:, (hq + hk) * d :]
+    return qkv, q, k, v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 256, 96])
+@pytest.mark.parametrize(
+    ("n", "hq", "hk"), [(1, 8, 1), (7, 32, 8), (128, 16, 16), pytest.param(4097, 32, 8, id="big-4097")]
+)
+def test_fused_inplace_qknorm(n: int, hq: int, hk: int, d: int, dtype: torch.dtype) -> None:
+    _, q, k, v = _qkv(n, hq, hk, d, dtype, pad=8)
+    qw, kw = (torch.rand(d, device="cuda") + 0.5).to(dtype), (torch.rand(d, device="cuda") + 0.5).to(dtype)
+    eq, ek, ev = ref_rmsnorm(q, qw), ref_rmsnorm(k, kw), v.clone()
+    jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS)
+    assert_close(q, eq, dtype)
+    assert_close(k, ek, dtype)
+    assert torch.equal(v, ev)  # untouched
+
+
+@pytest.mark.gpu
+def test_fused_inplace_qknorm_misaligned() -> None:
+    dtype = torch.bfloat16
+    flat = torch.randn(5 * 4 * 128 + 1, device="cuda", dtype=dtype)[1:]
+    q = flat.view(5, 4, 128)
+    k = torch.randn(5, 2, 128, device="cuda", dtype=dtype)
+    qw, kw = torch.randn(128, device="cuda", dtype=dtype), torch.randn(128, device="cuda", dtype=dtype)
+    eq, ek = ref_rmsnorm(q, qw), ref_rmsnorm(k, kw)
+    jit_kernel.fused_inplace_qknorm(q, k, qw, kw)
+    assert_close(q, eq, dtype)
+    assert_close(k, ek, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("n", "wq", "wk"),
+    [
+        (1, 4096, 4096),
+        (7, 4096, 1024),
+        (128, 1000, 1000),
+        (128, 2048, 2048),
+        pytest.param(4097, 4096, 4096, id="big-4097"),
+    ],
+)
+def test_qknorm_across_heads(n: int, wq: int, wk: int, dtype: torch.dtype) -> None:
+    qkv = torch.randn(n, wq + 2 * wk, device="cuda", dtype=torch.float32).to(dtype)
+    q, k = qkv[:, :wq], qkv[:, wq : wq + wk]
+    qw, kw = (torch.rand(wq, device="cuda") + 0.5).to(dtype), (torch.rand(wk, device="cuda") + 0.5).to(dtype)
+    eq, ek = ref_rmsnorm(q, qw), ref_rmsnorm(k, kw)
+    jit_kernel.qknorm_across_heads(q, k, qw, kw, EPS)
+    assert_close(q, eq, dtype)
+    assert_close(k, ek, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_norms_on_second_gpu() -> None:
+    dev = torch.device("cuda:1")
+    dtype = torch.bfloat16
+    x = torch.randn(64, 4096, device=dev, dtype=dtype)
+    w = torch.randn(4096, device=dev, dtype=dtype)
+    with torch.cuda.device(0):  # the current device is another GPU: the op must launch on x's
+        out = jit_kernel.rmsnorm(x, w)
+        expected = ref_rmsnorm(x, w)
+        r = torch.randn_like(x)
+        expected_out, expected_r = ref_fused_add(x, r, w)
+        jit_kernel.fused_add_rmsnorm(x, r, w)
+        _, q, k, _ = _qkv(16, 8, 2, 128, dtype)
+        q, k = q.to(dev), k.to(dev)
+        qw = torch.randn(128, device=dev, dtype=dtype)
+        eq, ek = ref_rmsnorm(q, qw), ref_rmsnorm(k, qw)
+        jit_kernel.fused_inplace_qknorm(q, k, qw, qw)
+    torch.cuda.synchronize(dev)
+    assert out.device == dev
+    assert_close(out, expected, dtype)
+    assert_close(x, expected_out, dtype)
+    torch.testing.assert_close(r, expected_r, rtol=0, atol=0)
+    assert_close(q, eq, dtype)
+    assert_close(k, ek, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs: rejected in Python, naming the argument. Fake CUDA tensors: these run on the CPU.
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def test_rmsnorm_rejects_cpu_tensors() -> None:
+    with pytest.raises(ValueError, match="input must be a CUDA tensor"):
+        jit_kernel.rmsnorm(torch.randn(4, 8), torch.randn(8))
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        jit_kernel.fused_inplace_qknorm(torch.randn(4, 2, 8), torch.randn(4, 2, 8), torch.randn(8), torch.randn(8))
+    with pytest.raises(TypeError, match=r"input must be a torch\.Tensor"):
+        jit_kernel.rmsnorm([1.0], torch.randn(8))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8).int(), _bf16(8)), TypeError, "input must be one of"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8).half()), TypeError, "weight must be one of"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(7)), ValueError, r"weight must have shape \(8,\)"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8, 1)), ValueError, "weight must have shape"),
+        (lambda: jit_kernel.rmsnorm(_bf16(8, 4).t(), _bf16(8)), ValueError, "input must have a unit stride"),
+        (
+            lambda: jit_kernel.rmsnorm(
+                _bf16(4, 8), torch.empty_strided((8,), (2,), device="cuda", dtype=torch.bfloat16)
+            ),
+            ValueError,
+            "weight must be contiguous",
+        ),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), out=_bf16(4, 9)), ValueError, "out must have the shape"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), out=_bf16(4, 8).half()), TypeError, "out must be one of"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 0), _bf16(0)), ValueError, r"must be in \[1, 1048576\]"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), eps=-1.0), ValueError, "eps must be >= 0"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), eps="x"), TypeError, "eps must be a float"),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 9), _bf16(8)),
+            ValueError,
+            "residual must have the shape",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8).float(), _bf16(8)),
+            TypeError,
+            "residual must be one of",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(8, 4).t(), _bf16(8)),
+            ValueError,
+            "residual must have a unit stride",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8), _bf16(4)),
+            ValueError,
+            "weight must have shape",
+        ),
+        (
+            lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(5, 2, 8), _bf16(8), _bf16(8)),
+            ValueError,
+            "same number of tokens",
+        ),
+        (
+            lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(4, 2, 16), _bf16(8), _bf16(8)),
+            ValueError,
+            "same head_dim",
+        ),
+        (
+            lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 16), _bf16(4, 16), _bf16(8), _bf16(8)),
+            ValueError,
+            r"\[N, H, D\]",
+        ),
+        (
+            lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(4, 2, 8), _bf16(8), _bf16(4)),
+            ValueError,
+            "k_weight must have shape",
+        ),
+        (
+            lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(4, 2, 8).half(), _bf16(8), _bf16(8)),
+            TypeError,
+            "k must be one of",
+        ),
+        (
+            lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 8, 2).transpose(1, 2), _bf16(4, 2, 8), _bf16(8), _bf16(8)),
+            ValueError,
+            "q must have a unit stride",
+        ),
+        (
+            lambda: jit_kernel.qknorm_across_heads(_bf16(4, 16), _bf16(3, 16), _bf16(16), _bf16(16)),
+            ValueError,
+            "same number of tokens",
+        ),
+        (
+            lambda: jit_kernel.qknorm_across_heads(_bf16(4, 16), _bf16(4, 8), _bf16(16), _bf16(16)),
+            ValueError,
+            "k_weight must have shape",
+        ),
+        (
+            lambda: jit_kernel.qknorm_across_heads(_bf16(4, 16), _bf16(4, 16), _bf16(16).float(), _bf16(16)),
+            TypeError,
+            "q_weight must be one of",
+        ),
+    ],
+)
+def test_norm_bad_inputs(call, error: type[Exception], match: str) -> None:
+    with fake_cuda(), pytest.raises(error, match=match):
+        call()
+
+
+def test_rmsnorm_error_names_unsupported_hidden_limit() -> None:
+    with fake_cuda(), pytest.raises(ValueError, match="1048576"):
+        jit_kernel.rmsnorm(_bf16(1, (1 << 20) + 1), _bf16((1 << 20) + 1))
