@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
-CPP_DTYPE = {torch.float16: "fp16_t", torch.bfloat16: "bf16_t", torch.float32: "fp32_t"}
-FLOAT_DTYPES = tuple(CPP_DTYPE)
+from jit_kernel.jit import make_cpp_args
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Config values name dtypes as C++ types; make_cpp_args owns that table.
+CPP_DTYPE = {dtype: make_cpp_args(dtype)[0] for dtype in FLOAT_DTYPES}
 
 
 def check_cuda(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
