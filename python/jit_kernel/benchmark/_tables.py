@@ -7,7 +7,26 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from jit_kernel.benchmark.utils import run_benchmark
+from jit_kernel.benchmark.utils import gbps, run_benchmark
+
+# Columns every norm / quant / elementwise row ends with, after its own key columns.
+COMPARISON_HEADER = ["jit us", "eager us", "compile us", "jit GB/s", "% ceiling", "vs eager", "vs compile", "vs empty"]
+
+
+def comparison_cells(
+    nbytes: int, ours: float, eager: float, compiled: float, ceiling: float, empty: float, tiny: bool
+) -> list[object]:
+    """Times, bandwidth, % of the copy ceiling, and speed-ups; "vs empty" only for tiny inputs."""
+    return [
+        ours,
+        eager,
+        compiled,
+        f"{gbps(nbytes, ours):.0f}",
+        f"{100 * gbps(nbytes, ours) / ceiling:.0f}%",
+        f"{eager / ours:.2f}x",
+        f"{compiled / ours:.2f}x",
+        f"{ours / empty:.2f}x" if tiny else "",
+    ]
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

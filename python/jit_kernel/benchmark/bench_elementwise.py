@@ -10,8 +10,16 @@ from __future__ import annotations
 import torch
 
 import jit_kernel
-from jit_kernel.benchmark._tables import allow_recompiles, device_name, empty_kernel_us, table, time_or_nan
-from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range
+from jit_kernel.benchmark._tables import (
+    COMPARISON_HEADER,
+    allow_recompiles,
+    comparison_cells,
+    device_name,
+    empty_kernel_us,
+    table,
+    time_or_nan,
+)
+from jit_kernel.benchmark.utils import copy_ceiling_gbps, get_benchmark_range
 
 SIZES = get_benchmark_range([1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26], [1 << 10, 1 << 24])
 
@@ -54,30 +62,11 @@ def main() -> None:
                     name,
                     str(dtype).removeprefix("torch."),
                     n,
-                    ours,
-                    eager,
-                    compiled,
-                    f"{gbps(nbytes, ours):.0f}",
-                    f"{100 * gbps(nbytes, ours) / ceiling:.0f}%",
-                    f"{eager / ours:.2f}x",
-                    f"{compiled / ours:.2f}x",
-                    f"{ours / empty:.2f}x" if n <= 16 * 8192 else "",
+                    *comparison_cells(nbytes, ours, eager, compiled, ceiling, empty, tiny=n <= 16 * 8192),
                 ]
             )
     print(f"\ndevice: {device_name()}; empty-kernel CUDA-graph replay: {empty:.2f} us")
-    header = [
-        "op",
-        "dtype",
-        "elements",
-        "jit us",
-        "eager us",
-        "compile us",
-        "jit GB/s",
-        "% ceiling",
-        "vs eager",
-        "vs compile",
-        "vs empty",
-    ]
+    header = ["op", "dtype", "elements", *COMPARISON_HEADER]
     table("scale / add_constant", header, rows)
 
 

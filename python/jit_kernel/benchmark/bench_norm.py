@@ -16,8 +16,16 @@ import torch
 import torch.nn.functional as F
 
 import jit_kernel
-from jit_kernel.benchmark._tables import StreamingTable, allow_recompiles, device_name, empty_kernel_us, time_or_nan
-from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range
+from jit_kernel.benchmark._tables import (
+    COMPARISON_HEADER,
+    StreamingTable,
+    allow_recompiles,
+    comparison_cells,
+    device_name,
+    empty_kernel_us,
+    time_or_nan,
+)
+from jit_kernel.benchmark.utils import copy_ceiling_gbps, get_benchmark_range
 
 EPS = 1e-6
 DT = torch.bfloat16
@@ -54,32 +62,10 @@ _compiled_qk = torch.compile(_torch_qk_inplace, dynamic=False)
 
 
 def _row(n, d, nbytes, ours, eager, compiled, ceiling, empty):
-    return [
-        n,
-        d,
-        ours,
-        eager,
-        compiled,
-        f"{gbps(nbytes, ours):.0f}",
-        f"{100 * gbps(nbytes, ours) / ceiling:.0f}%",
-        f"{eager / ours:.2f}x",
-        f"{compiled / ours:.2f}x",
-        f"{ours / empty:.2f}x" if n <= 16 else "",
-    ]
+    return [n, d, *comparison_cells(nbytes, ours, eager, compiled, ceiling, empty, tiny=n <= 16)]
 
 
-HEADER = [
-    "tokens",
-    "D",
-    "jit us",
-    "eager us",
-    "compile us",
-    "jit GB/s",
-    "% ceiling",
-    "vs eager",
-    "vs compile",
-    "vs empty",
-]
+HEADER = ["tokens", "D", *COMPARISON_HEADER]
 
 
 def bench_rmsnorm() -> None:
