@@ -3,9 +3,8 @@
 // Dynamic mode also computes scale = absmax(x) / 448 into output_s (no caller-side zeroing):
 // - small inputs (<= kSmallElems = 8192): one block does the absmax, writes the scale and quantises,
 //   in a single launch;
-// - large inputs: a one-thread kernel zeroes output_s, an absmax kernel atomically maxes each
-//   block's absmax / 448 into it (division by a positive constant is monotonic, so this is
-//   exactly absmax / 448), and the quantise kernel reads it.
+// - large inputs: one cooperative launch that reads HBM once for what fits in registers
+//   (one_pass_dynamic_kernel below), with the per-block maxima in a caller-given workspace.
 // Static mode reads the given scale. A zero scale quantises everything to 0.
 #pragma once
 
@@ -21,6 +20,9 @@
 #include <tvm/ffi/container/tensor.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cooperative_groups.h>
 #include <cstddef>
 #include <cstdint>
 
@@ -84,51 +86,107 @@ __global__ void __launch_bounds__(kThreads)
   quant_range<T, kN>(out, in, n, inverse(s), threadIdx.x, blockDim.x);
 }
 
-// A template (like every kernel here): a plain __global__ in a header would be defined once per
-// translation unit of the prebuilt library.
-template <typename T>
-__global__ void zero_kernel(float* value) {
-  *value = 0.f;
-}
-
-template <typename T, int kN>
-__global__ void __launch_bounds__(kThreads) absmax_kernel(float* scale, const T* in, int64_t n) {
-  __shared__ float smem[32];
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  device::cta::reduce_max(absmax_range<T, kN>(in, n, first, static_cast<int64_t>(gridDim.x) * blockDim.x), smem);
-  if (threadIdx.x == 0) {
-    // Non-negative floats order like their bit patterns as signed ints.
-    atomicMax(reinterpret_cast<int*>(scale), __float_as_int(smem[0] / kFp8Max));
-  }
-}
-
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads) quant_kernel(fp8_e4m3_t* out, const float* scale, const T* in, int64_t n) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   quant_range<T, kN>(out, in, n, inverse(*scale), first, static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
-// The dynamic mode's second pass walks the vectors from the end: what the absmax pass read last
-// is the most likely to still be in L2, so reading it first turns more of the re-read into hits.
+// The one-pass kernel keeps part of the input on chip across its grid barrier: kHeldVecs 16-byte
+// vectors per thread in registers (20 registers: two 512-thread blocks per SM fit without
+// spilling) plus `stash_slots` vectors per thread in dynamic shared memory.
+inline constexpr int kHeldVecs = 5;
+inline constexpr int kStreamUnroll = 4;
+inline constexpr int kBlocksPerSm = 2;
+
+// Dynamic mode in one pass over HBM (a cooperative launch, every block resident):
+// 1. thread g reads vectors g, g + P, g + 2P, ... (P = all threads) and keeps the absmax; its last
+//    kHeldVecs vectors stay in registers and the stash_slots before those in shared memory;
+// 2. each block's maximum goes to block_max[blockIdx.x]; grid barrier; every block reduces
+//    block_max (block 0 also stores the scale: no zeroing by anyone);
+// 3. the held and stashed vectors are quantised from chip, the rest re-read newest first (what
+//    was read last is the most likely to still be in L2).
+// Iteration i covers vectors [i * P, (i + 1) * P); only the last one can run past the end.
 template <typename T, int kN>
-__global__ void __launch_bounds__(kThreads)
-    quant_reverse_kernel(fp8_e4m3_t* out, const float* scale, const T* in, int64_t n) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kernel(
+    fp8_e4m3_t* out, float* scale, float* block_max, const T* in, int64_t n, int64_t stash_slots) {
   using Vec = device::AlignedVector<T, kN>;
   using Out = device::AlignedVector<fp8_e4m3_t, kN>;
-  const float inv_scale = inverse(*scale);
+  extern __shared__ uint4 stash_storage[];
+  Vec* stash = reinterpret_cast<Vec*>(stash_storage) + threadIdx.x;  // slot k at stash[k * blockDim.x]
+  __shared__ float smem[32];
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nvec = n / kN;
-  for (int64_t i = first; i < nvec; i += step) {
-    const int64_t v = nvec - 1 - i;
-    Vec x;
+  const int64_t iters = (nvec + step - 1) / step;
+  const int64_t held_first = iters > kHeldVecs ? iters - kHeldVecs : 0;
+  const int64_t stash_first = held_first > stash_slots ? held_first - stash_slots : 0;
+  auto absmax = [](float m, const Vec& x) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(x[j])));
+    return m;
+  };
+  auto quantise = [&](const Vec& x, float inv_scale, int64_t v) {
     Out y;
-    x.load(in, v);
 #pragma unroll
     for (int j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
     y.store(out, v);
+  };
+
+  float m = 0.f;
+#pragma unroll kStreamUnroll
+  for (int64_t i = 0; i < stash_first; ++i) {
+    Vec x;
+    x.load(in, first + i * step);
+    m = absmax(m, x);
   }
-  for (int64_t i = nvec * kN + first; i < n; i += step) out[i] = to_fp8(dtype_trait<fp32_t>::from(in[i]), inv_scale);
+#pragma unroll kStreamUnroll
+  for (int64_t i = stash_first; i < held_first; ++i) {
+    Vec x;
+    x.load(in, first + i * step);
+    m = absmax(m, x);
+    stash[(i - stash_first) * blockDim.x] = x;
+  }
+  Vec held[kHeldVecs];
+#pragma unroll
+  for (int k = 0; k < kHeldVecs; ++k) {
+    const int64_t v = first + (held_first + k) * step;
+    if (v < nvec) {
+      held[k].load(in, v);
+      m = absmax(m, held[k]);
+    }
+  }
+  const int64_t tail = nvec * kN + first;  // the last n % kN elements, one per thread
+  if (tail < n) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[tail])));
+
+  device::cta::reduce_max(m, smem);
+  if (threadIdx.x == 0) block_max[blockIdx.x] = smem[0];
+  cooperative_groups::this_grid().sync();  // also makes every block_max store visible
+
+  float total = 0.f;
+  for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x) total = fmaxf(total, block_max[b]);
+  device::cta::reduce_max(total, smem);  // the barrier above ordered thread 0's read of smem[0]
+  __syncthreads();
+  const float s = smem[0] / kFp8Max;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
+  const float inv_scale = inverse(s);
+
+#pragma unroll
+  for (int k = 0; k < kHeldVecs; ++k) {
+    const int64_t v = first + (held_first + k) * step;
+    if (v < nvec) quantise(held[k], inv_scale, v);
+  }
+#pragma unroll kStreamUnroll
+  for (int64_t i = held_first - 1; i >= stash_first; --i) {
+    quantise(stash[(i - stash_first) * blockDim.x], inv_scale, first + i * step);
+  }
+#pragma unroll kStreamUnroll
+  for (int64_t i = stash_first - 1; i >= 0; --i) {
+    Vec x;
+    x.load(in, first + i * step);
+    quantise(x, inv_scale, first + i * step);
+  }
+  if (tail < n) out[tail] = to_fp8(dtype_trait<fp32_t>::from(in[tail]), inv_scale);
 }
 
 template <typename T>
@@ -160,23 +218,94 @@ struct PerTensorQuantFp8 {
     host::LaunchKernel(blocks, kThreads, dev)(vec ? vec_kernel : scalar_kernel, args..., n);
   }
 
-  static void dynamic(tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, tvm::ffi::TensorView input) {
+  // `workspace` holds one float per block of the one-pass kernel (its size caps the grid).
+  static void dynamic(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView workspace) {
+    using namespace host;
     DLDevice dev;
     verify(output_q, output_s, input, dev);
+    auto workspace_size = SymbolicSize{"workspace_size"};
+    auto workspace_device = SymbolicDevice{};
+    workspace_device.set_value(dev);
+    TensorMatcher({workspace_size})
+        .with_device<kDLCUDA>(workspace_device)
+        .with_dtype<fp32_t>()
+        .verify(workspace, "workspace");
+    RuntimeCheck(workspace.size(0) > 0, "per_tensor_quant_fp8: the workspace is empty");
     const int64_t n = input.size(0);
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     auto* s = static_cast<float*>(output_s.data_ptr());
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = aligned(x, q);
     if (n <= kSmallElems) {
-      host::LaunchKernel(1, kThreads, dev)(
-          vec ? small_dynamic_kernel<T, kVec<T>> : small_dynamic_kernel<T, 1>, q, s, x, n);
+      LaunchKernel(1, kThreads, dev)(vec ? small_dynamic_kernel<T, kVec<T>> : small_dynamic_kernel<T, 1>, q, s, x, n);
       return;
     }
-    host::LaunchKernel(1, 1, dev)(zero_kernel<T>, s);  // a launch (not a memset) also makes the device current
-    launch_elementwise(absmax_kernel<T, kVec<T>>, absmax_kernel<T, 1>, vec, n, dev, s, x);
-    launch_elementwise(
-        quant_reverse_kernel<T, kVec<T>>, quant_reverse_kernel<T, 1>, vec, n, dev, q, static_cast<const float*>(s), x);
+    if (vec) {
+      launch_one_pass<kVec<T>>(q, s, workspace, x, n, dev);
+    } else {
+      launch_one_pass<1>(q, s, workspace, x, n, dev);
+    }
+  }
+
+  // What one SM holds of the one-pass kernel, queried once per device (occupancy queries are
+  // driver calls): resident blocks (the cooperative cap) and stash slots per thread.
+  struct OnePassFit {
+    int64_t resident_blocks;
+    int64_t stash_slots;
+  };
+
+  template <int kN>
+  static OnePassFit one_pass_fit(int device_id) {
+    using namespace host;
+    static std::array<std::atomic<int64_t>, 64> cached_blocks{}, cached_slots{};
+    RuntimeCheck(device_id >= 0 && device_id < 64, "per_tensor_quant_fp8: device id ", device_id, " >= 64");
+    if (const int64_t blocks = cached_blocks[device_id].load(); blocks > 0) return {blocks, cached_slots[device_id]};
+    int saved = 0;
+    RuntimeDeviceCheck(cudaGetDevice(&saved));
+    RuntimeDeviceCheck(cudaSetDevice(device_id));
+    const auto kernel = one_pass_dynamic_kernel<T, kN>;
+    // The occupancy calculator caps dynamic smem at the kernel's opt-in limit (48 KiB until raised),
+    // and a cooperative launch is checked against the carveout the driver picks for the launch:
+    // ask for the largest shared carveout, and launch with exactly the smem measured here.
+    int optin = 0;
+    RuntimeDeviceCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id));
+    cudaFuncAttributes attributes{};
+    RuntimeDeviceCheck(cudaFuncGetAttributes(&attributes, kernel));
+    RuntimeDeviceCheck(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - static_cast<int>(attributes.sharedSizeBytes)));
+    RuntimeDeviceCheck(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    const std::size_t smem = runtime::get_available_dynamic_smem_per_block(kernel, kBlocksPerSm, kThreads);
+    const int64_t slots = static_cast<int64_t>(smem / (kThreads * sizeof(device::AlignedVector<T, kN>)));
+    const std::size_t used = static_cast<std::size_t>(slots) * kThreads * sizeof(device::AlignedVector<T, kN>);
+    const int64_t per_sm = runtime::get_blocks_per_sm(kernel, kThreads, used);
+    RuntimeDeviceCheck(cudaSetDevice(saved));
+    RuntimeCheck(per_sm > 0, "per_tensor_quant_fp8: the one-pass kernel does not fit on an SM");
+    cached_slots[device_id].store(slots);
+    cached_blocks[device_id].store(per_sm * runtime::get_sm_count(device_id));
+    return {cached_blocks[device_id].load(), slots};
+  }
+
+  template <int kN>
+  static void launch_one_pass(
+      fp8_e4m3_t* q, float* s, tvm::ffi::TensorView workspace, const T* x, int64_t n, DLDevice dev) {
+    using namespace host;
+    const OnePassFit fit = one_pass_fit<kN>(dev.device_id);
+    const int64_t units = n / kN;
+    const int64_t grid =
+        std::clamp<int64_t>(div_ceil(units, int64_t{kThreads}), 1, std::min(fit.resident_blocks, workspace.size(0)));
+    const int64_t iters = div_ceil(units, grid * kThreads);
+    const int64_t stash = std::clamp<int64_t>(iters - kHeldVecs, 0, fit.stash_slots);
+    // Always the full stash size: the launch then matches the occupancy that sized the grid.
+    const std::size_t smem =
+        static_cast<std::size_t>(fit.stash_slots) * kThreads * sizeof(device::AlignedVector<T, kN>);
+    LaunchKernel(static_cast<uint32_t>(grid), kThreads, dev, smem)
+        .enable_cooperative()(
+            one_pass_dynamic_kernel<T, kN>, q, s, static_cast<float*>(workspace.data_ptr()), x, n, stash);
   }
 
   static void static_scale(tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, tvm::ffi::TensorView input) {

@@ -159,17 +159,30 @@ class LaunchKernel {
     return *this;
   }
 
+  /// \brief Launch as a cooperative grid: every block is resident at once, so
+  /// `cooperative_groups::this_grid().sync()` may be used. The grid must not
+  /// exceed what fits (`runtime::get_blocks_per_sm` times the SM count).
+  auto enable_cooperative(bool enabled = true) -> LaunchKernel& {
+    m_cooperative = enabled;
+    return *this;
+  }
+
   template <typename Kernel, typename... Args>
   auto operator()(Kernel&& kernel, Args&&... args) const -> void {
     const CurrentDevice guard{m_device_id, m_where};
     auto config = m_config;
-    cudaLaunchAttribute attribute{};
+    cudaLaunchAttribute attributes[2]{};
+    unsigned int count = 0;
     if (m_pdl) {
-      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attribute.val.programmaticStreamSerializationAllowed = 1;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
+      attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attributes[count++].val.programmaticStreamSerializationAllowed = 1;
     }
+    if (m_cooperative) {
+      attributes[count].id = cudaLaunchAttributeCooperative;
+      attributes[count++].val.cooperative = 1;
+    }
+    config.attrs = count > 0 ? attributes : nullptr;
+    config.numAttrs = count;
     if (config.dynamicSmemBytes > kDefaultSmemLimit) {
       RuntimeDeviceCheck(
           cudaFuncSetAttribute(
@@ -218,6 +231,7 @@ class LaunchKernel {
   cudaLaunchConfig_t m_config;
   int m_device_id = -1;
   bool m_pdl = false;
+  bool m_cooperative = false;
   DebugInfo m_where;
 };
 

@@ -76,7 +76,7 @@ STREAM_WAIT = KernelSpec(
 # Norms (csrc/norm/). Config = (hidden or head_dim, dtype); 0 is the generic kernel that takes D at
 # run time (any D, strided or misaligned rows, fp32). A specialised config also falls back to the
 # generic kernel inside, for rows that are not aligned 16-byte vectors.
-NORM_HIDDEN_SIZES = (1024, 2048, 4096, 5120, 7168, 8192)
+NORM_HIDDEN_SIZES = (1024, 2048, 4096, 5120, 7168, 8192, 16384)
 RMSNORM = KernelSpec(
     family="rmsnorm",
     sources=("norm/rmsnorm.cuh",),

@@ -1,52 +1,117 @@
-"""Helpers shared by the norm / quant / elementwise benchmarks: markdown tables, a torch.compile
-baseline that falls back to "n/a", and the empty-kernel reference for tiny inputs."""
+"""Helpers shared by the norm / quant / elementwise benchmarks: the providers every one of them
+compares, the memo of measured times that the perf_report plots and the markdown summary share, the
+derived columns of that summary (pure functions), a torch.compile baseline that reads "n/a" when it
+fails, and the empty-kernel reference for tiny inputs.
+
+Nothing here touches CUDA or imports triton at import time.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 
 from jit_kernel.benchmark.utils import gbps, run_benchmark
 
-# Columns every norm / quant / elementwise row ends with, after its own key columns.
-COMPARISON_HEADER = ["jit us", "eager us", "compile us", "jit GB/s", "% ceiling", "vs eager", "vs compile", "vs empty"]
+# provider -> (line name in the plot, (colour, line style)). A script copies this into its own
+# ``PROVIDERS`` (the one place its providers are listed) and may add entries, e.g. "jit_pdl".
+STANDARD_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
+    "jit": ("jit_kernel", ("tab:blue", "-")),
+    "eager": ("torch eager", ("tab:orange", "--")),
+    "compile": ("torch.compile", ("tab:green", "-.")),
+    "copy": ("device copy (ceiling)", ("tab:gray", ":")),
+}
+
+# Columns every norm / quant / elementwise summary row ends with, after its own key columns.
+COMPARISON_HEADER = [
+    "jit us",
+    "eager us",
+    "compile us",
+    "copy us",
+    "jit GB/s",
+    "% ceiling",
+    "vs eager",
+    "vs compile",
+    "vs empty",
+]
+
+
+def line_names(providers: Mapping[str, tuple[str, tuple[str, str]]]) -> list[str]:
+    return [name for name, _ in providers.values()]
+
+
+def line_styles(providers: Mapping[str, tuple[str, tuple[str, str]]]) -> list[tuple[str, str]]:
+    return [style for _, style in providers.values()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived columns (pure)
+
+
+def _missing(value: float | None) -> bool:
+    return value is None or math.isnan(value) or value <= 0
+
+
+def format_us(us: float, digits: int = 1) -> str:
+    return "n/a" if _missing(us) else f"{us:.{digits}f}"
+
+
+def ratio_cell(numerator: float, denominator: float) -> str:
+    """``numerator / denominator`` as ``"1.23x"``; "n/a" when either time is missing."""
+    if _missing(numerator) or _missing(denominator):
+        return "n/a"
+    return f"{numerator / denominator:.2f}x"
+
+
+def percent_of_ceiling(ours_us: float, copy_us: float) -> float:
+    """Our bandwidth as a share of the copy's for the same bytes: ``copy_us / ours_us`` (1.0 = 100%)."""
+    return copy_us / ours_us
 
 
 def comparison_cells(
-    nbytes: int, ours: float, eager: float, compiled: float, ceiling: float, empty: float, tiny: bool
-) -> list[object]:
-    """Times, bandwidth, % of the copy ceiling, and speed-ups; "vs empty" only for tiny inputs."""
+    nbytes: int, ours: float, eager: float, compiled: float, copy: float, empty: float, tiny: bool
+) -> list[str]:
+    """Times (us), our GB/s of the minimal bytes, % of the copy ceiling (copy time / our time), the
+    speed-ups over eager and compile, and, only for tiny inputs, our time in empty-kernel replays."""
+    ours_missing = _missing(ours)
     return [
-        ours,
-        eager,
-        compiled,
-        f"{gbps(nbytes, ours):.0f}",
-        f"{100 * gbps(nbytes, ours) / ceiling:.0f}%",
-        f"{eager / ours:.2f}x",
-        f"{compiled / ours:.2f}x",
-        f"{ours / empty:.2f}x" if tiny else "",
+        format_us(ours),
+        format_us(eager),
+        format_us(compiled),
+        format_us(copy),
+        "n/a" if ours_missing else f"{gbps(nbytes, ours):.0f}",
+        "n/a" if ours_missing or _missing(copy) else f"{100 * percent_of_ceiling(ours, copy):.0f}%",
+        ratio_cell(eager, ours),
+        ratio_cell(compiled, ours),
+        ratio_cell(ours, empty) if tiny else "",
     ]
 
 
-def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---:" for _ in header) + "|")
-    for row in rows:
-        print("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row) + " |")
+def comparison_row(times: Mapping[str, float], nbytes: int, empty: float, tiny: bool) -> list[str]:
+    """:func:`comparison_cells` of one config's ``provider -> us`` (a missing provider reads "n/a")."""
+    nan = float("nan")
+    return comparison_cells(
+        nbytes,
+        times.get("jit", nan),
+        times.get("eager", nan),
+        times.get("compile", nan),
+        times.get("copy", nan),
+        empty,
+        tiny,
+    )
 
 
-class StreamingTable:
-    """Prints the header at once and every row as it is measured (a killed run keeps its rows)."""
+def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines += ["| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
 
-    def __init__(self, title: str, header: Sequence[str]) -> None:
-        print(f"\n### {title}\n")
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join("---:" for _ in header) + "|", flush=True)
 
-    def add(self, row: Sequence[object]) -> None:
-        print("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row) + " |", flush=True)
+# ---------------------------------------------------------------------------------------------
+# Measuring
 
 
 def time_or_nan(fn: Callable[[], object]) -> float:
@@ -59,6 +124,54 @@ def time_or_nan(fn: Callable[[], object]) -> float:
         return float("nan")
 
 
+def time_case(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+    """Build one provider's callable for one config (allocating its inputs) and time it; nan on failure."""
+    try:
+        fn = make()
+    except Exception as error:  # e.g. out of memory
+        print(f"<!-- {provider} {key}: setup failed: {type(error).__name__}: {str(error)[:200]} -->")
+        return float("nan")
+    return time_or_nan(fn)
+
+
+Timer = Callable[[Hashable, str, Callable[[], Callable[[], object]]], float]
+
+
+class Measurements:
+    """Times measured by a script's perf_report functions, memoized by (config, provider), so the
+    markdown summary reads the very numbers the plots show instead of measuring again."""
+
+    def __init__(self, timer: Timer = time_case) -> None:
+        self.timer = timer
+        self.times: dict[tuple[Hashable, str], float] = {}
+
+    def time(self, key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        """The median us of ``provider`` at config ``key``; measured on the first request only."""
+        if (key, provider) not in self.times:
+            self.times[(key, provider)] = self.timer(key, provider, make)
+        return self.times[(key, provider)]
+
+    def for_config(self, key: Hashable) -> dict[str, float]:
+        """``provider -> us`` of every provider measured at ``key`` (empty if none was)."""
+        return {provider: us for (k, provider), us in self.times.items() if k == key}
+
+
+def summary_rows(
+    results: Measurements, configs: Sequence[tuple[Hashable, Sequence[object], int, bool]], empty: float
+) -> list[list[object]]:
+    """One row per measured config: ``configs`` holds ``(key, key columns, minimal bytes, tiny)``."""
+    rows: list[list[object]] = []
+    for key, columns, nbytes, tiny in configs:
+        times = results.for_config(key)
+        if times:
+            rows.append([*columns, *comparison_row(times, nbytes, empty, tiny)])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines and references
+
+
 def allow_recompiles() -> None:
     """One static-shape torch.compile graph per benchmarked shape: dynamo's default limit (8)
     would silently fall back to eager for the rest of the grid."""
@@ -67,6 +180,13 @@ def allow_recompiles() -> None:
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 1024)
+
+
+@functools.cache
+def compile_static(fn: Callable[..., object]) -> Callable[..., object]:
+    """``torch.compile(fn, dynamic=False)``, made once per function, with the recompile limit raised."""
+    allow_recompiles()
+    return torch.compile(fn, dynamic=False)
 
 
 _EMPTY: list[float] = []

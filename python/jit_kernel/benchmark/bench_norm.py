@@ -1,36 +1,94 @@
-# ruff: noqa: B023  (every lambda is timed before the loop variables change)
-"""rmsnorm, fused_add_rmsnorm and fused_inplace_qknorm against torch eager, torch.compile and the
-device-copy ceiling measured in the same run. Times are CUDA-graph medians in microseconds.
+"""rmsnorm, fused_add_rmsnorm, fused_inplace_qknorm and qknorm_across_heads (bf16) against torch eager,
+torch.compile and a device-to-device copy of the same bytes, measured in the same run. Times are
+CUDA-graph medians in microseconds.
 
-    python -m jit_kernel.benchmark.bench_norm            # full grid
-    JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_norm   # CI-sized
+    python -m jit_kernel.benchmark.bench_norm                                  # full grid, print only
+    JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_norm            # CI-sized grid
+    python -m jit_kernel.benchmark.bench_norm --save-path bench-out/norm       # + PNG plots, CSVs, summary
+    JIT_KERNEL_BENCH_OUT=bench-out/norm python -m jit_kernel.benchmark.bench_norm   # the same, by env
+
+Full grid: tokens 1, 16, 1024, 4096, 16384 x D 1024, 2048, 4096, 5120, 7168, 8192 (CI: tokens 1, 16,
+4096 x D 4096); the q/k norms use Hq=32, Hk=8, head_dim 128 over the same tokens. Each benchmark is a
+``triton.testing.perf_report`` with the providers of ``PROVIDERS`` as lines: ``jit`` (jit_kernel),
+``eager`` (the torch code below), ``compile`` (torch.compile of it, one static-shape graph per shape)
+and ``copy`` (a device-to-device copy moving the op's minimal bytes). With a save path, triton writes
+one ``<plot_name>.png`` and ``<plot_name>.csv`` per benchmark (one per D for rmsnorm and
+fused_add_rmsnorm), ``results.html`` shows them all, and ``bench_norm.md`` holds the summary. The
+markdown summary printed at the end is derived from the same measurements (nothing is re-measured).
 
 Minimal bytes: rmsnorm reads the input and writes the output once (2 * N * D * elem, plus the
-weight); fused_add_rmsnorm reads input and residual and writes both (4 * N * D * elem); qknorm
-reads and writes q and k once (2 * N * (Hq + Hk) * D * elem).
+weight); fused_add_rmsnorm reads input and residual and writes both (4 * N * D * elem, plus the
+weight); both q/k norms read and write q and k once (2 * N * (Hq + Hk) * head_dim * elem).
+
+q/k inputs are the q and k slices of one qkv tensor of width (Hq + 2 * Hk) * head_dim (strided rows).
+fused_inplace_qknorm normalises each head ([N, H, head_dim] views); qknorm_across_heads normalises whole
+rows ([N, Hq * head_dim] and [N, Hk * head_dim], weights [Hq * head_dim] and [Hk * head_dim]). Their eager
+baseline is the two out-of-place ``F.rms_norm`` calls; compile runs the in-place version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
+import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
-    StreamingTable,
-    allow_recompiles,
-    comparison_cells,
+    STANDARD_PROVIDERS,
+    Measurements,
+    compile_static,
     device_name,
     empty_kernel_us,
-    time_or_nan,
+    format_table,
+    format_us,
+    line_names,
+    line_styles,
+    summary_rows,
 )
-from jit_kernel.benchmark.utils import copy_ceiling_gbps, get_benchmark_range
+from jit_kernel.benchmark.utils import (
+    DEFAULT_DEVICE,
+    copy_fn,
+    get_benchmark_range,
+    resolve_save_path,
+    run_reports,
+    write_summary,
+)
 
 EPS = 1e-6
 DT = torch.bfloat16
 TOKENS = get_benchmark_range([1, 16, 1024, 4096, 16384], [1, 16, 4096])
 HIDDEN = get_benchmark_range([1024, 2048, 4096, 5120, 7168, 8192], [4096])
+HQ, HK, HEAD_DIM = 32, 8, 128
+TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
+
+# The providers, in one place: add an entry here (e.g. "jit_pdl") and a branch in each *_case.
+PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = dict(STANDARD_PROVIDERS)
+
+RESULTS = Measurements()
+
+
+# ---------------------------------------------------------------------------------------------
+# Minimal bytes
+
+
+def rmsnorm_bytes(tokens: int, hidden: int, elem: int = DT.itemsize) -> int:
+    return 2 * tokens * hidden * elem + hidden * elem
+
+
+def fused_add_rmsnorm_bytes(tokens: int, hidden: int, elem: int = DT.itemsize) -> int:
+    return 4 * tokens * hidden * elem + hidden * elem
+
+
+def qknorm_bytes(tokens: int, hq: int = HQ, hk: int = HK, head_dim: int = HEAD_DIM, elem: int = DT.itemsize) -> int:
+    """Both q/k norms: q and k read and written once."""
+    return 2 * tokens * (hq + hk) * head_dim * elem
+
+
+# ---------------------------------------------------------------------------------------------
+# torch baselines
 
 
 def _torch_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -42,81 +100,222 @@ def _torch_fused_add(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> None:
     x.copy_(F.rms_norm(r, (r.shape[-1],), w, EPS))
 
 
-def _torch_qk(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor):
-    d = q.shape[-1]
-    return F.rms_norm(q, (d,), qw, EPS), F.rms_norm(k, (d,), kw, EPS)
+def _torch_qk(
+    q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out of place, each over its own last dimension: per head for [N, H, D], per row for [N, H*D]."""
+    return F.rms_norm(q, (q.shape[-1],), qw, EPS), F.rms_norm(k, (k.shape[-1],), kw, EPS)
 
 
-allow_recompiles()
-_compiled_rmsnorm = torch.compile(_torch_rmsnorm, dynamic=False)
-_compiled_fused = torch.compile(_torch_fused_add, dynamic=False)
+def _torch_qk_inplace(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> None:
+    q.copy_(F.rms_norm(q, (q.shape[-1],), qw, EPS))
+    k.copy_(F.rms_norm(k, (k.shape[-1],), kw, EPS))
 
 
-def _torch_qk_inplace(q, k, qw, kw) -> None:
-    d = q.shape[-1]
-    q.copy_(F.rms_norm(q, (d,), qw, EPS))
-    k.copy_(F.rms_norm(k, (d,), kw, EPS))
+# ---------------------------------------------------------------------------------------------
+# One provider at one config: inputs, and the callable to time
 
 
-_compiled_qk = torch.compile(_torch_qk_inplace, dynamic=False)
+def _unknown(provider: str) -> ValueError:
+    return ValueError(f"unknown provider {provider!r}; known: {list(PROVIDERS)}")
 
 
-def _row(n, d, nbytes, ours, eager, compiled, ceiling, empty):
-    return [n, d, *comparison_cells(nbytes, ours, eager, compiled, ceiling, empty, tiny=n <= 16)]
+def rmsnorm_case(provider: str, tokens: int, hidden: int, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(rmsnorm_bytes(tokens, hidden), device)
+    x = torch.randn(tokens, hidden, device=device, dtype=DT)
+    w = torch.randn(hidden, device=device, dtype=DT)
+    out = torch.empty_like(x)
+    if provider == "jit":
+        return lambda: jit_kernel.rmsnorm(x, w, EPS, out=out)
+    if provider == "eager":
+        return lambda: _torch_rmsnorm(x, w)
+    if provider == "compile":
+        compiled = compile_static(_torch_rmsnorm)
+        return lambda: compiled(x, w)
+    raise _unknown(provider)
 
 
-HEADER = ["tokens", "D", *COMPARISON_HEADER]
+def fused_add_rmsnorm_case(
+    provider: str, tokens: int, hidden: int, device: str = DEFAULT_DEVICE
+) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(fused_add_rmsnorm_bytes(tokens, hidden), device)
+    x = torch.randn(tokens, hidden, device=device, dtype=DT)
+    w = torch.randn(hidden, device=device, dtype=DT)
+    r = torch.randn_like(x)
+    if provider == "jit":
+        return lambda: jit_kernel.fused_add_rmsnorm(x, r, w, EPS)
+    if provider == "eager":
+        return lambda: _torch_fused_add(x, r, w)
+    if provider == "compile":
+        compiled = compile_static(_torch_fused_add)
+        return lambda: compiled(x, r, w)
+    raise _unknown(provider)
 
 
-def bench_rmsnorm() -> None:
-    empty = empty_kernel_us()
-    print(f"\ndevice: {device_name()}; empty-kernel CUDA-graph replay: {empty:.2f} us")
-    plain = StreamingTable("rmsnorm (bf16)", HEADER)
-    for d in HIDDEN:
-        for n in TOKENS:
-            x = torch.randn(n, d, device="cuda", dtype=DT)
-            w = torch.randn(d, device="cuda", dtype=DT)
-            out = torch.empty_like(x)
-            nbytes = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
-            ceiling = copy_ceiling_gbps(nbytes)
-            ours = time_or_nan(lambda: jit_kernel.rmsnorm(x, w, EPS, out=out))
-            eager = time_or_nan(lambda: _torch_rmsnorm(x, w))
-            compiled = time_or_nan(lambda: _compiled_rmsnorm(x, w))
-            plain.add(_row(n, d, nbytes, ours, eager, compiled, ceiling, empty))
-    fused = StreamingTable("fused_add_rmsnorm (bf16)", HEADER)
-    for d in HIDDEN:
-        for n in TOKENS:
-            x = torch.randn(n, d, device="cuda", dtype=DT)
-            w = torch.randn(d, device="cuda", dtype=DT)
-            r = torch.randn_like(x)
-            nbytes = 4 * x.numel() * x.element_size() + w.numel() * w.element_size()
-            ceiling = copy_ceiling_gbps(nbytes)
-            ours = time_or_nan(lambda: jit_kernel.fused_add_rmsnorm(x, r, w, EPS))
-            eager = time_or_nan(lambda: _torch_fused_add(x, r, w))
-            compiled = time_or_nan(lambda: _compiled_fused(x, r, w))
-            fused.add(_row(n, d, nbytes, ours, eager, compiled, ceiling, empty))
+def qkv_slices(
+    tokens: int, hq: int, hk: int, head_dim: int, device: str = DEFAULT_DEVICE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q ``[N, hq * head_dim]`` and k ``[N, hk * head_dim]``: slices of one qkv tensor (strided rows)."""
+    qkv = torch.randn(tokens, (hq + 2 * hk) * head_dim, device=device, dtype=DT)
+    return qkv[:, : hq * head_dim], qkv[:, hq * head_dim : (hq + hk) * head_dim]
 
 
-def bench_qknorm(hq: int = 32, hk: int = 8, d: int = 128) -> None:
-    empty = empty_kernel_us()
-    t = StreamingTable(
-        f"fused_inplace_qknorm (bf16, Hq={hq}, Hk={hk}, D={d}, q/k slices of qkv; eager = the two "
-        "out-of-place F.rms_norm calls, compile = in-place version)",
-        HEADER,
+def fused_inplace_qknorm_case(
+    provider: str, tokens: int, hq: int, hk: int, head_dim: int, device: str = DEFAULT_DEVICE
+) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(qknorm_bytes(tokens, hq, hk, head_dim), device)
+    q_rows, k_rows = qkv_slices(tokens, hq, hk, head_dim, device)
+    q, k = q_rows.view(tokens, hq, head_dim), k_rows.view(tokens, hk, head_dim)
+    qw = torch.randn(head_dim, device=device, dtype=DT)
+    kw = torch.randn(head_dim, device=device, dtype=DT)
+    if provider == "jit":
+        return lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS)
+    if provider == "eager":
+        return lambda: _torch_qk(q, k, qw, kw)
+    if provider == "compile":
+        compiled = compile_static(_torch_qk_inplace)
+        return lambda: compiled(q, k, qw, kw)
+    raise _unknown(provider)
+
+
+def qknorm_across_heads_case(
+    provider: str, tokens: int, hq: int, hk: int, head_dim: int, device: str = DEFAULT_DEVICE
+) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(qknorm_bytes(tokens, hq, hk, head_dim), device)
+    q, k = qkv_slices(tokens, hq, hk, head_dim, device)
+    qw = torch.randn(hq * head_dim, device=device, dtype=DT)
+    kw = torch.randn(hk * head_dim, device=device, dtype=DT)
+    if provider == "jit":
+        return lambda: jit_kernel.qknorm_across_heads(q, k, qw, kw, EPS)
+    if provider == "eager":
+        return lambda: _torch_qk(q, k, qw, kw)
+    if provider == "compile":
+        compiled = compile_static(_torch_qk_inplace)
+        return lambda: compiled(q, k, qw, kw)
+    raise _unknown(provider)
+
+
+# ---------------------------------------------------------------------------------------------
+# perf_report benchmarks: x = tokens, one line per provider
+
+
+def _benchmark(plot_name: str, args: dict[str, object]) -> triton.testing.Benchmark:
+    return triton.testing.Benchmark(
+        x_names=["tokens"],
+        x_vals=TOKENS,
+        x_log=True,
+        y_log=True,
+        xlabel="tokens",
+        line_arg="provider",
+        line_vals=list(PROVIDERS),
+        line_names=line_names(PROVIDERS),
+        styles=line_styles(PROVIDERS),
+        ylabel="us",
+        plot_name=plot_name,
+        args=args,
     )
-    for n in TOKENS:
-        qkv = torch.randn(n, (hq + 2 * hk) * d, device="cuda", dtype=DT)
-        q = qkv[:, : hq * d].view(n, hq, d)
-        k = qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
-        qw, kw = torch.randn(d, device="cuda", dtype=DT), torch.randn(d, device="cuda", dtype=DT)
-        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
-        ceiling = copy_ceiling_gbps(nbytes)
-        ours = time_or_nan(lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS))
-        eager = time_or_nan(lambda: _torch_qk(q, k, qw, kw))
-        compiled = time_or_nan(lambda: _compiled_qk(q, k, qw, kw))
-        t.add(_row(n, f"{hq}+{hk}x{d}", nbytes, ours, eager, compiled, ceiling, empty))
+
+
+def _qk_args() -> dict[str, object]:
+    return {"hq": HQ, "hk": HK, "head_dim": HEAD_DIM}
+
+
+@triton.testing.perf_report([_benchmark(f"rmsnorm-bf16-D{d}", {"hidden": d}) for d in HIDDEN])
+def bench_rmsnorm(tokens: int, hidden: int, provider: str) -> float:
+    return RESULTS.time(("rmsnorm", tokens, hidden), provider, lambda: rmsnorm_case(provider, tokens, hidden))
+
+
+@triton.testing.perf_report([_benchmark(f"fused_add_rmsnorm-bf16-D{d}", {"hidden": d}) for d in HIDDEN])
+def bench_fused_add_rmsnorm(tokens: int, hidden: int, provider: str) -> float:
+    return RESULTS.time(
+        ("fused_add_rmsnorm", tokens, hidden), provider, lambda: fused_add_rmsnorm_case(provider, tokens, hidden)
+    )
+
+
+@triton.testing.perf_report(_benchmark(f"fused_inplace_qknorm-bf16-hq{HQ}-hk{HK}-d{HEAD_DIM}", _qk_args()))
+def bench_fused_inplace_qknorm(tokens: int, hq: int, hk: int, head_dim: int, provider: str) -> float:
+    return RESULTS.time(
+        ("fused_inplace_qknorm", tokens, hq, hk, head_dim),
+        provider,
+        lambda: fused_inplace_qknorm_case(provider, tokens, hq, hk, head_dim),
+    )
+
+
+@triton.testing.perf_report(_benchmark(f"qknorm_across_heads-bf16-hq{HQ}-hk{HK}-d{HEAD_DIM}", _qk_args()))
+def bench_qknorm_across_heads(tokens: int, hq: int, hk: int, head_dim: int, provider: str) -> float:
+    return RESULTS.time(
+        ("qknorm_across_heads", tokens, hq, hk, head_dim),
+        provider,
+        lambda: qknorm_across_heads_case(provider, tokens, hq, hk, head_dim),
+    )
+
+
+REPORTS = [bench_rmsnorm, bench_fused_add_rmsnorm, bench_fused_inplace_qknorm, bench_qknorm_across_heads]
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown summary, from the measurements the reports made
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    header = ["tokens", "D", *COMPARISON_HEADER]
+    qk_header = ["tokens", "heads", *COMPARISON_HEADER]
+    heads = f"{HQ}+{HK}x{HEAD_DIM}"
+    tables = [
+        (
+            "rmsnorm (bf16)",
+            header,
+            [(("rmsnorm", n, d), [n, d], rmsnorm_bytes(n, d), n <= TINY_TOKENS) for d in HIDDEN for n in TOKENS],
+        ),
+        (
+            "fused_add_rmsnorm (bf16)",
+            header,
+            [
+                (("fused_add_rmsnorm", n, d), [n, d], fused_add_rmsnorm_bytes(n, d), n <= TINY_TOKENS)
+                for d in HIDDEN
+                for n in TOKENS
+            ],
+        ),
+        (
+            f"fused_inplace_qknorm (bf16, Hq={HQ}, Hk={HK}, D={HEAD_DIM}, q/k slices of qkv; eager = the two "
+            "out-of-place F.rms_norm calls, compile = in-place version)",
+            qk_header,
+            [
+                (("fused_inplace_qknorm", n, HQ, HK, HEAD_DIM), [n, heads], qknorm_bytes(n), n <= TINY_TOKENS)
+                for n in TOKENS
+            ],
+        ),
+        (
+            f"qknorm_across_heads (bf16, rows of {HQ * HEAD_DIM} and {HK * HEAD_DIM}, q/k slices of qkv; eager = "
+            "the two out-of-place F.rms_norm calls, compile = in-place version)",
+            qk_header,
+            [
+                (("qknorm_across_heads", n, HQ, HK, HEAD_DIM), [n, heads], qknorm_bytes(n), n <= TINY_TOKENS)
+                for n in TOKENS
+            ],
+        ),
+    ]
+    return "\n".join(
+        format_table(title, cols, summary_rows(results, configs, empty)) for title, cols, configs in tables
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    save_path = resolve_save_path(argv, description=__doc__)
+    torch.manual_seed(0)
+    run_reports(REPORTS, save_path)
+    empty = empty_kernel_us()
+    text = (
+        f"device: {device_name()}; torch {torch.__version__}; "
+        f"empty-kernel CUDA-graph replay: {format_us(empty, 2)} us\n\n" + summary_markdown(RESULTS, empty)
+    )
+    print("\n" + text)
+    write_summary(save_path, "bench_norm.md", text)
 
 
 if __name__ == "__main__":
-    bench_qknorm()
-    bench_rmsnorm()
+    main()

@@ -1,66 +1,144 @@
-# ruff: noqa: B023  (every lambda is timed before the loop variables change)
-"""per_tensor_quant_fp8 (dynamic) against torch eager, torch.compile and the copy ceiling.
+"""per_tensor_quant_fp8 (dynamic) against torch eager, torch.compile and a device-to-device copy of the
+same bytes, measured in the same run. Times are CUDA-graph medians in microseconds.
 
-    python -m jit_kernel.benchmark.bench_quant
+    python -m jit_kernel.benchmark.bench_quant                                 # full grid, print only
+    JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_quant           # CI-sized grid
+    python -m jit_kernel.benchmark.bench_quant --save-path bench-out/quant     # + PNG plots, CSVs, summary
+    JIT_KERNEL_BENCH_OUT=bench-out/quant python -m jit_kernel.benchmark.bench_quant   # the same, by env
 
-Minimal bytes: the input read once plus the fp8 output written (N * (elem + 1)); the dynamic
+Grid: bfloat16, float16 and float32 inputs of tokens x 4096, tokens 1, 16, 128, 1024, 4096, 16384 (CI:
+16, 4096). One ``triton.testing.perf_report`` benchmark per dtype, with the providers of ``PROVIDERS``
+as lines: ``jit`` (jit_kernel), ``eager`` (``s = x.abs().max().float() / 448; q = (x.float() /
+s).clamp(-448, 448).to(float8_e4m3fn)``), ``compile`` (torch.compile of it, one static-shape graph per
+shape) and ``copy`` (a device-to-device copy moving the minimal bytes). With a save path, triton writes
+``<plot_name>.png`` and ``<plot_name>.csv`` per dtype, ``results.html`` shows them all, and
+``bench_quant.md`` holds the summary. The markdown summary printed at the end is derived from the same
+measurements (nothing is re-measured).
+
+Minimal bytes: the input read once plus the fp8 output written (N * D * (elem + 1)); the dynamic
 kernel actually reads the input twice (absmax pass, then quantise pass).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
+import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
-    allow_recompiles,
-    comparison_cells,
+    STANDARD_PROVIDERS,
+    Measurements,
+    compile_static,
     device_name,
     empty_kernel_us,
-    table,
-    time_or_nan,
+    format_table,
+    format_us,
+    line_names,
+    line_styles,
+    summary_rows,
 )
-from jit_kernel.benchmark.utils import copy_ceiling_gbps, get_benchmark_range
+from jit_kernel.benchmark.utils import (
+    DEFAULT_DEVICE,
+    copy_fn,
+    get_benchmark_range,
+    resolve_save_path,
+    run_reports,
+    write_summary,
+)
 
 FP8_MAX = 448.0
 D = 4096
+DTYPES = ["bfloat16", "float16", "float32"]
 TOKENS = get_benchmark_range([1, 16, 128, 1024, 4096, 16384], [16, 4096])
+TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
+
+# The providers, in one place: add an entry here (e.g. "jit_pdl") and a branch in quant_case.
+PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = dict(STANDARD_PROVIDERS)
+
+RESULTS = Measurements()
 
 
-def _torch_quant(x: torch.Tensor):
+def quant_bytes(tokens: int, hidden: int, dtype: str) -> int:
+    """The input read once plus the fp8 output written once."""
+    return tokens * hidden * (getattr(torch, dtype).itemsize + 1)
+
+
+def _torch_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = x.abs().max().float() / FP8_MAX
     q = (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, s
 
 
-allow_recompiles()
-_compiled_quant = torch.compile(_torch_quant, dynamic=False)
+def quant_case(
+    provider: str, tokens: int, hidden: int, dtype: str, device: str = DEFAULT_DEVICE
+) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(quant_bytes(tokens, hidden, dtype), device)
+    x = torch.randn(tokens, hidden, device=device, dtype=getattr(torch, dtype))
+    if provider == "jit":
+        q = torch.empty(tokens, hidden, device=device, dtype=torch.float8_e4m3fn)
+        s = torch.empty(1, device=device)
+        return lambda: jit_kernel.per_tensor_quant_fp8(x, q, s)
+    if provider == "eager":
+        return lambda: _torch_quant(x)
+    if provider == "compile":
+        compiled = compile_static(_torch_quant)
+        return lambda: compiled(x)
+    raise ValueError(f"unknown provider {provider!r}; known: {list(PROVIDERS)}")
 
 
-def main() -> None:
+@triton.testing.perf_report(
+    [
+        triton.testing.Benchmark(
+            x_names=["tokens"],
+            x_vals=TOKENS,
+            x_log=True,
+            y_log=True,
+            xlabel=f"tokens (x {D})",
+            line_arg="provider",
+            line_vals=list(PROVIDERS),
+            line_names=line_names(PROVIDERS),
+            styles=line_styles(PROVIDERS),
+            ylabel="us",
+            plot_name=f"per_tensor_quant_fp8-{dtype}-D{D}",
+            args={"hidden": D, "dtype": dtype},
+        )
+        for dtype in DTYPES
+    ]
+)
+def bench_quant(tokens: int, hidden: int, dtype: str, provider: str) -> float:
+    return RESULTS.time(
+        ("per_tensor_quant_fp8", dtype, tokens, hidden), provider, lambda: quant_case(provider, tokens, hidden, dtype)
+    )
+
+
+REPORTS = [bench_quant]
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    configs = [
+        (("per_tensor_quant_fp8", dtype, n, D), [dtype, f"{n}x{D}"], quant_bytes(n, D, dtype), n <= TINY_TOKENS)
+        for dtype in DTYPES
+        for n in TOKENS
+    ]
+    rows = summary_rows(results, configs, empty)
+    return format_table("per_tensor_quant_fp8, dynamic", ["dtype", "shape", *COMPARISON_HEADER], rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    save_path = resolve_save_path(argv, description=__doc__)
+    torch.manual_seed(0)
+    run_reports(REPORTS, save_path)
     empty = empty_kernel_us()
-    rows = []
-    for dtype in (torch.bfloat16, torch.float32):
-        for n in TOKENS:
-            x = torch.randn(n, D, device="cuda", dtype=dtype)
-            q = torch.empty(n, D, device="cuda", dtype=torch.float8_e4m3fn)
-            s = torch.empty(1, device="cuda")
-            nbytes = x.numel() * (x.element_size() + 1)
-            ceiling = copy_ceiling_gbps(nbytes)
-            ours = time_or_nan(lambda: jit_kernel.per_tensor_quant_fp8(x, q, s))
-            eager = time_or_nan(lambda: _torch_quant(x))
-            compiled = time_or_nan(lambda: _compiled_quant(x))
-            rows.append(
-                [
-                    str(dtype).removeprefix("torch."),
-                    f"{n}x{D}",
-                    *comparison_cells(nbytes, ours, eager, compiled, ceiling, empty, tiny=n <= 16),
-                ]
-            )
-    print(f"\ndevice: {device_name()}; empty-kernel CUDA-graph replay: {empty:.2f} us")
-    header = ["dtype", "shape", *COMPARISON_HEADER]
-    table("per_tensor_quant_fp8, dynamic", header, rows)
+    text = (
+        f"device: {device_name()}; torch {torch.__version__}; "
+        f"empty-kernel CUDA-graph replay: {format_us(empty, 2)} us\n\n" + summary_markdown(RESULTS, empty)
+    )
+    print("\n" + text)
+    write_summary(save_path, "bench_quant.md", text)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,19 @@
 
 Kernel benchmarks time with CUDA graphs (``triton.testing.do_bench_cudagraph``) after a warm-up and
 report medians; each compares against the baselines a user would otherwise pick and against the
-device-copy ceiling measured in the same run.
+device-copy ceiling measured in the same run. Scripts declare ``triton.testing.perf_report``
+benchmarks and run them through :func:`run_reports`, which writes the plots and CSVs to the directory
+given by ``--save-path DIR`` or ``JIT_KERNEL_BENCH_OUT`` (see :func:`resolve_save_path`).
+
+Nothing here touches CUDA or imports triton at import time.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -18,6 +23,7 @@ T = TypeVar("T")
 DEFAULT_DEVICE = "cuda"
 DEFAULT_DTYPE = torch.bfloat16
 L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100: 50 MB)
+SAVE_PATH_ENV = "JIT_KERNEL_BENCH_OUT"
 
 
 def is_in_ci() -> bool:
@@ -40,14 +46,98 @@ def run_benchmark(fn: Callable[[], object], *, use_cuda_graph: bool = True, rep_
     return float(ms) * 1e3
 
 
+def copy_fn(num_bytes: int, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
+    """A device-to-device copy of ``num_bytes / 2`` bytes: ``num_bytes / 2`` read plus ``num_bytes / 2``
+    written, the ceiling a memory-bound kernel moving ``num_bytes`` in all is compared against."""
+    src = torch.empty(max(num_bytes // 2, 16), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def copy_time_us(num_bytes: int, device: str = DEFAULT_DEVICE) -> float:
+    """CUDA-graph median time of :func:`copy_fn` (``num_bytes`` moved: half read, half written)."""
+    return run_benchmark(copy_fn(num_bytes, device))
+
+
 def copy_ceiling_gbps(num_bytes: int, device: str = DEFAULT_DEVICE) -> float:
     """Device-to-device copy bandwidth (bytes read + bytes written per second) for a buffer of
     ``num_bytes``: the ceiling a memory-bound kernel moving that many bytes is compared against."""
-    src = torch.empty(max(num_bytes // 2, 16), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    us = run_benchmark(lambda: dst.copy_(src))
-    return 2 * src.numel() / (us * 1e-6) / 1e9
+    moved = 2 * max(num_bytes // 2, 16)
+    return gbps(moved, copy_time_us(num_bytes, device))
 
 
 def gbps(num_bytes: int, us: float) -> float:
     return num_bytes / (us * 1e-6) / 1e9
+
+
+# ---------------------------------------------------------------------------------------------
+# perf_report plumbing: where the plots go, and running a script's reports
+
+
+class PerfReport(Protocol):
+    """What ``triton.testing.perf_report`` returns (``triton.testing.Mark``)."""
+
+    benchmarks: Any
+
+    def run(self, show_plots: bool = ..., print_data: bool = ..., save_path: str = ..., **kwargs: Any) -> Any: ...
+
+
+def bench_arg_parser(description: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--save-path",
+        metavar="DIR",
+        default=None,
+        help=f"write the PNG plots, CSVs and the markdown summary here (default: ${SAVE_PATH_ENV}; unset: print only)",
+    )
+    return parser
+
+
+def resolve_save_path(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, description: str | None = None
+) -> str | None:
+    """The directory for plots and CSVs: ``--save-path DIR``, else ``$JIT_KERNEL_BENCH_OUT``, else None
+    (print only). An empty value counts as unset."""
+    args = bench_arg_parser(description).parse_args(argv)
+    if args.save_path:
+        return str(args.save_path)
+    env = os.environ if environ is None else environ
+    return env.get(SAVE_PATH_ENV) or None
+
+
+def plot_names(reports: Sequence[PerfReport]) -> list[str]:
+    """The ``plot_name`` of every Benchmark of ``reports``, in run order (one PNG and CSV each)."""
+    names = []
+    for report in reports:
+        benchmarks = report.benchmarks if isinstance(report.benchmarks, (list, tuple)) else [report.benchmarks]
+        names.extend(bench.plot_name for bench in benchmarks)
+    return names
+
+
+def run_reports(reports: Sequence[PerfReport], save_path: str | None) -> None:
+    """Run every perf_report, printing its table; with ``save_path``, triton writes ``<plot_name>.png``
+    and ``<plot_name>.csv`` there, and ``results.html`` shows every plot of the script."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if save_path:
+        os.makedirs(save_path, exist_ok=True)  # triton saves the PNG before it creates the directory
+    for report in reports:
+        report.run(print_data=True, save_path=save_path or "")
+        plt.close("all")  # triton never closes its figures
+    if save_path:
+        # Each Mark.run rewrote results.html with its own plots only: list them all.
+        with open(os.path.join(save_path, "results.html"), "w") as html:
+            html.write("<html><body>\n")
+            html.writelines(f'<image src="{name}.png"/>\n' for name in plot_names(reports))
+            html.write("</body></html>\n")
+
+
+def write_summary(save_path: str | None, filename: str, text: str) -> None:
+    """Save the markdown summary next to the plots (nothing without a save path)."""
+    if save_path:
+        os.makedirs(save_path, exist_ok=True)
+        with open(os.path.join(save_path, filename), "w") as f:
+            f.write(text)

@@ -16,6 +16,8 @@ from jit_kernel.ops._common import CPP_DTYPE, check_contiguous, check_cuda
 
 _QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
 FP8_E4M3_MAX = 448.0
+# One float per block of the one-pass dynamic kernel; it caps that kernel's grid (H100: 264 blocks).
+_DYNAMIC_WORKSPACE_FLOATS = 1024
 
 
 def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor) -> None:
@@ -39,8 +41,13 @@ def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor) 
 
 def _quant(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool) -> None:
     _check(input, output_q, output_s)
-    export = "static" if is_static else "dynamic"
-    _QUANT.function(export, (CPP_DTYPE[input.dtype],))(output_q.view(-1), output_s.view(1), input.view(-1))
+    args = (output_q.view(-1), output_s.view(1), input.view(-1))
+    if is_static:
+        _QUANT.function("static", (CPP_DTYPE[input.dtype],))(*args)
+    else:
+        # A fresh workspace per call keeps concurrent streams (and CUDA graphs) independent.
+        workspace = torch.empty(_DYNAMIC_WORKSPACE_FLOATS, dtype=torch.float32, device=input.device)
+        _QUANT.function("dynamic", (CPP_DTYPE[input.dtype],))(*args, workspace)
 
 
 @torch.library.custom_op("jit_kernel::per_tensor_quant_fp8", mutates_args=("output_q", "output_s"))

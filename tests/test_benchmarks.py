@@ -1,0 +1,419 @@
+"""CPU tests of the norm / quant / elementwise benchmark scripts: the derived-column math of their
+markdown summaries, the perf_report objects they declare, the save-path plumbing, and a whole
+``main()`` run with a fake timer (no GPU: nothing is timed)."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from jit_kernel.benchmark._tables import (
+    COMPARISON_HEADER,
+    STANDARD_PROVIDERS,
+    Measurements,
+    comparison_cells,
+    comparison_row,
+    format_table,
+    percent_of_ceiling,
+    ratio_cell,
+    summary_rows,
+)
+from jit_kernel.benchmark.utils import (
+    SAVE_PATH_ENV,
+    copy_fn,
+    gbps,
+    get_benchmark_range,
+    plot_names,
+    resolve_save_path,
+    run_reports,
+)
+
+NAN = float("nan")
+PROVIDERS = ["jit", "eager", "compile", "copy"]
+
+# ---------------------------------------------------------------------------------------------
+# Derived columns
+
+
+def test_comparison_cells_known_numbers() -> None:
+    # 8 MB in 10 us = 800 GB/s; the copy of the same bytes takes 8 us, so 80% of the ceiling.
+    cells = comparison_cells(8_000_000, ours=10.0, eager=25.0, compiled=15.0, copy=8.0, empty=2.0, tiny=True)
+    assert cells == ["10.0", "25.0", "15.0", "8.0", "800", "80%", "2.50x", "1.50x", "5.00x"]
+    assert len(cells) == len(COMPARISON_HEADER)
+
+
+def test_comparison_cells_vs_empty_only_for_tiny_inputs() -> None:
+    cells = comparison_cells(8_000_000, ours=10.0, eager=25.0, compiled=15.0, copy=8.0, empty=2.0, tiny=False)
+    assert cells[COMPARISON_HEADER.index("vs empty")] == ""
+    assert cells[COMPARISON_HEADER.index("% ceiling")] == "80%"
+
+
+def test_comparison_cells_faster_than_copy_reads_above_100_percent() -> None:
+    cells = comparison_cells(1000, ours=4.0, eager=4.0, compiled=2.0, copy=5.0, empty=1.0, tiny=False)
+    assert cells[COMPARISON_HEADER.index("% ceiling")] == "125%"
+    assert cells[COMPARISON_HEADER.index("vs eager")] == "1.00x"
+    assert cells[COMPARISON_HEADER.index("vs compile")] == "0.50x"
+
+
+def test_comparison_cells_missing_times_read_na() -> None:
+    cells = comparison_cells(1000, ours=10.0, eager=NAN, compiled=NAN, copy=NAN, empty=NAN, tiny=True)
+    assert cells == ["10.0", "n/a", "n/a", "n/a", "0", "n/a", "n/a", "n/a", "n/a"]
+    ours_failed = comparison_cells(1000, ours=NAN, eager=5.0, compiled=5.0, copy=5.0, empty=1.0, tiny=True)
+    assert ours_failed == ["n/a", "5.0", "5.0", "5.0", "n/a", "n/a", "n/a", "n/a", "n/a"]
+
+
+def test_percent_of_ceiling_is_the_bandwidth_ratio() -> None:
+    assert percent_of_ceiling(10.0, 8.0) == pytest.approx(0.8)
+    nbytes = 123_456_789
+    assert percent_of_ceiling(7.0, 3.5) == pytest.approx(gbps(nbytes, 7.0) / gbps(nbytes, 3.5))
+
+
+def test_ratio_cell() -> None:
+    assert ratio_cell(3.0, 2.0) == "1.50x"
+    assert ratio_cell(NAN, 2.0) == "n/a"
+    assert ratio_cell(3.0, 0.0) == "n/a"
+
+
+def test_comparison_row_reads_providers_by_name() -> None:
+    times = {"copy": 8.0, "compile": 15.0, "jit": 10.0, "eager": 25.0, "jit_pdl": 1.0}
+    assert comparison_row(times, 8_000_000, 2.0, tiny=False) == comparison_cells(
+        8_000_000, 10.0, 25.0, 15.0, 8.0, 2.0, tiny=False
+    )
+    assert comparison_row({"jit": 10.0}, 8_000_000, 2.0, tiny=False)[1:4] == ["n/a", "n/a", "n/a"]
+
+
+def test_format_table() -> None:
+    text = format_table("t", ["a", "b"], [[1, 2.25], ["x", "y"]])
+    assert text == "### t\n\n| a | b |\n|---:|---:|\n| 1 | 2.2 |\n| x | y |\n"
+
+
+def test_measurements_memoize_per_config_and_provider() -> None:
+    calls: list[tuple[Hashable, str]] = []
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append((key, provider))
+        return float(len(calls))
+
+    def make() -> Callable[[], object]:
+        raise AssertionError("the fake timer must not build inputs")
+
+    results = Measurements(timer)
+    assert results.time(("op", 1), "jit", make) == 1.0
+    assert results.time(("op", 1), "eager", make) == 2.0
+    assert results.time(("op", 1), "jit", make) == 1.0  # memoized, not re-measured
+    assert results.time(("op", 2), "jit", make) == 3.0
+    assert calls == [(("op", 1), "jit"), (("op", 1), "eager"), (("op", 2), "jit")]
+    assert results.for_config(("op", 1)) == {"jit": 1.0, "eager": 2.0}
+    assert results.for_config(("op", 3)) == {}
+
+
+def test_summary_rows_use_the_memoized_times_and_skip_unmeasured_configs() -> None:
+    results = Measurements(
+        lambda key, provider, make: {"jit": 10.0, "eager": 20.0, "compile": 5.0, "copy": 8.0}[provider]
+    )
+    for provider in PROVIDERS:
+        results.time(("op", 16), provider, lambda: lambda: None)
+    rows = summary_rows(
+        results, [(("op", 16), [16, "x"], 8_000_000, True), (("op", 32), [32, "x"], 1, False)], empty=2.0
+    )
+    assert rows == [[16, "x", "10.0", "20.0", "5.0", "8.0", "800", "80%", "2.00x", "0.50x", "5.00x"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# CI ranges and the save path
+
+
+def test_get_benchmark_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("JIT_KERNEL_BENCH_CI", raising=False)
+    assert get_benchmark_range([1, 2, 3], [1]) == [1, 2, 3]
+    monkeypatch.setenv("JIT_KERNEL_BENCH_CI", "1")
+    assert get_benchmark_range([1, 2, 3], [1]) == [1]
+
+
+def test_resolve_save_path() -> None:
+    assert resolve_save_path([], {}) is None
+    assert resolve_save_path([], {SAVE_PATH_ENV: ""}) is None
+    assert resolve_save_path([], {SAVE_PATH_ENV: "/from/env"}) == "/from/env"
+    assert resolve_save_path(["--save-path", "/from/cli"], {}) == "/from/cli"
+    assert resolve_save_path(["--save-path=/from/cli"], {SAVE_PATH_ENV: "/from/env"}) == "/from/cli"
+    with pytest.raises(SystemExit):
+        resolve_save_path(["--bogus"], {})
+
+
+def test_resolve_save_path_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SAVE_PATH_ENV, "/from/process/env")
+    assert resolve_save_path([]) == "/from/process/env"
+    monkeypatch.delenv(SAVE_PATH_ENV)
+    assert resolve_save_path([]) is None
+
+
+def test_copy_fn_moves_half_the_bytes_each_way() -> None:
+    assert copy_fn(1000, device="cpu")().numel() == 500
+    assert copy_fn(3, device="cpu")().numel() == 16  # never an empty copy
+
+
+def test_run_reports_writes_plots_and_csvs(tmp_path: Path) -> None:
+    triton_testing = pytest.importorskip("triton.testing")
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+
+    def bench(plot_name: str) -> triton_testing.Benchmark:
+        return triton_testing.Benchmark(
+            x_names=["n"],
+            x_vals=[1, 2],
+            line_arg="provider",
+            line_vals=["a", "b"],
+            line_names=["A", "B"],
+            ylabel="us",
+            plot_name=plot_name,
+            args={},
+        )
+
+    first = triton_testing.perf_report([bench("first-1"), bench("first-2")])(lambda n, provider: float(n))
+    second = triton_testing.perf_report(bench("second"))(lambda n, provider: 2.0 * n)
+    out = tmp_path / "not" / "yet"
+    run_reports([first, second], str(out))
+    assert plot_names([first, second]) == ["first-1", "first-2", "second"]
+    for name in ("first-1", "first-2", "second"):
+        assert (out / f"{name}.png").stat().st_size > 0
+        assert (out / f"{name}.csv").exists()
+    with open(out / "second.csv") as f:
+        assert [row["B (us)"] for row in csv.DictReader(f)] == ["2.000000", "4.000000"]
+    html = (out / "results.html").read_text()
+    assert all(f'"{name}.png"' in html for name in ("first-1", "first-2", "second"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The bench modules
+
+
+@pytest.fixture
+def load_bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, bool], ModuleType]]:
+    """(Re)import a bench module with full or CI-sized ranges; the ranges are read at import."""
+    pytest.importorskip("triton")
+    loaded: list[ModuleType] = []
+
+    def load(name: str, ci: bool) -> ModuleType:
+        monkeypatch.delenv("CI", raising=False)
+        if ci:
+            monkeypatch.setenv("JIT_KERNEL_BENCH_CI", "1")
+        else:
+            monkeypatch.delenv("JIT_KERNEL_BENCH_CI", raising=False)
+        module = importlib.reload(importlib.import_module(f"jit_kernel.benchmark.{name}"))
+        loaded.append(module)
+        return module
+
+    yield load
+    monkeypatch.undo()
+    for module in loaded:
+        importlib.reload(module)
+
+
+def _describe(report: object) -> list[tuple[str, list[object], dict[str, object]]]:
+    benchmarks = report.benchmarks if isinstance(report.benchmarks, list) else [report.benchmarks]
+    for bench in benchmarks:
+        assert bench.line_arg == "provider"
+        assert bench.line_vals == PROVIDERS
+        assert len(bench.line_names) == len(bench.styles) == len(PROVIDERS)
+        assert bench.ylabel == "us"
+    return [(bench.plot_name, bench.x_vals, bench.args) for bench in benchmarks]
+
+
+FULL_TOKENS = [1, 16, 1024, 4096, 16384]
+FULL_HIDDEN = [1024, 2048, 4096, 5120, 7168, 8192]
+QK = {"hq": 32, "hk": 8, "head_dim": 128}
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_bench_norm_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
+    module = load_bench("bench_norm", ci)
+    tokens = [1, 16, 4096] if ci else FULL_TOKENS
+    hidden = [4096] if ci else FULL_HIDDEN
+    assert list(module.PROVIDERS) == PROVIDERS
+    assert _describe(module.bench_rmsnorm) == [(f"rmsnorm-bf16-D{d}", tokens, {"hidden": d}) for d in hidden]
+    assert _describe(module.bench_fused_add_rmsnorm) == [
+        (f"fused_add_rmsnorm-bf16-D{d}", tokens, {"hidden": d}) for d in hidden
+    ]
+    assert _describe(module.bench_fused_inplace_qknorm) == [("fused_inplace_qknorm-bf16-hq32-hk8-d128", tokens, QK)]
+    assert _describe(module.bench_qknorm_across_heads) == [("qknorm_across_heads-bf16-hq32-hk8-d128", tokens, QK)]
+    assert [report.fn.__name__ for report in module.REPORTS] == [
+        "bench_rmsnorm",
+        "bench_fused_add_rmsnorm",
+        "bench_fused_inplace_qknorm",
+        "bench_qknorm_across_heads",
+    ]
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_bench_quant_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
+    module = load_bench("bench_quant", ci)
+    tokens = [16, 4096] if ci else [1, 16, 128, 1024, 4096, 16384]
+    assert _describe(module.bench_quant) == [
+        (f"per_tensor_quant_fp8-{dtype}-D4096", tokens, {"hidden": 4096, "dtype": dtype})
+        for dtype in ("bfloat16", "float16", "float32")
+    ]
+    assert [report.fn.__name__ for report in module.REPORTS] == ["bench_quant"]
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_bench_elementwise_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
+    module = load_bench("bench_elementwise", ci)
+    sizes = [1 << 10, 1 << 24] if ci else [1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]
+    assert _describe(module.bench_scale) == [
+        (f"scale-{dtype}", sizes, {"dtype": dtype}) for dtype in ("bfloat16", "float16", "float32")
+    ]
+    assert _describe(module.bench_add_constant) == [("add_constant-int32", sizes, {"dtype": "int32"})]
+    assert [report.fn.__name__ for report in module.REPORTS] == ["bench_scale", "bench_add_constant"]
+
+
+@pytest.mark.parametrize("name", ["bench_norm", "bench_quant", "bench_elementwise"])
+def test_bench_import_does_not_touch_cuda(load_bench: Callable[[str, bool], ModuleType], name: str) -> None:
+    load_bench(name, False)
+    assert not torch.cuda.is_initialized()
+
+
+def test_minimal_bytes(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    norm = load_bench("bench_norm", False)
+    assert norm.rmsnorm_bytes(4, 1024) == 2 * 4 * 1024 * 2 + 1024 * 2
+    assert norm.fused_add_rmsnorm_bytes(4, 1024) == 4 * 4 * 1024 * 2 + 1024 * 2
+    assert norm.qknorm_bytes(10) == 2 * 10 * (32 + 8) * 128 * 2
+    quant = load_bench("bench_quant", False)
+    assert quant.quant_bytes(2, 4096, "float32") == 2 * 4096 * 5
+    assert quant.quant_bytes(2, 4096, "float16") == 2 * 4096 * 3
+    elementwise = load_bench("bench_elementwise", False)
+    assert elementwise.elementwise_bytes(1024, "bfloat16") == 4096
+    assert elementwise.elementwise_bytes(1024, "int32") == 8192
+
+
+def test_norm_cases_on_cpu(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    """The torch baselines run (on CPU) on the inputs the GPU benchmark builds, and compute the norms."""
+    norm = load_bench("bench_norm", False)
+    q, k = norm.qkv_slices(3, 4, 2, 8, device="cpu")
+    assert q.shape == (3, 32) and k.shape == (3, 16)
+    assert q.stride() == (64, 1) and k.stride() == (64, 1)  # slices of one [3, (4 + 2 * 2) * 8] tensor
+    assert k.data_ptr() == q.data_ptr() + 32 * q.element_size()
+
+    # across heads: eager normalises whole rows, and the compiled (in-place) version does the same
+    ones_q, ones_k = torch.ones(32, dtype=norm.DT), torch.ones(16, dtype=norm.DT)
+    eager_q, eager_k = norm._torch_qk(q, k, ones_q, ones_k)
+    for row in (eager_q, eager_k):
+        assert torch.allclose(row.float().pow(2).mean(-1), torch.ones(3), atol=0.05)
+    norm._torch_qk_inplace(q, k, ones_q, ones_k)
+    assert torch.equal(q, eager_q) and torch.equal(k, eager_k)
+
+    # per head: each [D] head of q and k has unit mean square
+    q_heads, k_heads = norm._torch_qk(q.view(3, 4, 8), k.view(3, 2, 8), torch.ones(8, dtype=norm.DT), ones_q[:8])
+    assert torch.allclose(q_heads.float().pow(2).mean(-1), torch.ones(3, 4), atol=0.05)
+    assert torch.allclose(k_heads.float().pow(2).mean(-1), torch.ones(3, 2), atol=0.05)
+
+    out = norm.qknorm_across_heads_case("eager", 2, 4, 2, 8, device="cpu")()
+    assert [t.shape for t in out] == [(2, 32), (2, 16)]
+    assert norm.rmsnorm_case("eager", 2, 64, device="cpu")().shape == (2, 64)
+    assert norm.rmsnorm_case("copy", 2, 64, device="cpu")().numel() == norm.rmsnorm_bytes(2, 64) // 2
+    with pytest.raises(ValueError, match="unknown provider"):
+        norm.fused_add_rmsnorm_case("bogus", 2, 64, device="cpu")
+
+
+def test_quant_and_elementwise_cases_on_cpu(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    quant = load_bench("bench_quant", False)
+    q, s = quant.quant_case("eager", 2, 64, "float16", device="cpu")()
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (2, 64) and s.numel() == 1
+    with pytest.raises(ValueError, match="unknown provider"):
+        quant.quant_case("bogus", 2, 64, "float32", device="cpu")
+    elementwise = load_bench("bench_elementwise", False)
+    assert elementwise.scale_case("eager", 8, "float32", device="cpu")().dtype == torch.float32
+    assert elementwise.add_constant_case("copy", 8, "int32", device="cpu")().numel() == 2 * 8 * 4 // 2
+    with pytest.raises(ValueError, match="unknown provider"):
+        elementwise.add_constant_case("bogus", 8, "int32", device="cpu")
+
+
+FAKE_US = {"jit": 10.0, "eager": 25.0, "compile": 15.0, "copy": 8.0}
+
+
+def _fake_measurements(calls: list[tuple[Hashable, str]]) -> Measurements:
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append((key, provider))
+        return FAKE_US[provider]
+
+    return Measurements(timer)
+
+
+@pytest.mark.parametrize(
+    ("name", "configs", "csv_name", "x_name", "x_vals"),
+    [
+        ("bench_norm", 3 * 4, "qknorm_across_heads-bf16-hq32-hk8-d128.csv", "tokens", [1, 16, 4096]),
+        ("bench_quant", 2 * 3, "per_tensor_quant_fp8-float16-D4096.csv", "tokens", [16, 4096]),
+        ("bench_elementwise", 2 * 4, "add_constant-int32.csv", "elements", [1 << 10, 1 << 24]),
+    ],
+)
+def test_main_plots_and_summarises_each_measurement_once(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    name: str,
+    configs: int,
+    csv_name: str,
+    x_name: str,
+    x_vals: list[int],
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench(name, True)
+    calls: list[tuple[Hashable, str]] = []
+    monkeypatch.setattr(module, "RESULTS", _fake_measurements(calls))
+    monkeypatch.setattr(module, "empty_kernel_us", lambda: 2.5)
+    monkeypatch.setattr(module, "device_name", lambda: "Fake GPU")
+    out = tmp_path / "plots"
+    module.main(["--save-path", str(out)])
+
+    # every (config, provider) timed exactly once, the summary reusing those numbers
+    assert len(calls) == len(set(calls)) == configs * len(PROVIDERS)
+    printed = capsys.readouterr().out
+    summary = printed[printed.index("device: Fake GPU") :]
+    data_rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
+    assert len(data_rows) == configs
+    for row in data_rows:
+        assert "| 10.0 | 25.0 | 15.0 | 8.0 |" in row and "| 80% | 2.50x | 1.50x |" in row
+    assert "empty-kernel CUDA-graph replay: 2.50 us" in summary
+    assert (out / f"{name}.md").read_text().strip() == summary.strip()
+
+    # triton wrote a plot and a CSV per benchmark, with the measured times
+    names = plot_names(module.REPORTS)
+    for plot in names:
+        assert (out / f"{plot}.png").exists() and (out / f"{plot}.csv").exists()
+    with open(out / csv_name) as f:
+        rows = list(csv.DictReader(f))
+    labels = [label for label, _ in STANDARD_PROVIDERS.values()]
+    assert [float(row[x_name]) for row in rows] == [float(x) for x in x_vals]
+    assert {float(row[f"{label} (us)"]) for row in rows for label in labels} == set(FAKE_US.values())
+
+
+def test_main_without_save_path_writes_nothing(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench("bench_quant", True)
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    calls: list[tuple[Hashable, str]] = []
+    monkeypatch.setattr(module, "RESULTS", _fake_measurements(calls))
+    monkeypatch.setattr(module, "empty_kernel_us", lambda: NAN)
+    monkeypatch.setattr(module, "device_name", lambda: "Fake GPU")
+    module.main([])
+    assert list(tmp_path.iterdir()) == []
+    printed = capsys.readouterr().out
+    assert "per_tensor_quant_fp8-bfloat16-D4096:" in printed  # triton's print_data table
+    assert "empty-kernel CUDA-graph replay: n/a us" in printed
+    assert len(calls) == 2 * 3 * len(PROVIDERS)
