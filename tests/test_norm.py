@@ -157,6 +157,8 @@ def test_fused_inplace_qknorm_misaligned() -> None:
         (7, 4096, 1024),
         (128, 1000, 1000),
         (128, 2048, 2048),
+        (1024, 4096, 1024),  # many tokens, different widths: two specialised launches
+        (300, 1000, 1024),  # the same with a generic width for q
         pytest.param(4097, 4096, 4096, id="big-4097"),
     ],
 )

@@ -25,6 +25,9 @@ _RMSNORM = Dispatcher(RMSNORM)
 _QKNORM = Dispatcher(QKNORM)
 MAX_HIDDEN = 1 << 20
 _FAST_HIDDEN = frozenset(NORM_HIDDEN_SIZES)
+# qknorm_across_heads with q and k of different widths: one generic launch up to this many tokens
+# (latency-bound), two specialised launches above.
+_ONE_LAUNCH_MAX_TOKENS = 256
 _FAST_HEAD_DIM = frozenset(QKNORM_HEAD_DIMS)
 
 
@@ -127,8 +130,15 @@ def _qknorm_across_heads(
     dk = _hidden(op, "k", k.shape[1])
     _weight(op, "q_weight", q_weight, q, dq, "q")
     _weight(op, "k_weight", k_weight, q, dk, "k")
-    config = _config(dq, q.dtype, _FAST_HIDDEN) if dq == dk else (0, CPP_DTYPE[q.dtype])
-    _RMSNORM.function("across_heads", config)(q, k, q_weight, k_weight, eps)
+    if dq == dk or q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
+        config = _config(dq, q.dtype, _FAST_HIDDEN) if dq == dk else (0, CPP_DTYPE[q.dtype])
+        _RMSNORM.function("across_heads", config)(q, k, q_weight, k_weight, eps)
+    else:
+        # Different widths (e.g. GQA's q and k) share no specialised kernel; with many tokens, two
+        # specialised in-place launches beat one generic launch (H100, 1024 x (4096, 1024): 9.6 us
+        # generic, against 4.9 + 2.4 us for the two rmsnorm launches).
+        _RMSNORM.function("rmsnorm", _config(dq, q.dtype, _FAST_HIDDEN))(q, q, q_weight, eps)
+        _RMSNORM.function("rmsnorm", _config(dk, k.dtype, _FAST_HIDDEN))(k, k, k_weight, eps)
 
 
 def _fused_inplace_qknorm(
