@@ -13,6 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
     STANDARD_PROVIDERS,
@@ -369,8 +370,8 @@ def test_main_plots_and_summarises_each_measurement_once(
     module = load_bench(name, True)
     calls: list[tuple[Hashable, str]] = []
     monkeypatch.setattr(module, "RESULTS", _fake_measurements(calls))
-    monkeypatch.setattr(module, "empty_kernel_us", lambda: 2.5)
-    monkeypatch.setattr(module, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
     out = tmp_path / "plots"
     module.main(["--save-path", str(out)])
 
@@ -409,8 +410,8 @@ def test_main_without_save_path_writes_nothing(
     monkeypatch.chdir(tmp_path)
     calls: list[tuple[Hashable, str]] = []
     monkeypatch.setattr(module, "RESULTS", _fake_measurements(calls))
-    monkeypatch.setattr(module, "empty_kernel_us", lambda: NAN)
-    monkeypatch.setattr(module, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: NAN)
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
     module.main([])
     assert list(tmp_path.iterdir()) == []
     printed = capsys.readouterr().out

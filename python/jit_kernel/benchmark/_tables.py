@@ -205,3 +205,26 @@ def empty_kernel_us() -> float:
 
 def device_name() -> str:
     return torch.cuda.get_device_name()
+
+
+def run_script(
+    name: str,
+    description: str | None,
+    argv: Sequence[str] | None,
+    reports: Sequence[object],
+    summary: Callable[[float], str],
+) -> None:
+    """A benchmark script's main: run its perf_reports (plots and CSVs with a save path), then print
+    and save the markdown summary that ``summary(empty_kernel_us)`` builds from the same measurements."""
+    from jit_kernel.benchmark.utils import resolve_save_path, run_reports, write_summary
+
+    save_path = resolve_save_path(argv, description=description)
+    torch.manual_seed(0)
+    run_reports(reports, save_path)
+    empty = empty_kernel_us()
+    text = (
+        f"device: {device_name()}; torch {torch.__version__}; "
+        f"empty-kernel CUDA-graph replay: {format_us(empty, 2)} us\n\n" + summary(empty)
+    )
+    print("\n" + text)
+    write_summary(save_path, f"{name}.md", text)

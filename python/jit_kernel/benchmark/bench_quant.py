@@ -32,21 +32,16 @@ from jit_kernel.benchmark._tables import (
     STANDARD_PROVIDERS,
     Measurements,
     compile_static,
-    device_name,
-    empty_kernel_us,
     format_table,
-    format_us,
     line_names,
     line_styles,
+    run_script,
     summary_rows,
 )
 from jit_kernel.benchmark.utils import (
     DEFAULT_DEVICE,
     copy_fn,
     get_benchmark_range,
-    resolve_save_path,
-    run_reports,
-    write_summary,
 )
 
 FP8_MAX = 448.0
@@ -129,16 +124,7 @@ def summary_markdown(results: Measurements, empty: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    save_path = resolve_save_path(argv, description=__doc__)
-    torch.manual_seed(0)
-    run_reports(REPORTS, save_path)
-    empty = empty_kernel_us()
-    text = (
-        f"device: {device_name()}; torch {torch.__version__}; "
-        f"empty-kernel CUDA-graph replay: {format_us(empty, 2)} us\n\n" + summary_markdown(RESULTS, empty)
-    )
-    print("\n" + text)
-    write_summary(save_path, "bench_quant.md", text)
+    run_script("bench_quant", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
 
 
 if __name__ == "__main__":
