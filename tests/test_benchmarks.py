@@ -16,10 +16,10 @@ import torch
 from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
-    STANDARD_PROVIDERS,
     Measurements,
     comparison_cells,
     comparison_row,
+    extra_header,
     format_table,
     percent_of_ceiling,
     ratio_cell,
@@ -37,6 +37,12 @@ from jit_kernel.benchmark.utils import (
 
 NAN = float("nan")
 PROVIDERS = ["jit", "eager", "compile", "copy"]
+# Each script's providers: the standard four, then its extras.
+SCRIPT_PROVIDERS = {
+    "bench_norm": [*PROVIDERS, "jit_nopdl", "eager_hf"],
+    "bench_quant": [*PROVIDERS, "jit_nopdl"],
+    "bench_elementwise": PROVIDERS,
+}
 
 # ---------------------------------------------------------------------------------------------
 # Derived columns
@@ -87,6 +93,15 @@ def test_comparison_row_reads_providers_by_name() -> None:
         8_000_000, 10.0, 25.0, 15.0, 8.0, 2.0, tiny=False
     )
     assert comparison_row({"jit": 10.0}, 8_000_000, 2.0, tiny=False)[1:4] == ["n/a", "n/a", "n/a"]
+
+
+def test_comparison_row_appends_extra_providers() -> None:
+    times = {"copy": 8.0, "compile": 15.0, "jit": 10.0, "eager": 25.0, "jit_nopdl": 12.0}
+    extras = {"jit_nopdl": "no-PDL", "eager_hf": "HF eager"}
+    row = comparison_row(times, 8_000_000, 2.0, tiny=False, extras=extras)
+    assert row[: len(COMPARISON_HEADER)] == comparison_row(times, 8_000_000, 2.0, tiny=False)
+    assert row[len(COMPARISON_HEADER) :] == ["12.0", "1.20x", "n/a", "n/a"]
+    assert extra_header(extras) == ["no-PDL us", "vs no-PDL", "HF eager us", "vs HF eager"]
 
 
 def test_format_table() -> None:
@@ -217,12 +232,12 @@ def load_bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, bool]
         importlib.reload(module)
 
 
-def _describe(report: object) -> list[tuple[str, list[object], dict[str, object]]]:
+def _describe(report: object, providers: list[str] = PROVIDERS) -> list[tuple[str, list[object], dict[str, object]]]:
     benchmarks = report.benchmarks if isinstance(report.benchmarks, list) else [report.benchmarks]
     for bench in benchmarks:
         assert bench.line_arg == "provider"
-        assert bench.line_vals == PROVIDERS
-        assert len(bench.line_names) == len(bench.styles) == len(PROVIDERS)
+        assert bench.line_vals == providers
+        assert len(bench.line_names) == len(bench.styles) == len(providers)
         assert bench.ylabel == "us"
     return [(bench.plot_name, bench.x_vals, bench.args) for bench in benchmarks]
 
@@ -237,13 +252,18 @@ def test_bench_norm_reports(load_bench: Callable[[str, bool], ModuleType], ci: b
     module = load_bench("bench_norm", ci)
     tokens = [1, 16, 4096] if ci else FULL_TOKENS
     hidden = [4096] if ci else FULL_HIDDEN
-    assert list(module.PROVIDERS) == PROVIDERS
-    assert _describe(module.bench_rmsnorm) == [(f"rmsnorm-bf16-D{d}", tokens, {"hidden": d}) for d in hidden]
-    assert _describe(module.bench_fused_add_rmsnorm) == [
+    providers = SCRIPT_PROVIDERS["bench_norm"]
+    assert list(module.PROVIDERS) == providers
+    assert _describe(module.bench_rmsnorm, providers) == [(f"rmsnorm-bf16-D{d}", tokens, {"hidden": d}) for d in hidden]
+    assert _describe(module.bench_fused_add_rmsnorm, providers) == [
         (f"fused_add_rmsnorm-bf16-D{d}", tokens, {"hidden": d}) for d in hidden
     ]
-    assert _describe(module.bench_fused_inplace_qknorm) == [("fused_inplace_qknorm-bf16-hq32-hk8-d128", tokens, QK)]
-    assert _describe(module.bench_qknorm_across_heads) == [("qknorm_across_heads-bf16-hq32-hk8-d128", tokens, QK)]
+    assert _describe(module.bench_fused_inplace_qknorm, providers) == [
+        ("fused_inplace_qknorm-bf16-hq32-hk8-d128", tokens, QK)
+    ]
+    assert _describe(module.bench_qknorm_across_heads, providers) == [
+        ("qknorm_across_heads-bf16-hq32-hk8-d128", tokens, QK)
+    ]
     assert [report.fn.__name__ for report in module.REPORTS] == [
         "bench_rmsnorm",
         "bench_fused_add_rmsnorm",
@@ -256,7 +276,7 @@ def test_bench_norm_reports(load_bench: Callable[[str, bool], ModuleType], ci: b
 def test_bench_quant_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
     module = load_bench("bench_quant", ci)
     tokens = [16, 4096] if ci else [1, 16, 128, 1024, 4096, 16384]
-    assert _describe(module.bench_quant) == [
+    assert _describe(module.bench_quant, SCRIPT_PROVIDERS["bench_quant"]) == [
         (f"per_tensor_quant_fp8-{dtype}-D4096", tokens, {"hidden": 4096, "dtype": dtype})
         for dtype in ("bfloat16", "float16", "float32")
     ]
@@ -335,7 +355,7 @@ def test_quant_and_elementwise_cases_on_cpu(load_bench: Callable[[str, bool], Mo
         elementwise.add_constant_case("bogus", 8, "int32", device="cpu")
 
 
-FAKE_US = {"jit": 10.0, "eager": 25.0, "compile": 15.0, "copy": 8.0}
+FAKE_US = {"jit": 10.0, "eager": 25.0, "compile": 15.0, "copy": 8.0, "jit_nopdl": 12.0, "eager_hf": 40.0}
 
 
 def _fake_measurements(calls: list[tuple[Hashable, str]]) -> Measurements:
@@ -376,7 +396,7 @@ def test_main_plots_and_summarises_each_measurement_once(
     module.main(["--save-path", str(out)])
 
     # every (config, provider) timed exactly once, the summary reusing those numbers
-    assert len(calls) == len(set(calls)) == configs * len(PROVIDERS)
+    assert len(calls) == len(set(calls)) == configs * len(SCRIPT_PROVIDERS[name])
     printed = capsys.readouterr().out
     summary = printed[printed.index("device: Fake GPU") :]
     data_rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
@@ -392,9 +412,11 @@ def test_main_plots_and_summarises_each_measurement_once(
         assert (out / f"{plot}.png").exists() and (out / f"{plot}.csv").exists()
     with open(out / csv_name) as f:
         rows = list(csv.DictReader(f))
-    labels = [label for label, _ in STANDARD_PROVIDERS.values()]
+    labels = [label for label, _ in module.PROVIDERS.values()]
     assert [float(row[x_name]) for row in rows] == [float(x) for x in x_vals]
-    assert {float(row[f"{label} (us)"]) for row in rows for label in labels} == set(FAKE_US.values())
+    assert {float(row[f"{label} (us)"]) for row in rows for label in labels} == {
+        FAKE_US[provider] for provider in SCRIPT_PROVIDERS[name]
+    }
 
 
 def test_main_without_save_path_writes_nothing(
@@ -417,4 +439,4 @@ def test_main_without_save_path_writes_nothing(
     printed = capsys.readouterr().out
     assert "per_tensor_quant_fp8-bfloat16-D4096:" in printed  # triton's print_data table
     assert "empty-kernel CUDA-graph replay: n/a us" in printed
-    assert len(calls) == 2 * 3 * len(PROVIDERS)
+    assert len(calls) == 2 * 3 * len(SCRIPT_PROVIDERS["bench_quant"])

@@ -63,6 +63,8 @@ __global__ void generic_kernel(const Params p) {
   __shared__ float smem[32];
   const RowSet& s = p.set[blockIdx.y];
   const int64_t nvec = s.dim / kN;
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
   for (int64_t row = blockIdx.x; row < s.rows; row += gridDim.x) {
     int64_t in_off, out_off, res_off;
     row_offsets(s, row, in_off, out_off, res_off);
@@ -130,7 +132,7 @@ inline int64_t max_rows(const Params& p) {
 }
 
 template <typename T>
-void launch_generic(const Params& p, DLDevice device) {
+void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   const int64_t rows = max_rows(p);
   if (rows == 0) return;
   int64_t max_dim = 0;
@@ -140,9 +142,10 @@ void launch_generic(const Params& p, DLDevice device) {
   const auto threads = static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(units, int64_t{32}) * 32, 32, 512));
   const dim3 grid(static_cast<uint32_t>(std::min<int64_t>(rows, int64_t{1} << 30)), p.num_sets);
   if (vec) {
-    host::LaunchKernel(grid, threads, device)(generic_kernel<T, static_cast<int>(kVecElems<T>)>, p);
+    host::LaunchKernel(grid, threads, device)
+        .enable_pdl(enable_pdl)(generic_kernel<T, static_cast<int>(kVecElems<T>)>, p);
   } else {
-    host::LaunchKernel(grid, threads, device)(generic_kernel<T, 1>, p);
+    host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(generic_kernel<T, 1>, p);
   }
 }
 

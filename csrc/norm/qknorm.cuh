@@ -30,6 +30,8 @@ __global__ void __launch_bounds__(256) head_kernel(const Params p) {
   const RowSet& s = p.set[is_q ? 0 : 1];
   const int64_t row = is_q ? head : head - p.set[0].rows;
   const bool active = is_q || (p.num_sets > 1 && row < s.rows);
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
   Vec x, w;
   float sum = 0.f;
   int64_t in_off = 0, out_off = 0, res_off = 0;
@@ -62,7 +64,8 @@ struct QKNorm {
       tvm::ffi::TensorView k,
       tvm::ffi::TensorView q_weight,
       tvm::ffi::TensorView k_weight,
-      double eps) {
+      double eps,
+      bool enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"head_dim"};
@@ -83,11 +86,12 @@ struct QKNorm {
         using K = HeadKernel<T, kHeadDim>;
         const int64_t blocks = div_ceil(heads, static_cast<int64_t>(K::kHeadsPerBlock));
         RuntimeCheck(blocks < (int64_t{1} << 31), "qknorm: too many heads: ", heads);
-        LaunchKernel(static_cast<uint32_t>(blocks), K::kThreads, device.unwrap())(head_kernel<T, kHeadDim>, p);
+        LaunchKernel(static_cast<uint32_t>(blocks), K::kThreads, device.unwrap())
+            .enable_pdl(enable_pdl)(head_kernel<T, kHeadDim>, p);
         return;
       }
     }
-    launch_generic<T>(p, device.unwrap());
+    launch_generic<T>(p, device.unwrap(), enable_pdl);
   }
 };
 

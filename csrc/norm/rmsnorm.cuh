@@ -33,6 +33,8 @@ __global__ void __launch_bounds__(RowKernel<T, kHidden>::kThreads) row_kernel(co
   const RowSet& s = p.set[blockIdx.y];
   const int64_t row = blockIdx.x;
   if (row >= s.rows) return;  // whole block: the sets may differ in rows
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
   const T* in = static_cast<const T*>(s.in) + row * s.in_s0;
   T* out = static_cast<T*>(s.out) + row * s.out_s0;
   T* res = kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr;
@@ -60,9 +62,8 @@ __global__ void __launch_bounds__(RowKernel<T, kHidden>::kThreads) row_kernel(co
       }
     }
   }
-  device::cta::reduce_sum(sum, smem);
-  __syncthreads();
-  const float rrms = rsqrtf(smem[0] * (1.f / static_cast<float>(kHidden)) + p.eps);
+  sum = device::cta::all_reduce_sum(sum, smem);
+  const float rrms = rsqrtf(sum * (1.f / static_cast<float>(kHidden)) + p.eps);
 #pragma unroll
   for (int64_t k = 0; k < K::kPer; ++k) {
     const int64_t v = threadIdx.x + k * K::kThreads;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(RowKernel<T, kHidden>::kThreads) row_kernel(co
 inline constexpr int64_t kLatencyBoundRows = 256;
 
 template <typename T, int64_t kHidden>
-void launch_rows(const Params& p, DLDevice device) {
+void launch_rows(const Params& p, DLDevice device, bool enable_pdl) {
   const int64_t rows = max_rows(p);
   if (rows == 0) return;
   if constexpr (kHidden > 0) {
@@ -97,17 +98,20 @@ void launch_rows(const Params& p, DLDevice device) {
       const auto kernel = fused
                               ? (few_rows ? row_kernel<T, kHidden, true, true> : row_kernel<T, kHidden, true, false>)
                               : (few_rows ? row_kernel<T, kHidden, false, true> : row_kernel<T, kHidden, false, false>);
-      host::LaunchKernel(grid, threads, device)(kernel, p);
+      host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(kernel, p);
       return;
     }
   }
-  launch_generic<T>(p, device);
+  launch_generic<T>(p, device, enable_pdl);
 }
 
 template <int64_t kHidden, typename T>
 struct RMSNorm {
-  // out = rmsnorm(input) * weight; out may be input (in place).
-  static void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::TensorView weight, double eps) {
+  // out = rmsnorm(input) * weight; out may be input (in place). Every entry takes `enable_pdl`:
+  // launch with programmatic dependent launch (sm_90+; the kernels wait for their predecessor
+  // before their first memory access, so it is safe whatever runs before or after).
+  static void rmsnorm(
+      tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::TensorView weight, double eps, bool enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
@@ -119,12 +123,16 @@ struct RMSNorm {
     p.num_sets = 1;
     p.eps = static_cast<float>(eps);
     p.set[0] = make_rows(out, input, weight.data_ptr());
-    launch_rows<T, kHidden>(p, device.unwrap());
+    launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
   }
 
   // residual = T(input + residual); input = rmsnorm(residual) * weight.
   static void fused_add(
-      tvm::ffi::TensorView input, tvm::ffi::TensorView residual, tvm::ffi::TensorView weight, double eps) {
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      double eps,
+      bool enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
@@ -139,7 +147,7 @@ struct RMSNorm {
     p.set[0] = make_rows(input, input, weight.data_ptr());
     p.set[0].residual = residual.data_ptr();
     p.set[0].res_s0 = residual.stride(0);
-    launch_rows<T, kHidden>(p, device.unwrap());
+    launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
   }
 
   // q = rmsnorm(q) * q_weight and k = rmsnorm(k) * k_weight over whole rows, in one launch.
@@ -148,7 +156,8 @@ struct RMSNorm {
       tvm::ffi::TensorView k,
       tvm::ffi::TensorView q_weight,
       tvm::ffi::TensorView k_weight,
-      double eps) {
+      double eps,
+      bool enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto Dq = SymbolicSize{"q_hidden"};
@@ -163,7 +172,7 @@ struct RMSNorm {
     p.eps = static_cast<float>(eps);
     p.set[0] = make_rows(q, q, q_weight.data_ptr());
     p.set[1] = make_rows(k, k, k_weight.data_ptr());
-    launch_rows<T, kHidden>(p, device.unwrap());
+    launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
   }
 };
 

@@ -1,11 +1,13 @@
 // per_tensor_quant_fp8: q = fp8_e4m3(clamp(x * (1 / scale), -448, 448)) over a flat tensor.
 //
 // Dynamic mode also computes scale = absmax(x) / 448 into output_s (no caller-side zeroing):
-// - small inputs (<= kSmallElems = 8192): one block does the absmax, writes the scale and quantises,
-//   in a single launch;
-// - large inputs: one cooperative launch that reads HBM once for what fits in registers
+// - small inputs (<= kSmallElems): one block does the absmax, writes the scale and quantises, in a
+//   single launch, with up to kSmallUnroll vectors per thread in flight;
+// - large inputs: one cooperative launch that reads HBM once for what fits on chip
 //   (one_pass_dynamic_kernel below), with the per-block maxima in a caller-given workspace.
 // Static mode reads the given scale. A zero scale quantises everything to 0.
+// The single-block and static kernels may be launched with PDL (`enable_pdl`); the cooperative one
+// is not (every block must be resident at once).
 #pragma once
 
 #include <sgl_kernel/cta.cuh>
@@ -30,23 +32,21 @@ namespace jit_kernel::quant {
 
 inline constexpr float kFp8Max = 448.f;
 inline constexpr uint32_t kThreads = 512;
-inline constexpr int64_t kSmallElems = 8192;
+// The single-block path: up to 1024 threads x kSmallUnroll<kN> vectors per round, 32 elements per
+// thread (more spills the bf16 instance at the 64 registers 1024 threads allow); above kSmallElems,
+// the cooperative kernel's fixed cost pays off.
+inline constexpr uint32_t kSmallThreads = 1024;
+template <int kN>
+inline constexpr int kSmallUnroll = kN == 1 ? 8 : 32 / kN;
+inline constexpr int64_t kSmallElems = 65536;
 
 template <typename T>
 inline constexpr int kVec = 16 / sizeof(T);
 
-template <typename T, int kN>
-SGL_DEVICE float absmax_range(const T* in, int64_t n, int64_t first, int64_t step) {
-  using Vec = device::AlignedVector<T, kN>;
-  float m = 0.f;
-  const int64_t nvec = n / kN;
-  for (int64_t v = first; v < nvec; v += step) {
-    Vec x;
-    x.load(in, v);
+template <typename T, std::size_t kN>
+SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
 #pragma unroll
-    for (int j = 0; j < kN; ++j) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(x[j])));
-  }
-  for (int64_t i = nvec * kN + first; i < n; i += step) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[i])));
+  for (std::size_t j = 0; j < kN; ++j) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(x[j])));
   return m;
 }
 
@@ -74,20 +74,64 @@ SGL_DEVICE float inverse(float scale) {
   return scale > 0.f ? 1.f / scale : 0.f;
 }
 
-// Single block: absmax, scale, quantise.
+// Single block: absmax, scale, quantise. Round r covers vectors [r * R, (r + 1) * R) with
+// R = blockDim.x * kSmallUnroll<kN>; each thread issues its kSmallUnroll loads of a round at once, keeps
+// the last round in registers and re-reads the earlier ones (from L1/L2) to quantise them.
 template <typename T, int kN>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kSmallThreads)
     small_dynamic_kernel(fp8_e4m3_t* out, float* scale, const T* in, int64_t n) {
+  using Vec = device::AlignedVector<T, kN>;
+  using Out = device::AlignedVector<fp8_e4m3_t, kN>;
   __shared__ float smem[32];
-  device::cta::reduce_max(absmax_range<T, kN>(in, n, threadIdx.x, blockDim.x), smem);
-  __syncthreads();
-  const float s = smem[0] / kFp8Max;
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  // n <= kSmallElems: 32-bit indices.
+  const int nvec = static_cast<int>(n) / kN;
+  const int per_round = static_cast<int>(blockDim.x) * kSmallUnroll<kN>;
+  const int rounds = (nvec + per_round - 1) / per_round;
+  auto index = [&](int r, int k) {
+    return r * per_round + k * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+  };
+  float m = 0.f;
+  Vec held[kSmallUnroll<kN>];
+  for (int r = 0; r < rounds; ++r) {
+#pragma unroll
+    for (int k = 0; k < kSmallUnroll<kN>; ++k) {
+      if (index(r, k) < nvec) {
+        held[k].load(in, index(r, k));
+        m = absmax_vec(m, held[k]);
+      }
+    }
+  }
+  const int tail = nvec * kN + static_cast<int>(threadIdx.x);  // the last n % kN elements, one per thread
+  if (tail < n) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[tail])));
+  const float s = device::cta::all_reduce_max(m, smem) / kFp8Max;
   if (threadIdx.x == 0) *scale = s;
-  quant_range<T, kN>(out, in, n, inverse(s), threadIdx.x, blockDim.x);
+  const float inv_scale = inverse(s);
+  auto quantise = [&](const Vec& x, int v) {
+    Out y;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
+    y.store(out, v);
+  };
+#pragma unroll
+  for (int k = 0; k < kSmallUnroll<kN>; ++k) {
+    if (rounds > 0 && index(rounds - 1, k) < nvec) quantise(held[k], index(rounds - 1, k));
+  }
+  for (int r = rounds - 2; r >= 0; --r) {
+#pragma unroll
+    for (int k = 0; k < kSmallUnroll<kN>; ++k) {
+      held[k].load(in, index(r, k));  // earlier rounds are whole: only the last can run past nvec
+      quantise(held[k], index(r, k));
+    }
+  }
+  if (tail < n) out[tail] = to_fp8(dtype_trait<fp32_t>::from(in[tail]), inv_scale);
 }
 
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads) quant_kernel(fp8_e4m3_t* out, const float* scale, const T* in, int64_t n) {
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   quant_range<T, kN>(out, in, n, inverse(*scale), first, static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
@@ -112,8 +156,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
     fp8_e4m3_t* out, float* scale, float* block_max, const T* in, int64_t n, int64_t stash_slots) {
   using Vec = device::AlignedVector<T, kN>;
   using Out = device::AlignedVector<fp8_e4m3_t, kN>;
-  extern __shared__ uint4 stash_storage[];
-  Vec* stash = reinterpret_cast<Vec*>(stash_storage) + threadIdx.x;  // slot k at stash[k * blockDim.x]
+  // Slot k of this thread is vector k * blockDim.x + threadIdx.x. Moved with Vec::load / store: a
+  // Vec read through a reference into shared memory compiles to one load per element.
+  extern __shared__ uint4 stash[];
+  auto slot = [&](int64_t k) { return k * blockDim.x + threadIdx.x; };
   __shared__ float smem[32];
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -121,11 +167,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
   const int64_t iters = (nvec + step - 1) / step;
   const int64_t held_first = iters > kHeldVecs ? iters - kHeldVecs : 0;
   const int64_t stash_first = held_first > stash_slots ? held_first - stash_slots : 0;
-  auto absmax = [](float m, const Vec& x) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(x[j])));
-    return m;
-  };
   auto quantise = [&](const Vec& x, float inv_scale, int64_t v) {
     Out y;
 #pragma unroll
@@ -138,14 +179,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
   for (int64_t i = 0; i < stash_first; ++i) {
     Vec x;
     x.load(in, first + i * step);
-    m = absmax(m, x);
+    m = absmax_vec(m, x);
   }
 #pragma unroll kStreamUnroll
   for (int64_t i = stash_first; i < held_first; ++i) {
     Vec x;
     x.load(in, first + i * step);
-    m = absmax(m, x);
-    stash[(i - stash_first) * blockDim.x] = x;
+    m = absmax_vec(m, x);
+    x.store(static_cast<void*>(stash), slot(i - stash_first));
   }
   Vec held[kHeldVecs];
 #pragma unroll
@@ -153,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
     const int64_t v = first + (held_first + k) * step;
     if (v < nvec) {
       held[k].load(in, v);
-      m = absmax(m, held[k]);
+      m = absmax_vec(m, held[k]);
     }
   }
   const int64_t tail = nvec * kN + first;  // the last n % kN elements, one per thread
@@ -178,7 +219,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
   }
 #pragma unroll kStreamUnroll
   for (int64_t i = held_first - 1; i >= stash_first; --i) {
-    quantise(stash[(i - stash_first) * blockDim.x], inv_scale, first + i * step);
+    Vec x;
+    x.load(static_cast<const void*>(stash), slot(i - stash_first));
+    quantise(x, inv_scale, first + i * step);
   }
 #pragma unroll kStreamUnroll
   for (int64_t i = stash_first - 1; i >= 0; --i) {
@@ -211,19 +254,14 @@ struct PerTensorQuantFp8 {
     return static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(units, int64_t{kThreads}), 1, num_sm * 8));
   }
 
-  template <typename Kernel>
-  static void launch_elementwise(
-      Kernel vec_kernel, Kernel scalar_kernel, bool vec, int64_t n, DLDevice dev, auto... args) {
-    const auto blocks = grid(vec ? n / kVec<T> : n, dev.device_id);
-    host::LaunchKernel(blocks, kThreads, dev)(vec ? vec_kernel : scalar_kernel, args..., n);
-  }
-
   // `workspace` holds one float per block of the one-pass kernel (its size caps the grid).
+  // `enable_pdl` applies to the single-block path only (see the top of this file).
   static void dynamic(
       tvm::ffi::TensorView output_q,
       tvm::ffi::TensorView output_s,
       tvm::ffi::TensorView input,
-      tvm::ffi::TensorView workspace) {
+      tvm::ffi::TensorView workspace,
+      bool enable_pdl) {
     using namespace host;
     DLDevice dev;
     verify(output_q, output_s, input, dev);
@@ -241,7 +279,11 @@ struct PerTensorQuantFp8 {
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = aligned(x, q);
     if (n <= kSmallElems) {
-      LaunchKernel(1, kThreads, dev)(vec ? small_dynamic_kernel<T, kVec<T>> : small_dynamic_kernel<T, 1>, q, s, x, n);
+      if (vec) {
+        launch_small<kVec<T>>(q, s, x, n, dev, enable_pdl);
+      } else {
+        launch_small<1>(q, s, x, n, dev, enable_pdl);
+      }
       return;
     }
     if (vec) {
@@ -249,6 +291,16 @@ struct PerTensorQuantFp8 {
     } else {
       launch_one_pass<1>(q, s, workspace, x, n, dev);
     }
+  }
+
+  // Fewer threads with more loads each have the same latency and a shorter reduction.
+  template <int kN>
+  static void launch_small(fp8_e4m3_t* q, float* s, const T* x, int64_t n, DLDevice dev, bool enable_pdl) {
+    using namespace host;
+    const int64_t per_thread = int64_t{kSmallUnroll<kN>} * kN;
+    const auto threads =
+        static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(n, per_thread * 32) * 32, 32, kSmallThreads));
+    LaunchKernel(1, threads, dev).enable_pdl(enable_pdl)(small_dynamic_kernel<T, kN>, q, s, x, n);
   }
 
   // What one SM holds of the one-pass kernel, queried once per device (occupancy queries are
@@ -308,7 +360,8 @@ struct PerTensorQuantFp8 {
             one_pass_dynamic_kernel<T, kN>, q, s, static_cast<float*>(workspace.data_ptr()), x, n, stash);
   }
 
-  static void static_scale(tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, tvm::ffi::TensorView input) {
+  static void static_scale(
+      tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, tvm::ffi::TensorView input, bool enable_pdl) {
     DLDevice dev;
     verify(output_q, output_s, input, dev);
     const int64_t n = input.size(0);
@@ -316,7 +369,10 @@ struct PerTensorQuantFp8 {
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     const auto* s = static_cast<const float*>(output_s.data_ptr());
     const auto* x = static_cast<const T*>(input.data_ptr());
-    launch_elementwise(quant_kernel<T, kVec<T>>, quant_kernel<T, 1>, aligned(x, q), n, dev, q, s, x);
+    const bool vec = aligned(x, q);
+    const auto blocks = grid(vec ? n / kVec<T> : n, dev.device_id);
+    host::LaunchKernel(blocks, kThreads, dev)
+        .enable_pdl(enable_pdl)(vec ? quant_kernel<T, kVec<T>> : quant_kernel<T, 1>, q, s, x, n);
   }
 };
 

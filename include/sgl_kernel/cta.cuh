@@ -29,6 +29,17 @@ SGL_DEVICE void reduce(T value, T* smem, T identity, Op warp_reduce) {
   }
 }
 
+template <typename T, typename Op>
+SGL_DEVICE auto all_reduce(T value, T* smem, T identity, Op warp_reduce) -> T {
+  const uint32_t warp_id = threadIdx.x / kWarpThreads;
+  const uint32_t lane = threadIdx.x % kWarpThreads;
+  value = warp_reduce(value);
+  if (lane == 0) smem[warp_id] = value;
+  __syncthreads();
+  const uint32_t num_warps = (blockDim.x + kWarpThreads - 1) / kWarpThreads;
+  return warp_reduce(lane < num_warps ? smem[lane] : identity);
+}
+
 }  // namespace details
 
 /**
@@ -50,6 +61,26 @@ SGL_DEVICE void reduce_sum(T value, std::type_identity_t<T>* smem) {
 template <typename T>
 SGL_DEVICE void reduce_max(T value, std::type_identity_t<T>* smem, std::type_identity_t<T> min_value = T{}) {
   details::reduce(value, smem, min_value, [](T v) { return warp::reduce_max(v); });
+}
+
+/**
+ * \brief Sum of `value` over the whole block, returned to every thread, after a
+ *        single `__syncthreads()`: each warp combines the per-warp partials
+ *        itself instead of waiting for warp 0 to publish them.
+ *
+ * \param smem shared memory for at least `blockDim.x / 32` values.
+ * \note All threads must call it, and `blockDim.x` must be a multiple of 32.
+ *       Synchronize before `smem` is reused.
+ */
+template <typename T>
+SGL_DEVICE auto all_reduce_sum(T value, std::type_identity_t<T>* smem) -> T {
+  return details::all_reduce(value, smem, T{}, [](T v) { return warp::reduce_sum(v); });
+}
+
+/// \brief Maximum of `value` over the block, returned to every thread (see `all_reduce_sum`).
+template <typename T>
+SGL_DEVICE auto all_reduce_max(T value, std::type_identity_t<T>* smem, std::type_identity_t<T> min_value = T{}) -> T {
+  return details::all_reduce(value, smem, min_value, [](T v) { return warp::reduce_max(v); });
 }
 
 /// \brief Minimum of `value` over the block, written to `smem[0]` (see `reduce_sum`).

@@ -48,9 +48,10 @@ inline constexpr uint32_t kWarpThreads = 32;
 inline constexpr uint32_t kFullMask = 0xffffffffu;
 
 /// \brief Programmatic dependent launch (PDL), first half: block until the
-/// preceding kernel in the stream has triggered (or finished), so its output
-/// is visible. Put it before the first read of that output. A no-op below sm_90
-/// or when `kUsePDL` is false; harmless when the launch did not enable PDL.
+/// preceding kernel in the stream has completed and its memory is visible.
+/// Put it before the first global read or write that may touch that kernel's
+/// data. A no-op below sm_90 or when `kUsePDL` is false, and returns at once
+/// when the launch did not enable PDL.
 template <bool kUsePDL = true>
 SGL_DEVICE void PDLWaitPrimary() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -58,8 +59,10 @@ SGL_DEVICE void PDLWaitPrimary() {
 #endif
 }
 
-/// \brief PDL, second half: let the next kernel in the stream start its
-/// prologue now. Call it once this kernel no longer needs exclusive resources.
+/// \brief PDL, second half: once every block of this grid has called it (or
+/// exited), the next kernel in the stream, if launched with PDL, may start and
+/// run up to its `PDLWaitPrimary`. Correctness never depends on where it is
+/// called: the next kernel's wait still waits for this grid to complete.
 template <bool kUsePDL = true>
 SGL_DEVICE void PDLTriggerSecondary() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)

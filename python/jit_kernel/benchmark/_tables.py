@@ -17,7 +17,8 @@ import torch
 from jit_kernel.benchmark.utils import gbps, run_benchmark
 
 # provider -> (line name in the plot, (colour, line style)). A script copies this into its own
-# ``PROVIDERS`` (the one place its providers are listed) and may add entries, e.g. "jit_pdl".
+# ``PROVIDERS`` (the one place its providers are listed) and may add entries, e.g. "jit_nopdl"; it
+# names those in its ``EXTRAS`` (provider -> summary label) to give each two summary columns.
 STANDARD_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
     "jit": ("jit_kernel", ("tab:blue", "-")),
     "eager": ("torch eager", ("tab:orange", "--")),
@@ -37,6 +38,12 @@ COMPARISON_HEADER = [
     "vs compile",
     "vs empty",
 ]
+
+
+def extra_header(extras: Mapping[str, str]) -> list[str]:
+    """Summary columns of a script's extra providers: each one's time, and that time over jit's
+    ("vs <label>": above 1.00x, jit_kernel's default is faster)."""
+    return [column for label in extras.values() for column in (f"{label} us", f"vs {label}")]
 
 
 def line_names(providers: Mapping[str, tuple[str, tuple[str, str]]]) -> list[str]:
@@ -90,18 +97,19 @@ def comparison_cells(
     ]
 
 
-def comparison_row(times: Mapping[str, float], nbytes: int, empty: float, tiny: bool) -> list[str]:
-    """:func:`comparison_cells` of one config's ``provider -> us`` (a missing provider reads "n/a")."""
+def comparison_row(
+    times: Mapping[str, float], nbytes: int, empty: float, tiny: bool, extras: Mapping[str, str] | None = None
+) -> list[str]:
+    """:func:`comparison_cells` of one config's ``provider -> us`` (a missing provider reads "n/a"),
+    then the :func:`extra_header` columns of ``extras``."""
     nan = float("nan")
-    return comparison_cells(
-        nbytes,
-        times.get("jit", nan),
-        times.get("eager", nan),
-        times.get("compile", nan),
-        times.get("copy", nan),
-        empty,
-        tiny,
+    ours = times.get("jit", nan)
+    cells = comparison_cells(
+        nbytes, ours, times.get("eager", nan), times.get("compile", nan), times.get("copy", nan), empty, tiny
     )
+    for provider in extras or {}:
+        cells += [format_us(times.get(provider, nan)), ratio_cell(times.get(provider, nan), ours)]
+    return cells
 
 
 def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -157,14 +165,17 @@ class Measurements:
 
 
 def summary_rows(
-    results: Measurements, configs: Sequence[tuple[Hashable, Sequence[object], int, bool]], empty: float
+    results: Measurements,
+    configs: Sequence[tuple[Hashable, Sequence[object], int, bool]],
+    empty: float,
+    extras: Mapping[str, str] | None = None,
 ) -> list[list[object]]:
     """One row per measured config: ``configs`` holds ``(key, key columns, minimal bytes, tiny)``."""
     rows: list[list[object]] = []
     for key, columns, nbytes, tiny in configs:
         times = results.for_config(key)
         if times:
-            rows.append([*columns, *comparison_row(times, nbytes, empty, tiny)])
+            rows.append([*columns, *comparison_row(times, nbytes, empty, tiny, extras)])
     return rows
 
 

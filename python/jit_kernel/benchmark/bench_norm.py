@@ -10,11 +10,14 @@ CUDA-graph medians in microseconds.
 Full grid: tokens 1, 16, 1024, 4096, 16384 x D 1024, 2048, 4096, 5120, 7168, 8192 (CI: tokens 1, 16,
 4096 x D 4096); the q/k norms use Hq=32, Hk=8, head_dim 128 over the same tokens. Each benchmark is a
 ``triton.testing.perf_report`` with the providers of ``PROVIDERS`` as lines: ``jit`` (jit_kernel),
-``eager`` (the torch code below), ``compile`` (torch.compile of it, one static-shape graph per shape)
-and ``copy`` (a device-to-device copy moving the op's minimal bytes). With a save path, triton writes
-one ``<plot_name>.png`` and ``<plot_name>.csv`` per benchmark (one per D for rmsnorm and
-fused_add_rmsnorm), ``results.html`` shows them all, and ``bench_norm.md`` holds the summary. The
-markdown summary printed at the end is derived from the same measurements (nothing is re-measured).
+``eager`` (the torch code below), ``compile`` (torch.compile of it, one static-shape graph per shape),
+``copy`` (a device-to-device copy moving the op's minimal bytes), ``jit_nopdl`` (jit_kernel with
+``enable_pdl=False``; the default turns programmatic dependent launch on for sm_90+) and ``eager_hf``
+(the obvious torch code, transformers' LlamaRMSNorm: float, mean of squares, rsqrt, cast, weight).
+With a save path, triton writes one ``<plot_name>.png`` and ``<plot_name>.csv`` per benchmark (one
+per D for rmsnorm and fused_add_rmsnorm), ``results.html`` shows them all, and ``bench_norm.md``
+holds the summary. The markdown summary printed at the end is derived from the same measurements
+(nothing is re-measured).
 
 Minimal bytes: rmsnorm reads the input and writes the output once (2 * N * D * elem, plus the
 weight); fused_add_rmsnorm reads input and residual and writes both (4 * N * D * elem, plus the
@@ -40,6 +43,7 @@ from jit_kernel.benchmark._tables import (
     STANDARD_PROVIDERS,
     Measurements,
     compile_static,
+    extra_header,
     format_table,
     line_names,
     line_styles,
@@ -59,8 +63,15 @@ HIDDEN = get_benchmark_range([1024, 2048, 4096, 5120, 7168, 8192], [4096])
 HQ, HK, HEAD_DIM = 32, 8, 128
 TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
 
-# The providers, in one place: add an entry here (e.g. "jit_pdl") and a branch in each *_case.
-PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = dict(STANDARD_PROVIDERS)
+# The providers, in one place: add an entry here and a branch in each *_case. Beyond the standard
+# four: jit_kernel with programmatic dependent launch off (on by default on sm_90+), and the
+# obvious torch code (Hugging Face's LlamaRMSNorm) run eagerly.
+PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
+    **STANDARD_PROVIDERS,
+    "jit_nopdl": ("jit_kernel, PDL off", ("tab:purple", ":")),
+    "eager_hf": ("torch eager, HF-style code", ("tab:red", "--")),
+}
+EXTRAS = {"jit_nopdl": "no-PDL", "eager_hf": "HF eager"}
 
 RESULTS = Measurements()
 
@@ -88,6 +99,21 @@ def qknorm_bytes(tokens: int, hq: int = HQ, hk: int = HK, head_dim: int = HEAD_D
 
 def _torch_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+def _hf_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The obvious torch code (transformers' LlamaRMSNorm): several kernels."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+
+def _hf_fused_add(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> None:
+    r.add_(x)
+    x.copy_(_hf_rmsnorm(r, w))
+
+
+def _hf_qk(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _hf_rmsnorm(q, qw), _hf_rmsnorm(k, kw)
 
 
 def _torch_fused_add(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> None:
@@ -123,8 +149,12 @@ def rmsnorm_case(provider: str, tokens: int, hidden: int, device: str = DEFAULT_
     out = torch.empty_like(x)
     if provider == "jit":
         return lambda: jit_kernel.rmsnorm(x, w, EPS, out=out)
+    if provider == "jit_nopdl":
+        return lambda: jit_kernel.rmsnorm(x, w, EPS, out=out, enable_pdl=False)
     if provider == "eager":
         return lambda: _torch_rmsnorm(x, w)
+    if provider == "eager_hf":
+        return lambda: _hf_rmsnorm(x, w)
     if provider == "compile":
         compiled = compile_static(_torch_rmsnorm)
         return lambda: compiled(x, w)
@@ -141,8 +171,12 @@ def fused_add_rmsnorm_case(
     r = torch.randn_like(x)
     if provider == "jit":
         return lambda: jit_kernel.fused_add_rmsnorm(x, r, w, EPS)
+    if provider == "jit_nopdl":
+        return lambda: jit_kernel.fused_add_rmsnorm(x, r, w, EPS, enable_pdl=False)
     if provider == "eager":
         return lambda: _torch_fused_add(x, r, w)
+    if provider == "eager_hf":
+        return lambda: _hf_fused_add(x, r, w)
     if provider == "compile":
         compiled = compile_static(_torch_fused_add)
         return lambda: compiled(x, r, w)
@@ -168,8 +202,12 @@ def fused_inplace_qknorm_case(
     kw = torch.randn(head_dim, device=device, dtype=DT)
     if provider == "jit":
         return lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS)
+    if provider == "jit_nopdl":
+        return lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS, enable_pdl=False)
     if provider == "eager":
         return lambda: _torch_qk(q, k, qw, kw)
+    if provider == "eager_hf":
+        return lambda: _hf_qk(q, k, qw, kw)
     if provider == "compile":
         compiled = compile_static(_torch_qk_inplace)
         return lambda: compiled(q, k, qw, kw)
@@ -186,8 +224,12 @@ def qknorm_across_heads_case(
     kw = torch.randn(hk * head_dim, device=device, dtype=DT)
     if provider == "jit":
         return lambda: jit_kernel.qknorm_across_heads(q, k, qw, kw, EPS)
+    if provider == "jit_nopdl":
+        return lambda: jit_kernel.qknorm_across_heads(q, k, qw, kw, EPS, enable_pdl=False)
     if provider == "eager":
         return lambda: _torch_qk(q, k, qw, kw)
+    if provider == "eager_hf":
+        return lambda: _hf_qk(q, k, qw, kw)
     if provider == "compile":
         compiled = compile_static(_torch_qk_inplace)
         return lambda: compiled(q, k, qw, kw)
@@ -257,8 +299,8 @@ REPORTS = [bench_rmsnorm, bench_fused_add_rmsnorm, bench_fused_inplace_qknorm, b
 
 
 def summary_markdown(results: Measurements, empty: float) -> str:
-    header = ["tokens", "D", *COMPARISON_HEADER]
-    qk_header = ["tokens", "heads", *COMPARISON_HEADER]
+    header = ["tokens", "D", *COMPARISON_HEADER, *extra_header(EXTRAS)]
+    qk_header = ["tokens", "heads", *COMPARISON_HEADER, *extra_header(EXTRAS)]
     heads = f"{HQ}+{HK}x{HEAD_DIM}"
     tables = [
         (
@@ -295,7 +337,7 @@ def summary_markdown(results: Measurements, empty: float) -> str:
         ),
     ]
     return "\n".join(
-        format_table(title, cols, summary_rows(results, configs, empty)) for title, cols, configs in tables
+        format_table(title, cols, summary_rows(results, configs, empty, EXTRAS)) for title, cols, configs in tables
     )
 
 

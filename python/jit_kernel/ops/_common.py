@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from jit_kernel.jit import make_cpp_args
@@ -38,3 +40,22 @@ def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
 def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{op}: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+
+
+def check_pdl(op: str, enable_pdl: object) -> None:
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"{op}: enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+
+
+@functools.cache
+def _supports_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def resolve_pdl(enable_pdl: bool | None, device: torch.device) -> bool:
+    """``enable_pdl=None`` means: on where the device has programmatic dependent launch (sm_90+).
+    The kernels wait for their predecessor before their first memory access, so it is always safe;
+    it lets a kernel's launch overlap the tail of the one before it."""
+    if enable_pdl is None:
+        return _supports_pdl(device.index if device.index is not None else torch.cuda.current_device())
+    return enable_pdl
