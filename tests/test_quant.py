@@ -38,6 +38,9 @@ SHAPES = [
     (7, 1000),
     (16, 4096),
     (128, 4096),
+    (100003,),  # a cluster of blocks (sm_90+), with a tail of n % 8 elements
+    (262144,),  # the largest input one cluster round covers
+    (262145,),  # the smallest that takes the cooperative kernel
     (1000003,),
     (4097, 1024),
     (2048, 4096),  # the one-pass kernel's shared-memory stash in use

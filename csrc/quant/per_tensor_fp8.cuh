@@ -1,8 +1,8 @@
 // per_tensor_quant_fp8: q = fp8_e4m3(clamp(x * (1 / scale), -448, 448)) over a flat tensor.
 //
 // Dynamic mode also computes scale = absmax(x) / 448 into output_s (no caller-side zeroing):
-// - small inputs (<= kSmallElems): one block does the absmax, writes the scale and quantises, in a
-//   single launch, with up to kSmallUnroll vectors per thread in flight;
+// - small inputs (<= kSmallElems; on sm_90+ up to kClusterElems with a cluster of blocks): one
+//   launch does the absmax, writes the scale and quantises, with 32 elements per thread in flight;
 // - large inputs: one cooperative launch that reads HBM once for what fits on chip
 //   (one_pass_dynamic_kernel below), with the per-block maxima in a caller-given workspace.
 // Static mode reads the given scale. A zero scale quantises everything to 0.
@@ -10,6 +10,7 @@
 // is not (every block must be resident at once).
 #pragma once
 
+#include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
@@ -32,13 +33,16 @@ namespace jit_kernel::quant {
 
 inline constexpr float kFp8Max = 448.f;
 inline constexpr uint32_t kThreads = 512;
-// The single-block path: up to 1024 threads x kSmallUnroll<kN> vectors per round, 32 elements per
-// thread (more spills the bf16 instance at the 64 registers 1024 threads allow); above kSmallElems,
-// the cooperative kernel's fixed cost pays off.
+// The small path: one block (or, on sm_90+, one cluster of kSmallCluster blocks: one SM alone
+// moves about 30 GB/s here, H100) of up to 1024 threads, kSmallUnroll<kN> vectors per thread per
+// round, 32 elements (more spills the bf16 instance at the 64 registers 1024 threads allow). Above
+// kSmallElems (kClusterElems with a cluster) the cooperative kernel's fixed cost pays off.
 inline constexpr uint32_t kSmallThreads = 1024;
 template <int kN>
 inline constexpr int kSmallUnroll = kN == 1 ? 8 : 32 / kN;
-inline constexpr int64_t kSmallElems = 65536;
+inline constexpr int64_t kSmallElems = 8192;
+inline constexpr unsigned kSmallCluster = 8;
+inline constexpr int64_t kClusterElems = int64_t{kSmallCluster} * kSmallThreads * 32;  // one round
 
 template <typename T>
 inline constexpr int kVec = 16 / sizeof(T);
@@ -74,24 +78,25 @@ SGL_DEVICE float inverse(float scale) {
   return scale > 0.f ? 1.f / scale : 0.f;
 }
 
-// Single block: absmax, scale, quantise. Round r covers vectors [r * R, (r + 1) * R) with
-// R = blockDim.x * kSmallUnroll<kN>; each thread issues its kSmallUnroll loads of a round at once, keeps
-// the last round in registers and re-reads the earlier ones (from L1/L2) to quantise them.
-template <typename T, int kN>
+// One block or one cluster (kCluster blocks): absmax, scale, quantise. With P threads in all, round r
+// covers vectors [r * R, (r + 1) * R), R = P * kSmallUnroll<kN>; each thread issues its loads of a
+// round at once, keeps the last round in registers and re-reads the earlier ones (from L1/L2).
+template <typename T, int kN, unsigned kCluster>
 __global__ void __launch_bounds__(kSmallThreads)
     small_dynamic_kernel(fp8_e4m3_t* out, float* scale, const T* in, int64_t n) {
   using Vec = device::AlignedVector<T, kN>;
   using Out = device::AlignedVector<fp8_e4m3_t, kN>;
   __shared__ float smem[32];
+  __shared__ float block_max[kCluster];
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
-  // n <= kSmallElems: 32-bit indices.
+  // n <= kClusterElems: 32-bit indices.
+  const int threads = static_cast<int>(blockDim.x * kCluster);
+  const int thread = static_cast<int>(device::cluster::block_rank() * blockDim.x + threadIdx.x);
   const int nvec = static_cast<int>(n) / kN;
-  const int per_round = static_cast<int>(blockDim.x) * kSmallUnroll<kN>;
+  const int per_round = threads * kSmallUnroll<kN>;
   const int rounds = (nvec + per_round - 1) / per_round;
-  auto index = [&](int r, int k) {
-    return r * per_round + k * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-  };
+  auto index = [&](int r, int k) { return r * per_round + k * threads + thread; };
   float m = 0.f;
   Vec held[kSmallUnroll<kN>];
   for (int r = 0; r < rounds; ++r) {
@@ -103,10 +108,12 @@ __global__ void __launch_bounds__(kSmallThreads)
       }
     }
   }
-  const int tail = nvec * kN + static_cast<int>(threadIdx.x);  // the last n % kN elements, one per thread
+  const int tail = nvec * kN + thread;  // the last n % kN elements, one per thread
   if (tail < n) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[tail])));
-  const float s = device::cta::all_reduce_max(m, smem) / kFp8Max;
-  if (threadIdx.x == 0) *scale = s;
+  m = device::cta::all_reduce_max(m, smem);
+  m = device::cluster::all_reduce<kCluster>(m, block_max, [](float a, float b) { return fmaxf(a, b); });
+  const float s = m / kFp8Max;
+  if (thread == 0) *scale = s;
   const float inv_scale = inverse(s);
   auto quantise = [&](const Vec& x, int v) {
     Out y;
@@ -279,11 +286,11 @@ struct PerTensorQuantFp8 {
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = aligned(x, q);
     if (n <= kSmallElems) {
-      if (vec) {
-        launch_small<kVec<T>>(q, s, x, n, dev, enable_pdl);
-      } else {
-        launch_small<1>(q, s, x, n, dev, enable_pdl);
-      }
+      vec ? launch_small<kVec<T>, 1>(q, s, x, n, dev, enable_pdl) : launch_small<1, 1>(q, s, x, n, dev, enable_pdl);
+      return;
+    }
+    if (vec && n <= kClusterElems && runtime::has_clusters(dev.device_id)) {
+      launch_small<kVec<T>, kSmallCluster>(q, s, x, n, dev, enable_pdl);
       return;
     }
     if (vec) {
@@ -294,13 +301,15 @@ struct PerTensorQuantFp8 {
   }
 
   // Fewer threads with more loads each have the same latency and a shorter reduction.
-  template <int kN>
+  template <int kN, unsigned kCluster>
   static void launch_small(fp8_e4m3_t* q, float* s, const T* x, int64_t n, DLDevice dev, bool enable_pdl) {
     using namespace host;
-    const int64_t per_thread = int64_t{kSmallUnroll<kN>} * kN;
+    const int64_t per_thread = int64_t{kSmallUnroll<kN>} * kN * kCluster;
     const auto threads =
         static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(n, per_thread * 32) * 32, 32, kSmallThreads));
-    LaunchKernel(1, threads, dev).enable_pdl(enable_pdl)(small_dynamic_kernel<T, kN>, q, s, x, n);
+    LaunchKernel(kCluster, threads, dev)
+        .enable_pdl(enable_pdl)
+        .enable_cluster(kCluster)(small_dynamic_kernel<T, kN, kCluster>, q, s, x, n);
   }
 
   // What one SM holds of the one-pass kernel, queried once per device (occupancy queries are

@@ -9,6 +9,8 @@
 
 #include <sgl_kernel/utils.cuh>
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,6 +38,19 @@ inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
   int major = 0;
   RuntimeDeviceCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), where);
   return major;
+}
+
+/// \brief Whether device `device_id` runs thread-block clusters (sm_90+), cached
+/// per device: cheap enough to ask on every launch.
+inline auto has_clusters(int device_id, DebugInfo where = {}) -> bool {
+  static std::array<std::atomic<int>, 64> cache{};  // 0: not asked yet, 1: no, 2: yes
+  RuntimeCheck(where, device_id >= 0 && device_id < 64, "has_clusters: device id ", device_id, " out of range");
+  int known = cache[device_id].load(std::memory_order_relaxed);
+  if (known == 0) {
+    known = get_cc_major(device_id, where) >= 9 ? 2 : 1;
+    cache[device_id].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
 }
 
 /// \brief CUDA runtime version, e.g. 13000 for 13.0.

@@ -170,11 +170,20 @@ class LaunchKernel {
     return *this;
   }
 
+  /// \brief Group the (1-D) grid into clusters of `size` blocks (sm_90+), which
+  /// may sync with `cooperative_groups::this_cluster().sync()` and read each
+  /// other's shared memory. The grid must be a multiple of `size`; above 8 the
+  /// kernel must allow non-portable cluster sizes.
+  auto enable_cluster(unsigned size) -> LaunchKernel& {
+    m_cluster = size;
+    return *this;
+  }
+
   template <typename Kernel, typename... Args>
   auto operator()(Kernel&& kernel, Args&&... args) const -> void {
     const CurrentDevice guard{m_device_id, m_where};
     auto config = m_config;
-    cudaLaunchAttribute attributes[2]{};
+    cudaLaunchAttribute attributes[3]{};
     unsigned int count = 0;
     if (m_pdl) {
       attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -183,6 +192,12 @@ class LaunchKernel {
     if (m_cooperative) {
       attributes[count].id = cudaLaunchAttributeCooperative;
       attributes[count++].val.cooperative = 1;
+    }
+    if (m_cluster > 1) {
+      attributes[count].id = cudaLaunchAttributeClusterDimension;
+      attributes[count].val.clusterDim.x = m_cluster;
+      attributes[count].val.clusterDim.y = 1;
+      attributes[count++].val.clusterDim.z = 1;
     }
     config.attrs = count > 0 ? attributes : nullptr;
     config.numAttrs = count;
@@ -235,6 +250,7 @@ class LaunchKernel {
   int m_device_id = -1;
   bool m_pdl = false;
   bool m_cooperative = false;
+  unsigned m_cluster = 1;
   DebugInfo m_where;
 };
 
