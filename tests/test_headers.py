@@ -235,6 +235,21 @@ def test_gpu_block_and_warp_reductions(gpu_mod):
 
 
 @pytest.mark.gpu
+def test_gpu_block_all_reduce_and_cluster_reduce(gpu_mod):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    x = torch.randn(64, 256, device="cuda")
+    out = torch.full((64, 4), float("nan"), device="cuda")
+    gpu_mod.cluster_reduce(x, out)
+    clusters = x.view(16, 4 * 256)
+    torch.testing.assert_close(out[:, 0], clusters.sum(1).repeat_interleave(4), rtol=1e-5, atol=1e-3)
+    assert torch.equal(out[:, 1], clusters.amax(1).repeat_interleave(4))
+    torch.testing.assert_close(out[:, 2], x.sum(1), rtol=1e-5, atol=1e-4)
+    assert torch.equal(out[:, 3], torch.arange(4, device="cuda", dtype=torch.float32).repeat(16))
+    assert torch.equal(out[0::4, 0], out[1::4, 0])  # every block of a cluster gets the same total
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
 def test_gpu_atomic_extrema(gpu_mod, sign):
     x = torch.randn(100_000, device="cuda") if sign == 0.0 else torch.rand(100_000, device="cuda") * sign

@@ -5,9 +5,10 @@
 // Functions (namespace gpu_cases):
 //   block_reduce, atomic_extrema, vec_scale, cast_from_float, cast_to_float,
 //   math_ops, stream_copy, fill_index, pdl_chain, big_smem, runtime_info,
-//   bad_launch
+//   bad_launch, cluster_reduce
 
 #include <sgl_kernel/atomic.cuh>
+#include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/math.cuh>
 #include <sgl_kernel/runtime.cuh>
@@ -67,6 +68,42 @@ inline void block_reduce(TensorView x, TensorView out) {
   TensorMatcher({B, 6}).with_dtype<float>().with_device(device).verify(out);
   LaunchKernel(B.unwrap(), kBlock, device.unwrap())(
       block_reduce_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
+}
+
+// ---- cta.cuh all_reduce_* and cluster.cuh: clusters of kClusterSize rows; out[b] = [sum, max] over
+// the cluster of row b (every block writes its own copy), then the block's own sum.
+
+inline constexpr unsigned kClusterSize = 4;
+
+__global__ void cluster_reduce_kernel(const float* x, float* out) {
+  using namespace device;
+  __shared__ float smem[32];
+  __shared__ float sums[kClusterSize];
+  __shared__ float maxima[kClusterSize];
+  const float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+  const float block_sum = cta::all_reduce_sum(v, smem);
+  __syncthreads();  // smem is reused
+  const float block_max = cta::all_reduce_max(v, smem, -INFINITY);
+  const float sum = cluster::all_reduce<kClusterSize>(block_sum, sums, [](float a, float b) { return a + b; });
+  const float max = cluster::all_reduce<kClusterSize>(block_max, maxima, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) {
+    out[blockIdx.x * 4 + 0] = sum;
+    out[blockIdx.x * 4 + 1] = max;
+    out[blockIdx.x * 4 + 2] = block_sum;
+    out[blockIdx.x * 4 + 3] = static_cast<float>(cluster::block_rank());
+  }
+}
+
+inline void cluster_reduce(TensorView x, TensorView out) {
+  using namespace host;
+  auto B = SymbolicSize{"rows"};
+  auto device = SymbolicDevice{};
+  TensorMatcher({B, kBlock}).with_dtype<float>().with_device<kDLCUDA>(device).verify(x);
+  TensorMatcher({B, 4}).with_dtype<float>().with_device(device).verify(out);
+  RuntimeCheck(B.unwrap() % kClusterSize == 0, "rows must be a multiple of ", kClusterSize);
+  LaunchKernel(B.unwrap(), kBlock, device.unwrap())
+      .enable_cluster(kClusterSize)(
+          cluster_reduce_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
 }
 
 // ---- atomic.cuh: out = [max(x), min(x)], starting from out's values
