@@ -58,18 +58,22 @@ SGL_DEVICE fp8_e4m3_t to_fp8(float x, float inv_scale) {
   return fp8_e4m3_t(fminf(fmaxf(x * inv_scale, -kFp8Max), kFp8Max));
 }
 
+// Quantises vector `x` and stores it as fp8 vector number `v` of `out`.
+template <typename T, std::size_t kN>
+SGL_DEVICE void quantise_vec(fp8_e4m3_t* out, int64_t v, const device::AlignedVector<T, kN>& x, float inv_scale) {
+  device::AlignedVector<fp8_e4m3_t, kN> y;
+#pragma unroll
+  for (std::size_t j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
+  y.store(out, v);
+}
+
 template <typename T, int kN>
 SGL_DEVICE void quant_range(fp8_e4m3_t* out, const T* in, int64_t n, float inv_scale, int64_t first, int64_t step) {
-  using Vec = device::AlignedVector<T, kN>;
-  using Out = device::AlignedVector<fp8_e4m3_t, kN>;
   const int64_t nvec = n / kN;
   for (int64_t v = first; v < nvec; v += step) {
-    Vec x;
-    Out y;
+    device::AlignedVector<T, kN> x;
     x.load(in, v);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
-    y.store(out, v);
+    quantise_vec(out, v, x, inv_scale);
   }
   for (int64_t i = nvec * kN + first; i < n; i += step) out[i] = to_fp8(dtype_trait<fp32_t>::from(in[i]), inv_scale);
 }
@@ -85,7 +89,6 @@ template <typename T, int kN, unsigned kCluster>
 __global__ void __launch_bounds__(kSmallThreads)
     small_dynamic_kernel(fp8_e4m3_t* out, float* scale, const T* in, int64_t n) {
   using Vec = device::AlignedVector<T, kN>;
-  using Out = device::AlignedVector<fp8_e4m3_t, kN>;
   __shared__ float smem[32];
   __shared__ float block_max[kCluster];
   device::PDLWaitPrimary();
@@ -115,12 +118,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   const float s = m / kFp8Max;
   if (thread == 0) *scale = s;
   const float inv_scale = inverse(s);
-  auto quantise = [&](const Vec& x, int v) {
-    Out y;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
-    y.store(out, v);
-  };
+  auto quantise = [&](const Vec& x, int v) { quantise_vec(out, v, x, inv_scale); };
 #pragma unroll
   for (int k = 0; k < kSmallUnroll<kN>; ++k) {
     if (rounds > 0 && index(rounds - 1, k) < nvec) quantise(held[k], index(rounds - 1, k));
@@ -162,7 +160,6 @@ template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kernel(
     fp8_e4m3_t* out, float* scale, float* block_max, const T* in, int64_t n, int64_t stash_slots) {
   using Vec = device::AlignedVector<T, kN>;
-  using Out = device::AlignedVector<fp8_e4m3_t, kN>;
   // Slot k of this thread is vector k * blockDim.x + threadIdx.x. Moved with Vec::load / store: a
   // Vec read through a reference into shared memory compiles to one load per element.
   extern __shared__ uint4 stash[];
@@ -174,12 +171,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
   const int64_t iters = (nvec + step - 1) / step;
   const int64_t held_first = iters > kHeldVecs ? iters - kHeldVecs : 0;
   const int64_t stash_first = held_first > stash_slots ? held_first - stash_slots : 0;
-  auto quantise = [&](const Vec& x, float inv_scale, int64_t v) {
-    Out y;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
-    y.store(out, v);
-  };
+  auto quantise = [&](const Vec& x, float inv_scale, int64_t v) { quantise_vec(out, v, x, inv_scale); };
 
   float m = 0.f;
 #pragma unroll kStreamUnroll
