@@ -29,6 +29,9 @@ def _inputs(n: int, d: int, dtype: torch.dtype, pad: int = 0, offset: int = 0):
 # The full token x D grid for small token counts; big token counts at representative D
 # (ids `big-*`: the sanitizer run deselects them with -k 'not big', memcheck makes them slow).
 SHAPES = [(n, d) for n in (1, 7, 128) for d in (64, 128, 1000, 1024, 4096, 5120, 8192, 16384)]
+# Widths no kernel is specialised for, held in registers by the generic single-pass kernel at 1, 2
+# and 4 vectors per thread (16-bit types; fp32 rows of 4096 and more take 2 and 4).
+SHAPES += [(n, d) for n in (1, 7, 128) for d in (3072, 6144, 12288)]
 SHAPES += [pytest.param(4097, d, id=f"big-4097-{d}") for d in (1000, 1024, 4096, 7168)]
 SHAPES += [pytest.param(16384, d, id=f"big-16384-{d}") for d in (2048, 5120, 8192, 16384)]
 
@@ -81,7 +84,7 @@ def ref_fused_add(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
     return ref_rmsnorm(new_r, w), new_r
 
 
-FUSED_SHAPES = [(n, d) for n in (1, 7, 128) for d in (64, 1000, 1024, 4096, 5120, 8192, 16384)]
+FUSED_SHAPES = [(n, d) for n in (1, 7, 128) for d in (64, 1000, 1024, 4096, 5120, 6144, 8192, 12288, 16384)]
 FUSED_SHAPES += [pytest.param(4097, 4096, id="big-4097-4096")]
 FUSED_SHAPES += [pytest.param(16384, d, id=f"big-16384-{d}") for d in (1000, 8192)]
 
@@ -159,6 +162,8 @@ def test_fused_inplace_qknorm_misaligned() -> None:
         (128, 2048, 2048),
         (1024, 4096, 1024),  # many tokens, different widths: two specialised launches
         (300, 1000, 1024),  # the same with a generic width for q
+        (128, 6144, 1024),  # one generic single-pass launch: 2 and 1 vectors per thread
+        (16, 12288, 1000),  # 4 vectors per thread for q
         pytest.param(4097, 4096, 4096, id="big-4097"),
     ],
 )

@@ -53,9 +53,97 @@ SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64
   res_off = outer * s.res_s0 + i * s.res_s1;
 }
 
+// One row held in registers, so the input is read once: this thread's vectors are number
+// lane + k * group of the row, k < kPer, those below nvec (`exact`: all of them, no bounds check).
+// Every load (input, residual, weight) is issued before the first use of any of them: one memory
+// round trip before the reduction however many vectors a thread holds (a residual store between
+// two loads would order them, and each would wait for the one before). `reduce` sums over every
+// thread that holds part of the row. Callers make every argument but the row a constant where
+// they can; this is inlined.
+template <typename T, int kPer, bool kFused, typename Reduce>
+SGL_DEVICE void normalize_row(
+    const RowSet& s,
+    int64_t row,
+    int64_t lane,
+    int64_t group,
+    int64_t nvec,
+    bool exact,
+    float inv_dim,
+    float eps,
+    Reduce reduce) {
+  using Vec = device::AlignedVector<T, kVecElems<T>>;
+  constexpr int kN = static_cast<int>(kVecElems<T>);
+  int64_t in_off, out_off, res_off;
+  row_offsets(s, row, in_off, out_off, res_off);
+  const T* in = static_cast<const T*>(s.in) + in_off;
+  const T* weight = static_cast<const T*>(s.weight);
+  T* out = static_cast<T*>(s.out) + out_off;
+  T* res = kFused ? static_cast<T*>(s.residual) + res_off : nullptr;
+  Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t v = lane + k * group;
+    if (exact || v < nvec) {
+      x[k].load(in, v);
+      if constexpr (kFused) r[k].load(res, v);
+      w[k].load(weight, v);
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t v = lane + k * group;
+    if (exact || v < nvec) {
+      if constexpr (kFused) {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          x[k][j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) + dtype_trait<fp32_t>::from(r[k][j]));
+        }
+        x[k].store(res, v);
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        const float f = dtype_trait<fp32_t>::from(x[k][j]);
+        sum += f * f;
+      }
+    }
+  }
+  const float rrms = rsqrtf(reduce(sum) * inv_dim + eps);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t v = lane + k * group;
+    if (exact || v < nvec) {
+      Vec y;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * dtype_trait<fp32_t>::from(w[k][j]));
+      }
+      y.store(out, v);
+    }
+  }
+}
+
+// Rows of whole, aligned 16-byte vectors whose dim is known only at run time: one block per row,
+// at most kPer vectors per thread (blocks of up to 512 threads), single pass.
+template <typename T, int kPer, bool kFused>
+__global__ void __launch_bounds__(512) bounded_row_kernel(const Params p) {
+  __shared__ float smem[32];
+  const RowSet& s = p.set[blockIdx.y];
+  if (blockIdx.x >= s.rows) return;  // whole block: the sets may differ in rows
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  const int64_t nvec = s.dim / kVecElems<T>;
+  const auto reduce = [&](float v) { return device::cta::all_reduce_sum(v, smem); };
+  normalize_row<T, kPer, kFused>(
+      s, blockIdx.x, threadIdx.x, blockDim.x, nvec, false, 1.f / static_cast<float>(s.dim), p.eps, reduce);
+}
+
+inline constexpr int64_t kBoundedMaxThreads = 512;
+
 // Generic path: any dim, one block per row (grid-stride over rows), two passes over the row
 // (the second one hits L1/L2). kN = 1 is the scalar path for rows that are not whole 16-byte
-// vectors or are misaligned; kN = kVecElems<T> moves 16 bytes per access.
+// vectors or are misaligned; kN = kVecElems<T> moves 16 bytes per access, for rows longer than
+// bounded_row_kernel holds.
 template <typename T, int kN>
 __global__ void generic_kernel(const Params p) {
   using device::AlignedVector;
@@ -131,6 +219,13 @@ inline int64_t max_rows(const Params& p) {
   return rows;
 }
 
+template <typename T, bool kFused, int kPer>
+void launch_bounded(const Params& p, int64_t rows, int64_t max_vecs, DLDevice device, bool enable_pdl) {
+  const auto threads = static_cast<uint32_t>(host::div_ceil(host::div_ceil(max_vecs, int64_t{kPer}), int64_t{32}) * 32);
+  const dim3 grid(static_cast<uint32_t>(rows), p.num_sets);
+  host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(bounded_row_kernel<T, kPer, kFused>, p);
+}
+
 template <typename T>
 void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   const int64_t rows = max_rows(p);
@@ -139,6 +234,24 @@ void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   for (int i = 0; i < p.num_sets; ++i) max_dim = std::max(max_dim, p.set[i].dim);
   const bool vec = vector_aligned(p, sizeof(T));
   const int64_t units = vec ? max_dim / kVecElems<T> : max_dim;
+  if (vec && rows < (int64_t{1} << 31) && units <= 4 * kBoundedMaxThreads) {
+    const bool fused = p.set[0].residual != nullptr;
+    const auto launch = [&]<int kPer>() {
+      if (fused) {
+        launch_bounded<T, true, kPer>(p, rows, units, device, enable_pdl);
+      } else {
+        launch_bounded<T, false, kPer>(p, rows, units, device, enable_pdl);
+      }
+    };
+    if (units <= kBoundedMaxThreads) {
+      launch.template operator()<1>();
+    } else if (units <= 2 * kBoundedMaxThreads) {
+      launch.template operator()<2>();
+    } else {
+      launch.template operator()<4>();
+    }
+    return;
+  }
   const auto threads = static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(units, int64_t{32}) * 32, 32, 512));
   const dim3 grid(static_cast<uint32_t>(std::min<int64_t>(rows, int64_t{1} << 30)), p.num_sets);
   if (vec) {
