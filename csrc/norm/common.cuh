@@ -57,13 +57,17 @@ SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64
 // lane + k * group of the row, k < kPer, those below nvec (`exact`: all of them, no bounds check).
 // Every load (input, residual, weight) is issued before the first use of any of them: one memory
 // round trip before the reduction however many vectors a thread holds (a residual store between
-// two loads would order them, and each would wait for the one before). `reduce` sums over every
-// thread that holds part of the row. Callers make every argument but the row a constant where
-// they can; this is inlined.
-template <typename T, int kPer, bool kFused, typename Reduce>
+// two loads would order them, and each would wait for the one before). kEarlyWeight loads the
+// weight with the row, one round trip less on the critical path of a launch of few rows; with many
+// rows, bandwidth needs occupancy instead and the weight is loaded after the reduction (not live
+// across it). `reduce` sums over every thread that holds part of the row. Callers make every
+// argument but the row a constant where they can; this is inlined.
+template <typename T, int kPer, bool kFused, bool kEarlyWeight, typename Reduce>
 SGL_DEVICE void normalize_row(
-    const RowSet& s,
-    int64_t row,
+    const T* in,
+    T* out,
+    T* res,
+    const T* weight,
     int64_t lane,
     int64_t group,
     int64_t nvec,
@@ -73,12 +77,6 @@ SGL_DEVICE void normalize_row(
     Reduce reduce) {
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   constexpr int kN = static_cast<int>(kVecElems<T>);
-  int64_t in_off, out_off, res_off;
-  row_offsets(s, row, in_off, out_off, res_off);
-  const T* in = static_cast<const T*>(s.in) + in_off;
-  const T* weight = static_cast<const T*>(s.weight);
-  T* out = static_cast<T*>(s.out) + out_off;
-  T* res = kFused ? static_cast<T*>(s.residual) + res_off : nullptr;
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
@@ -86,7 +84,7 @@ SGL_DEVICE void normalize_row(
     if (exact || v < nvec) {
       x[k].load(in, v);
       if constexpr (kFused) r[k].load(res, v);
-      w[k].load(weight, v);
+      if constexpr (kEarlyWeight) w[k].load(weight, v);
     }
   }
   float sum = 0.f;
@@ -113,6 +111,7 @@ SGL_DEVICE void normalize_row(
   for (int k = 0; k < kPer; ++k) {
     const int64_t v = lane + k * group;
     if (exact || v < nvec) {
+      if constexpr (!kEarlyWeight) w[k].load(weight, v);
       Vec y;
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
@@ -124,7 +123,9 @@ SGL_DEVICE void normalize_row(
 }
 
 // Rows of whole, aligned 16-byte vectors whose dim is known only at run time: one block per row,
-// at most kPer vectors per thread (blocks of up to 512 threads), single pass.
+// at most kPer vectors per thread (blocks of up to 512 threads), single pass, weight loaded with
+// the row (its main use is launches of few rows, e.g. qknorm_across_heads with q and k of
+// different widths).
 template <typename T, int kPer, bool kFused>
 __global__ void __launch_bounds__(512) bounded_row_kernel(const Params p) {
   __shared__ float smem[32];
@@ -132,10 +133,21 @@ __global__ void __launch_bounds__(512) bounded_row_kernel(const Params p) {
   if (blockIdx.x >= s.rows) return;  // whole block: the sets may differ in rows
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
-  const int64_t nvec = s.dim / kVecElems<T>;
+  int64_t in_off, out_off, res_off;
+  row_offsets(s, blockIdx.x, in_off, out_off, res_off);
   const auto reduce = [&](float v) { return device::cta::all_reduce_sum(v, smem); };
-  normalize_row<T, kPer, kFused>(
-      s, blockIdx.x, threadIdx.x, blockDim.x, nvec, false, 1.f / static_cast<float>(s.dim), p.eps, reduce);
+  normalize_row<T, kPer, kFused, true>(
+      static_cast<const T*>(s.in) + in_off,
+      static_cast<T*>(s.out) + out_off,
+      kFused ? static_cast<T*>(s.residual) + res_off : nullptr,
+      static_cast<const T*>(s.weight),
+      threadIdx.x,
+      blockDim.x,
+      s.dim / kVecElems<T>,
+      false,
+      1.f / static_cast<float>(s.dim),
+      p.eps,
+      reduce);
 }
 
 inline constexpr int64_t kBoundedMaxThreads = 512;

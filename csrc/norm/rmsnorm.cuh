@@ -11,7 +11,8 @@
 namespace jit_kernel::norm {
 
 // The row kernel for a hidden size known at compile time (normalize_row, in common.cuh, holds the
-// row in registers). Two shapes, both sized at compile time so that no vector index needs a bounds check:
+// row in registers). Two shapes, both sized at compile time so that no vector index needs a
+// bounds check:
 // - one CTA per row: kHidden / kVecElems vectors over at most 512 threads;
 // - kWarpRows rows per CTA, one warp per row (warp-shuffle reduction, no barrier), for rows of at
 //   most 128 vectors when there are many rows: a CTA per short row makes the CTA launch rate the
@@ -35,12 +36,14 @@ inline constexpr int kWarpRows = 16;
 inline constexpr int64_t kWarpRowsMaxVecs = 128;
 inline constexpr int64_t kWarpRowsMinRows = 2048;
 
-template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
+template <typename T, int64_t kHidden, bool kFused, bool kEarlyWeight, int kRowsPerCta>
 __global__ void __launch_bounds__(RowShape<T, kHidden, kRowsPerCta>::kThreads) row_kernel(const Params p) {
   using K = RowShape<T, kHidden, kRowsPerCta>;
   __shared__ float smem[32];
   const RowSet& s = p.set[blockIdx.y];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / K::kGroup;
+  // Rows of [N, D] (inner == 1): the offsets are row * stride.
+  const int64_t row =
+      kRowsPerCta > 1 ? static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / K::kGroup : blockIdx.x;
   const uint32_t lane = kRowsPerCta > 1 ? threadIdx.x % K::kGroup : threadIdx.x;
   // Whole CTA (one row per CTA) or whole warp (no barrier then): the sets may differ in rows.
   if (row >= s.rows) return;
@@ -53,15 +56,32 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kRowsPerCta>::kThreads) r
       return device::cta::all_reduce_sum(v, smem);
     }
   };
-  normalize_row<T, static_cast<int>(K::kPer), kFused>(
-      s, row, lane, K::kGroup, K::kVecs, K::kExact, 1.f / static_cast<float>(kHidden), p.eps, reduce);
+  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight>(
+      static_cast<const T*>(s.in) + row * s.in_s0,
+      static_cast<T*>(s.out) + row * s.out_s0,
+      kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
+      static_cast<const T*>(s.weight),
+      lane,
+      K::kGroup,
+      K::kVecs,
+      K::kExact,
+      1.f / static_cast<float>(kHidden),
+      p.eps,
+      reduce);
 }
+
+// Up to about two rows per SM, a launch is latency-bound (see kEarlyWeight in normalize_row).
+inline constexpr int64_t kLatencyBoundRows = 256;
 
 template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 void launch_row_kernel(const Params& p, int64_t rows, DLDevice device, bool enable_pdl) {
   const dim3 grid(static_cast<uint32_t>((rows + kRowsPerCta - 1) / kRowsPerCta), p.num_sets);
   const auto threads = static_cast<uint32_t>(RowShape<T, kHidden, kRowsPerCta>::kThreads);
-  host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(row_kernel<T, kHidden, kFused, kRowsPerCta>, p);
+  auto kernel = row_kernel<T, kHidden, kFused, false, kRowsPerCta>;
+  if constexpr (kRowsPerCta == 1) {  // warp rows only run with many rows
+    if (rows <= kLatencyBoundRows) kernel = row_kernel<T, kHidden, kFused, true, 1>;
+  }
+  host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(kernel, p);
 }
 
 template <typename T, int64_t kHidden>
