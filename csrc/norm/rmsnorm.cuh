@@ -27,7 +27,10 @@ struct RowShape {
   static constexpr int64_t kPer = (kVecs + kMaxGroup - 1) / kMaxGroup;  // vectors per thread
   static constexpr int64_t kGroup = kRowsPerCta > 1 ? 32 : ((kVecs + kPer - 1) / kPer + 31) / 32 * 32;
   static constexpr int kThreads = static_cast<int>(kGroup * kRowsPerCta);
-  static constexpr bool kExact = kPer * kGroup == kVecs;  // every thread holds kPer whole vectors
+  // Every thread holds kPer whole vectors: no bounds check. (Open: for the fused D 1024 kernel this
+  // lets ptxas issue the weight load after the reduction; H100, fused 16 x 1024: 1.42 us, against
+  // 1.22-1.35 us with the check in the same process.)
+  static constexpr bool kExact = kPer * kGroup == kVecs;
 };
 
 // Warp rows: 16 rows per CTA, for rows of at most 128 vectors, from 2048 rows (H100: at 1024 x 1024
