@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -52,6 +53,34 @@ def line_names(providers: Mapping[str, tuple[str, tuple[str, str]]]) -> list[str
 
 def line_styles(providers: Mapping[str, tuple[str, tuple[str, str]]]) -> list[tuple[str, str]]:
     return [style for _, style in providers.values()]
+
+
+def provider_benchmark(
+    providers: Mapping[str, tuple[str, tuple[str, str]]],
+    *,
+    x_name: str,
+    x_vals: Sequence[int],
+    xlabel: str,
+    plot_name: str,
+    args: dict[str, object],
+) -> Any:
+    """A log-log ``triton.testing.Benchmark`` in us with one line per provider of ``providers``."""
+    import triton.testing
+
+    return triton.testing.Benchmark(
+        x_names=[x_name],
+        x_vals=list(x_vals),
+        x_log=True,
+        y_log=True,
+        xlabel=xlabel,
+        line_arg="provider",
+        line_vals=list(providers),
+        line_names=line_names(providers),
+        styles=line_styles(providers),
+        ylabel="us",
+        plot_name=plot_name,
+        args=args,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

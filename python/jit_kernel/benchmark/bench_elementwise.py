@@ -32,8 +32,7 @@ from jit_kernel.benchmark._tables import (
     Measurements,
     compile_static,
     format_table,
-    line_names,
-    line_styles,
+    provider_benchmark,
     run_script,
     summary_rows,
 )
@@ -104,19 +103,8 @@ def add_constant_case(provider: str, elements: int, dtype: str, device: str = DE
 
 
 def _benchmark(op: str, dtype: str) -> triton.testing.Benchmark:
-    return triton.testing.Benchmark(
-        x_names=["elements"],
-        x_vals=SIZES,
-        x_log=True,
-        y_log=True,
-        xlabel="elements",
-        line_arg="provider",
-        line_vals=list(PROVIDERS),
-        line_names=line_names(PROVIDERS),
-        styles=line_styles(PROVIDERS),
-        ylabel="us",
-        plot_name=f"{op}-{dtype}",
-        args={"dtype": dtype},
+    return provider_benchmark(
+        PROVIDERS, x_name="elements", x_vals=SIZES, xlabel="elements", plot_name=f"{op}-{dtype}", args={"dtype": dtype}
     )
 
 

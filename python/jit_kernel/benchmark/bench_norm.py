@@ -45,8 +45,7 @@ from jit_kernel.benchmark._tables import (
     compile_static,
     extra_header,
     format_table,
-    line_names,
-    line_styles,
+    provider_benchmark,
     run_script,
     summary_rows,
 )
@@ -191,6 +190,29 @@ def qkv_slices(
     return qkv[:, : hq * head_dim], qkv[:, hq * head_dim : (hq + hk) * head_dim]
 
 
+def _qk_case(
+    provider: str,
+    op: Callable[..., None],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    qw: torch.Tensor,
+    kw: torch.Tensor,
+) -> Callable[[], object]:
+    """The non-copy providers of both q/k norms (``op`` is the jit_kernel op)."""
+    if provider == "jit":
+        return lambda: op(q, k, qw, kw, EPS)
+    if provider == "jit_nopdl":
+        return lambda: op(q, k, qw, kw, EPS, enable_pdl=False)
+    if provider == "eager":
+        return lambda: _torch_qk(q, k, qw, kw)
+    if provider == "eager_hf":
+        return lambda: _hf_qk(q, k, qw, kw)
+    if provider == "compile":
+        compiled = compile_static(_torch_qk_inplace)
+        return lambda: compiled(q, k, qw, kw)
+    raise _unknown(provider)
+
+
 def fused_inplace_qknorm_case(
     provider: str, tokens: int, hq: int, hk: int, head_dim: int, device: str = DEFAULT_DEVICE
 ) -> Callable[[], object]:
@@ -200,18 +222,7 @@ def fused_inplace_qknorm_case(
     q, k = q_rows.view(tokens, hq, head_dim), k_rows.view(tokens, hk, head_dim)
     qw = torch.randn(head_dim, device=device, dtype=DT)
     kw = torch.randn(head_dim, device=device, dtype=DT)
-    if provider == "jit":
-        return lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS)
-    if provider == "jit_nopdl":
-        return lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw, EPS, enable_pdl=False)
-    if provider == "eager":
-        return lambda: _torch_qk(q, k, qw, kw)
-    if provider == "eager_hf":
-        return lambda: _hf_qk(q, k, qw, kw)
-    if provider == "compile":
-        compiled = compile_static(_torch_qk_inplace)
-        return lambda: compiled(q, k, qw, kw)
-    raise _unknown(provider)
+    return _qk_case(provider, jit_kernel.fused_inplace_qknorm, q, k, qw, kw)
 
 
 def qknorm_across_heads_case(
@@ -222,18 +233,7 @@ def qknorm_across_heads_case(
     q, k = qkv_slices(tokens, hq, hk, head_dim, device)
     qw = torch.randn(hq * head_dim, device=device, dtype=DT)
     kw = torch.randn(hk * head_dim, device=device, dtype=DT)
-    if provider == "jit":
-        return lambda: jit_kernel.qknorm_across_heads(q, k, qw, kw, EPS)
-    if provider == "jit_nopdl":
-        return lambda: jit_kernel.qknorm_across_heads(q, k, qw, kw, EPS, enable_pdl=False)
-    if provider == "eager":
-        return lambda: _torch_qk(q, k, qw, kw)
-    if provider == "eager_hf":
-        return lambda: _hf_qk(q, k, qw, kw)
-    if provider == "compile":
-        compiled = compile_static(_torch_qk_inplace)
-        return lambda: compiled(q, k, qw, kw)
-    raise _unknown(provider)
+    return _qk_case(provider, jit_kernel.qknorm_across_heads, q, k, qw, kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,19 +241,8 @@ def qknorm_across_heads_case(
 
 
 def _benchmark(plot_name: str, args: dict[str, object]) -> triton.testing.Benchmark:
-    return triton.testing.Benchmark(
-        x_names=["tokens"],
-        x_vals=TOKENS,
-        x_log=True,
-        y_log=True,
-        xlabel="tokens",
-        line_arg="provider",
-        line_vals=list(PROVIDERS),
-        line_names=line_names(PROVIDERS),
-        styles=line_styles(PROVIDERS),
-        ylabel="us",
-        plot_name=plot_name,
-        args=args,
+    return provider_benchmark(
+        PROVIDERS, x_name="tokens", x_vals=TOKENS, xlabel="tokens", plot_name=plot_name, args=args
     )
 
 

@@ -36,8 +36,7 @@ from jit_kernel.benchmark._tables import (
     compile_static,
     extra_header,
     format_table,
-    line_names,
-    line_styles,
+    provider_benchmark,
     run_script,
     summary_rows,
 )
@@ -99,17 +98,11 @@ def quant_case(
 
 @triton.testing.perf_report(
     [
-        triton.testing.Benchmark(
-            x_names=["tokens"],
+        provider_benchmark(
+            PROVIDERS,
+            x_name="tokens",
             x_vals=TOKENS,
-            x_log=True,
-            y_log=True,
             xlabel=f"tokens (x {D})",
-            line_arg="provider",
-            line_vals=list(PROVIDERS),
-            line_names=line_names(PROVIDERS),
-            styles=line_styles(PROVIDERS),
-            ylabel="us",
             plot_name=f"per_tensor_quant_fp8-{dtype}-D{D}",
             args={"hidden": D, "dtype": dtype},
         )

@@ -239,18 +239,6 @@ def _qknorm_op(
     _fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
 
 
-@_qknorm_op.register_fake
-def _(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None = None,
-) -> None:
-    return None
-
-
 @torch.library.custom_op("jit_kernel::qknorm_across_heads", mutates_args=("q", "k"))
 def _across_op(
     q: torch.Tensor,
@@ -263,8 +251,7 @@ def _across_op(
     _qknorm_across_heads(q, k, q_weight, k_weight, eps, enable_pdl)
 
 
-@_across_op.register_fake
-def _(
+def _qk_fake(
     q: torch.Tensor,
     k: torch.Tensor,
     q_weight: torch.Tensor,
@@ -272,7 +259,12 @@ def _(
     eps: float,
     enable_pdl: bool | None = None,
 ) -> None:
+    """Both in-place q/k norms: nothing is returned, q and k are declared mutated."""
     return None
+
+
+_qknorm_op.register_fake(_qk_fake)
+_across_op.register_fake(_qk_fake)
 
 
 # ---------------------------------------------------------------------------------------------
