@@ -27,9 +27,8 @@ struct RowShape {
   static constexpr int64_t kPer = (kVecs + kMaxGroup - 1) / kMaxGroup;  // vectors per thread
   static constexpr int64_t kGroup = kRowsPerCta > 1 ? 32 : ((kVecs + kPer - 1) / kPer + 31) / 32 * 32;
   static constexpr int kThreads = static_cast<int>(kGroup * kRowsPerCta);
-  // Every thread holds kPer whole vectors: no bounds check. (Open: for the fused D 1024 kernel this
-  // lets ptxas issue the weight load after the reduction; H100, fused 16 x 1024: 1.42 us, against
-  // 1.22-1.35 us with the check in the same process.)
+  // Every thread holds kPer whole vectors: no bounds check needed (see row_kernel for the one
+  // place that keeps it).
   static constexpr bool kExact = kPer * kGroup == kVecs;
 };
 
@@ -67,14 +66,21 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kRowsPerCta>::kThreads) r
       lane,
       K::kGroup,
       K::kVecs,
-      K::kExact,
+      // With one vector per thread the check is one predicate, and it keeps ptxas from issuing
+      // the fused kernel's early weight load after the reduction (H100, fused 16 x 1024: 1.39-1.41
+      // against 1.44 us; 256 x 1024: 1.44-1.51 against 1.69 us).
+      K::kExact && !(kFused && kEarlyWeight && K::kPer == 1),
       1.f / static_cast<float>(kHidden),
       p.eps,
       reduce);
 }
 
-// Up to about two rows per SM, a launch is latency-bound (see kEarlyWeight in normalize_row).
+// Up to about two rows per SM, a launch is latency-bound (see kEarlyWeight in normalize_row). The
+// fused kernel over rows of at most 128 vectors (128-thread CTAs) stays so up to 2048 rows (H100,
+// fused 1024 x 1024: 2.66 us with the early weight, 2.83-3.74 without, torch.compile 2.77 us;
+// at D 4096 and 8192 the early weight costs 1-4% at 1024 rows).
 inline constexpr int64_t kLatencyBoundRows = 256;
+inline constexpr int64_t kFusedShortRowsLatencyBoundRows = 2048;
 
 template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 void launch_row_kernel(const Params& p, int64_t rows, DLDevice device, bool enable_pdl) {
@@ -82,7 +88,10 @@ void launch_row_kernel(const Params& p, int64_t rows, DLDevice device, bool enab
   const auto threads = static_cast<uint32_t>(RowShape<T, kHidden, kRowsPerCta>::kThreads);
   auto kernel = row_kernel<T, kHidden, kFused, false, kRowsPerCta>;
   if constexpr (kRowsPerCta == 1) {  // warp rows only run with many rows
-    if (rows <= kLatencyBoundRows) kernel = row_kernel<T, kHidden, kFused, true, 1>;
+    constexpr bool kShortFused = kFused && RowShape<T, kHidden, 1>::kVecs <= kWarpRowsMaxVecs;
+    if (rows <= (kShortFused ? kFusedShortRowsLatencyBoundRows : kLatencyBoundRows)) {
+      kernel = row_kernel<T, kHidden, kFused, true, 1>;
+    }
   }
   host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(kernel, p);
 }

@@ -58,13 +58,18 @@ SGL_DEVICE fp8_e4m3_t to_fp8(float x, float inv_scale) {
   return fp8_e4m3_t(fminf(fmaxf(x * inv_scale, -kFp8Max), kFp8Max));
 }
 
-// Quantises vector `x` and stores it as fp8 vector number `v` of `out`.
-template <typename T, std::size_t kN>
+// Quantises vector `x` and stores it as fp8 vector number `v` of `out` (kEvictFirst: with an
+// evict-first cache hint).
+template <bool kEvictFirst = false, typename T, std::size_t kN>
 SGL_DEVICE void quantise_vec(fp8_e4m3_t* out, int64_t v, const device::AlignedVector<T, kN>& x, float inv_scale) {
   device::AlignedVector<fp8_e4m3_t, kN> y;
 #pragma unroll
   for (std::size_t j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
-  y.store(out, v);
+  if constexpr (kEvictFirst) {
+    y.store_evict_first(out, v);
+  } else {
+    y.store(out, v);
+  }
 }
 
 template <typename T, int kN>
@@ -148,14 +153,17 @@ inline constexpr int kHeldVecs = 5;
 inline constexpr int kStreamUnroll = 4;
 inline constexpr int kBlocksPerSm = 2;
 
-// Dynamic mode in one pass over HBM (a cooperative launch, every block resident):
-// 1. thread g reads vectors g, g + P, g + 2P, ... (P = all threads) and keeps the absmax; its last
-//    kHeldVecs vectors stay in registers and the stash_slots before those in shared memory;
-// 2. each block's maximum goes to block_max[blockIdx.x]; grid barrier; every block reduces
-//    block_max (block 0 also stores the scale: no zeroing by anyone);
-// 3. the held and stashed vectors are quantised from chip, the rest re-read newest first (what
-//    was read last is the most likely to still be in L2).
-// Iteration i covers vectors [i * P, (i + 1) * P); only the last one can run past the end.
+// Dynamic mode in one pass over HBM (a cooperative launch, every block resident). Thread g covers
+// vectors g + i * P, iteration i < iters (P = all threads; only the last iteration can run past
+// the end). Iterations [0, stash) go to shared memory, the last kHeldVecs to registers, the ones
+// between stream.
+// 1. The stash, the streamed part and the held vectors are read in that order for the absmax.
+// 2. Each block's maximum goes to block_max[blockIdx.x]; grid barrier; every block reduces
+//    block_max (block 0 also stores the scale: no zeroing by anyone).
+// 3. The held vectors are quantised, the streamed part is re-read newest first (what pass 1 read
+//    last is still in L2), then the stashed vectors are quantised.
+// Every access but the first read of the streamed part is evict-first, so that L2 keeps that part
+// for its re-read (H100: bf16 16M elements 24.2 -> 21.8 us, fp32 16M 40.7 -> 35.8 us).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kernel(
     fp8_e4m3_t* out, float* scale, float* block_max, const T* in, int64_t n, int64_t stash_slots) {
@@ -170,31 +178,44 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
   const int64_t nvec = n / kN;
   const int64_t iters = (nvec + step - 1) / step;
   const int64_t held_first = iters > kHeldVecs ? iters - kHeldVecs : 0;
-  const int64_t stash_first = held_first > stash_slots ? held_first - stash_slots : 0;
-  auto quantise = [&](const Vec& x, float inv_scale, int64_t v) { quantise_vec(out, v, x, inv_scale); };
+  const int64_t stash_end = stash_slots < held_first ? stash_slots : held_first;
+  auto vec = [&](int64_t i) { return first + i * step; };
+  auto quantise = [&](const Vec& x, float inv_scale, int64_t v) { quantise_vec<true>(out, v, x, inv_scale); };
 
+  // Batches of kStreamUnroll vectors, every load of a batch issued before any use (a store
+  // between two loads would order them: `out` and `in` may alias as far as the compiler knows).
+  auto for_batches = [&](int64_t begin, int64_t end, bool evict_first, auto&& use) {
+    for (int64_t i = begin; i < end; i += kStreamUnroll) {
+      Vec x[kStreamUnroll];
+#pragma unroll
+      for (int u = 0; u < kStreamUnroll; ++u) {
+        if (i + u >= end) continue;
+        if (evict_first) {
+          x[u].load_evict_first(in, vec(i + u));
+        } else {
+          x[u].load(in, vec(i + u));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kStreamUnroll; ++u) {
+        if (i + u < end) use(x[u], i + u);
+      }
+    }
+  };
   float m = 0.f;
-#pragma unroll kStreamUnroll
-  for (int64_t i = 0; i < stash_first; ++i) {
-    Vec x;
-    x.load(in, first + i * step);
+  for_batches(0, stash_end, true, [&](const Vec& x, int64_t i) {
     m = absmax_vec(m, x);
-  }
-#pragma unroll kStreamUnroll
-  for (int64_t i = stash_first; i < held_first; ++i) {
-    Vec x;
-    x.load(in, first + i * step);
-    m = absmax_vec(m, x);
-    x.store(static_cast<void*>(stash), slot(i - stash_first));
-  }
+    x.store(static_cast<void*>(stash), slot(i));
+  });
+  for_batches(stash_end, held_first, false, [&](const Vec& x, int64_t) { m = absmax_vec(m, x); });
   Vec held[kHeldVecs];
 #pragma unroll
   for (int k = 0; k < kHeldVecs; ++k) {
-    const int64_t v = first + (held_first + k) * step;
-    if (v < nvec) {
-      held[k].load(in, v);
-      m = absmax_vec(m, held[k]);
-    }
+    if (vec(held_first + k) < nvec) held[k].load_evict_first(in, vec(held_first + k));
+  }
+#pragma unroll
+  for (int k = 0; k < kHeldVecs; ++k) {
+    if (vec(held_first + k) < nvec) m = absmax_vec(m, held[k]);
   }
   const int64_t tail = nvec * kN + first;  // the last n % kN elements, one per thread
   if (tail < n) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[tail])));
@@ -211,22 +232,28 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kerne
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
   const float inv_scale = inverse(s);
 
+  // The held vectors first: their registers are free for the batches below.
 #pragma unroll
   for (int k = 0; k < kHeldVecs; ++k) {
-    const int64_t v = first + (held_first + k) * step;
-    if (v < nvec) quantise(held[k], inv_scale, v);
+    if (vec(held_first + k) < nvec) quantise(held[k], inv_scale, vec(held_first + k));
+  }
+  // Newest first: batches walk down from held_first, each batch's indices down from its top.
+  for (int64_t top = held_first - 1; top >= stash_end; top -= kStreamUnroll) {
+    Vec x[kStreamUnroll];
+#pragma unroll
+    for (int u = 0; u < kStreamUnroll; ++u) {
+      if (top - u >= stash_end) x[u].load_evict_first(in, vec(top - u));
+    }
+#pragma unroll
+    for (int u = 0; u < kStreamUnroll; ++u) {
+      if (top - u >= stash_end) quantise(x[u], inv_scale, vec(top - u));
+    }
   }
 #pragma unroll kStreamUnroll
-  for (int64_t i = held_first - 1; i >= stash_first; --i) {
+  for (int64_t i = 0; i < stash_end; ++i) {
     Vec x;
-    x.load(static_cast<const void*>(stash), slot(i - stash_first));
-    quantise(x, inv_scale, first + i * step);
-  }
-#pragma unroll kStreamUnroll
-  for (int64_t i = stash_first - 1; i >= 0; --i) {
-    Vec x;
-    x.load(in, first + i * step);
-    quantise(x, inv_scale, first + i * step);
+    x.load(static_cast<const void*>(stash), slot(i));
+    quantise(x, inv_scale, vec(i));
   }
   if (tail < n) out[tail] = to_fp8(dtype_trait<fp32_t>::from(in[tail]), inv_scale);
 }

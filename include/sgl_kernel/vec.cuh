@@ -51,6 +51,30 @@ struct AlignedVector {
     reinterpret_cast<Storage*>(ptr)[offset] = m_storage;
   }
 
+  /// \brief `load` from global memory with an evict-first cache hint (`ld.global.cs`), for data
+  /// read for the last time: it then does not push out of L2 what will be read again. At most
+  /// 16 bytes.
+  template <typename U>
+  SGL_DEVICE void load_evict_first(const U* ptr, std::size_t offset = 0) {
+    static_assert(
+        std::is_same_v<U, T> || std::is_void_v<U>, "AlignedVector::load_evict_first: pointer must be T* or void*");
+    static_assert(kBytes <= 16, "AlignedVector::load_evict_first: at most 16 bytes");
+    const Bits bits = __ldcs(reinterpret_cast<const Bits*>(ptr) + offset);
+    __builtin_memcpy(&m_storage, &bits, kBytes);
+  }
+
+  /// \brief `store` to global memory with an evict-first cache hint (`st.global.cs`), for data
+  /// this kernel will not read again. At most 16 bytes.
+  template <typename U>
+  SGL_DEVICE void store_evict_first(U* ptr, std::size_t offset = 0) const {
+    static_assert(
+        std::is_same_v<U, T> || std::is_void_v<U>, "AlignedVector::store_evict_first: pointer must be T* or void*");
+    static_assert(kBytes <= 16, "AlignedVector::store_evict_first: at most 16 bytes");
+    Bits bits;
+    __builtin_memcpy(&bits, &m_storage, kBytes);
+    __stcs(reinterpret_cast<Bits*>(ptr) + offset, bits);
+  }
+
   SGL_DEVICE void fill(T value) {
 #pragma unroll
     for (std::size_t i = 0; i < N; ++i) m_storage.data[i] = value;
@@ -73,6 +97,18 @@ struct AlignedVector {
   }
 
  private:
+  // The unsigned type of kBytes (up to 16) that the cache-hint intrinsics (__ldcs, __stcs) take.
+  using Bits = std::conditional_t<
+      kBytes == 16,
+      uint4,
+      std::conditional_t<
+          kBytes == 8,
+          uint2,
+          std::conditional_t<
+              kBytes == 4,
+              unsigned int,
+              std::conditional_t<kBytes == 2, unsigned short, unsigned char>>>>;
+
   // The alignment is what lets the compiler emit one vector instruction per copy.
   struct alignas(sizeof(T) * N) Storage {
     T data[N];

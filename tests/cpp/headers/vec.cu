@@ -1,4 +1,4 @@
-// vec.cuh: AlignedVector of 2..32 bytes, typed and untyped pointers.
+// vec.cuh: AlignedVector of 2..32 bytes, typed and untyped pointers, evict-first loads and stores.
 #include <sgl_kernel/vec.cuh>
 
 #include <cstdint>
@@ -20,6 +20,10 @@ __global__ void roundtrip(const T* src, T* dst, const void* raw_src, void* raw_d
   w.load(raw_src);
   w.store(raw_dst, 1);
   *w.data() = *cv.data();
+  if constexpr (sizeof(vec_t) <= 16) {
+    w.load_evict_first(src, threadIdx.x);
+    w.store_evict_first(raw_dst, threadIdx.x);
+  }
 }
 
 }  // namespace
@@ -28,5 +32,7 @@ void launch_vec(const void* src, void* dst) {
   roundtrip<fp16_t, 8><<<1, 32>>>(static_cast<const fp16_t*>(src), static_cast<fp16_t*>(dst), src, dst, fp16_t{});
   roundtrip<bf16x2_t, 4><<<1, 32>>>(static_cast<const bf16x2_t*>(src), static_cast<bf16x2_t*>(dst), src, dst, {});
   roundtrip<float, 8><<<1, 32>>>(static_cast<const float*>(src), static_cast<float*>(dst), src, dst, 1.0f);
+  roundtrip<float, 2><<<1, 32>>>(static_cast<const float*>(src), static_cast<float*>(dst), src, dst, 1.0f);
+  roundtrip<fp16_t, 2><<<1, 32>>>(static_cast<const fp16_t*>(src), static_cast<fp16_t*>(dst), src, dst, fp16_t{});
   roundtrip<uint8_t, 2><<<1, 32>>>(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), src, dst, 0);
 }
