@@ -13,17 +13,20 @@ namespace jit_kernel::norm {
 // The row kernel for a hidden size known at compile time (normalize_row, in common.cuh, holds the
 // row in registers). Two shapes, both sized at compile time so that no vector index needs a
 // bounds check:
-// - one CTA per row: kHidden / kVecElems vectors over at most 512 threads;
+// - one CTA per row: kHidden / kVecElems vectors over at most 512 threads; the plain kernel
+//   over rows of 257-512 vectors (D 4096 bf16) uses 2 vectors per thread on half as many threads
+//   (H100: 16384 x 4096 90.4 against 91.9 us, 4096 x 4096 23.5 against 24.2 us; fused: no gain;
+//   3 or 4 vectors per thread cost 8-14% at 1024 x 5120-8192);
 // - kWarpRows rows per CTA, one warp per row (warp-shuffle reduction, no barrier), for rows of at
 //   most 128 vectors when there are many rows: a CTA per short row makes the CTA launch rate the
 //   limit (H100, 4096 x 1024 bf16, L2-resident: 5.4 us with 4096 CTAs of 128 threads, 4.1 us with
 //   256 CTAs of 16 rows; torch.compile 4.3 us).
-template <typename T, int64_t kHidden, int kRowsPerCta>
+template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 struct RowShape {
   static constexpr int64_t kN = kVecElems<T>;
   static_assert(kHidden % kN == 0, "specialised hidden sizes must be whole 16-byte vectors");
   static constexpr int64_t kVecs = kHidden / kN;
-  static constexpr int64_t kMaxGroup = kRowsPerCta > 1 ? 32 : 512;
+  static constexpr int64_t kMaxGroup = kRowsPerCta > 1 ? 32 : (!kFused && kVecs > 256 && kVecs <= 512 ? 256 : 512);
   static constexpr int64_t kPer = (kVecs + kMaxGroup - 1) / kMaxGroup;  // vectors per thread
   static constexpr int64_t kGroup = kRowsPerCta > 1 ? 32 : ((kVecs + kPer - 1) / kPer + 31) / 32 * 32;
   static constexpr int kThreads = static_cast<int>(kGroup * kRowsPerCta);
@@ -39,8 +42,8 @@ inline constexpr int64_t kWarpRowsMaxVecs = 128;
 inline constexpr int64_t kWarpRowsMinRows = 2048;
 
 template <typename T, int64_t kHidden, bool kFused, bool kEarlyWeight, int kRowsPerCta>
-__global__ void __launch_bounds__(RowShape<T, kHidden, kRowsPerCta>::kThreads) row_kernel(const Params p) {
-  using K = RowShape<T, kHidden, kRowsPerCta>;
+__global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kThreads) row_kernel(const Params p) {
+  using K = RowShape<T, kHidden, kFused, kRowsPerCta>;
   __shared__ float smem[32];
   const RowSet& s = p.set[blockIdx.y];
   // Rows of [N, D] (inner == 1): the offsets are row * stride.
@@ -85,10 +88,10 @@ inline constexpr int64_t kFusedShortRowsLatencyBoundRows = 2048;
 template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 void launch_row_kernel(const Params& p, int64_t rows, DLDevice device, bool enable_pdl) {
   const dim3 grid(static_cast<uint32_t>((rows + kRowsPerCta - 1) / kRowsPerCta), p.num_sets);
-  const auto threads = static_cast<uint32_t>(RowShape<T, kHidden, kRowsPerCta>::kThreads);
+  const auto threads = static_cast<uint32_t>(RowShape<T, kHidden, kFused, kRowsPerCta>::kThreads);
   auto kernel = row_kernel<T, kHidden, kFused, false, kRowsPerCta>;
   if constexpr (kRowsPerCta == 1) {  // warp rows only run with many rows
-    constexpr bool kShortFused = kFused && RowShape<T, kHidden, 1>::kVecs <= kWarpRowsMaxVecs;
+    constexpr bool kShortFused = kFused && RowShape<T, kHidden, kFused, 1>::kVecs <= kWarpRowsMaxVecs;
     if (rows <= (kShortFused ? kFusedShortRowsLatencyBoundRows : kLatencyBoundRows)) {
       kernel = row_kernel<T, kHidden, kFused, true, 1>;
     }
@@ -109,7 +112,7 @@ void launch_rows(const Params& p, DLDevice device, bool enable_pdl) {
         launch_row_kernel<T, kHidden, true, 1>(p, rows, device, enable_pdl);
         return;
       }
-      if constexpr (RowShape<T, kHidden, 1>::kVecs <= kWarpRowsMaxVecs) {
+      if constexpr (RowShape<T, kHidden, false, 1>::kVecs <= kWarpRowsMaxVecs) {
         if (rows >= kWarpRowsMinRows) {
           launch_row_kernel<T, kHidden, false, kWarpRows>(p, rows, device, enable_pdl);
           return;
