@@ -46,18 +46,28 @@ def _norm_inputs(n: int, d: int) -> tuple[torch.Tensor, ...]:
     )
 
 
+def _chain_without_pdl(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The chain's results with PDL off, on copies of ``inputs``."""
+    outputs = tuple(t.clone() for t in inputs)
+    _norm_chain(*outputs, pdl=False)
+    return outputs
+
+
+def _assert_bitwise_equal(actual: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> None:
+    torch.cuda.synchronize()
+    for a, b in zip(actual, expected, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "d"), [(1, 4096), (16, 2048), (300, 1000), (2048, 4096)])
 def test_norm_chain_with_pdl_matches_without(n: int, d: int) -> None:
     inputs = _norm_inputs(n, d)
-    without = tuple(t.clone() for t in inputs)
-    _norm_chain(*without, pdl=False)
+    expected = _chain_without_pdl(inputs)
     for pdl in (True, None):
         with_pdl = tuple(t.clone() for t in inputs)
         _norm_chain(*with_pdl, pdl=pdl)
-        torch.cuda.synchronize()
-        for a, b in zip(with_pdl, without, strict=True):
-            assert torch.equal(a, b)
+        _assert_bitwise_equal(with_pdl, expected)
 
 
 @pytest.mark.gpu
@@ -74,11 +84,7 @@ def test_norm_chain_with_pdl_in_a_cuda_graph() -> None:
         for dst, src in zip(working, fresh, strict=True):
             dst.copy_(src)
         graph.replay()
-        expected = tuple(t.clone() for t in fresh)
-        _norm_chain(*expected, pdl=False)
-        torch.cuda.synchronize()
-        for a, b in zip(working, expected, strict=True):
-            assert torch.equal(a, b)
+        _assert_bitwise_equal(working, _chain_without_pdl(fresh))
 
 
 @pytest.mark.gpu

@@ -16,6 +16,8 @@ compiled graph has no break, and call the kernels directly otherwise (lower over
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from jit_kernel.dispatch import Dispatcher
@@ -227,44 +229,26 @@ def _(
     return None
 
 
-@torch.library.custom_op("jit_kernel::fused_inplace_qknorm", mutates_args=("q", "k"))
-def _qknorm_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None = None,
-) -> None:
-    _fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
+def _qk_op(name: str, impl: Callable[..., None]) -> torch.library.CustomOpDef:
+    """Register an in-place q/k norm (both take the same arguments and mutate q and k)."""
+
+    def op(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        enable_pdl: bool | None = None,
+    ) -> None:
+        impl(q, k, q_weight, k_weight, eps, enable_pdl)
+
+    registered = torch.library.custom_op(f"jit_kernel::{name}", op, mutates_args=("q", "k"))
+    registered.register_fake(lambda *args, **kwargs: None)  # nothing returned; q and k mutated
+    return registered
 
 
-@torch.library.custom_op("jit_kernel::qknorm_across_heads", mutates_args=("q", "k"))
-def _across_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None = None,
-) -> None:
-    _qknorm_across_heads(q, k, q_weight, k_weight, eps, enable_pdl)
-
-
-def _qk_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None = None,
-) -> None:
-    """Both in-place q/k norms: nothing is returned, q and k are declared mutated."""
-    return None
-
-
-_qknorm_op.register_fake(_qk_fake)
-_across_op.register_fake(_qk_fake)
+_qk_op("fused_inplace_qknorm", _fused_inplace_qknorm)
+_qk_op("qknorm_across_heads", _qknorm_across_heads)
 
 
 # ---------------------------------------------------------------------------------------------
