@@ -1,9 +1,15 @@
-"""stream_wait: two streams that really depend on each other, under a watchdog, and the bounded
-wait's timeout reported to the host as an error (the process and its CUDA context survive it)."""
+"""stream_wait: two streams that really depend on each other, in every enqueue order and module
+loading mode (each in a fresh process under a watchdog, so a deadlock fails in seconds instead of
+hanging CI), and timeouts that are reported, never silent."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +17,70 @@ import torch
 from jit_kernel import families
 from jit_kernel.dispatch import jit_module
 from jit_kernel.hicache import Event, StreamWaitTimeout, stream_wait_value, stream_wait_value_bounded
-from jit_kernel.ops.stream_wait import STATUS_DONE, STATUS_TIMED_OUT, check_status
+from jit_kernel.ops.stream_wait import STATUS_DONE, STATUS_TIMED_OUT, check_status, stream_write_value
 from jit_kernel.spec import symbol_name
 
 SLEEP_CYCLES = 200_000_000  # ~0.1 s at H100 clocks: the consumer is queued long before the producer is done
 WATCHDOG_S = 60.0
+CASE = Path(__file__).with_name("stream_wait_case.py")
+CASE_TIMEOUT_S = 120.0  # a fresh process: torch import, CUDA context, maybe a JIT compile
+
+
+def _run_case(order: str, mode: str, device: int, loading: str) -> dict[str, object]:
+    env = {**os.environ, "CUDA_MODULE_LOADING": loading}
+    try:
+        done = subprocess.run(
+            [sys.executable, str(CASE), order, mode, str(device)],
+            capture_output=True,
+            text=True,
+            timeout=CASE_TIMEOUT_S,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{order}/{mode} on cuda:{device} with CUDA_MODULE_LOADING={loading}: deadlocked (killed)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _devices() -> list[int]:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else [0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("loading", ["LAZY", "EAGER"])
+@pytest.mark.parametrize("order", ["wait_first", "producer_first"])
+@pytest.mark.parametrize("mode", ["event", "event_timeout"])
+def test_wait_in_every_order(mode: str, order: str, loading: str, device: int) -> None:
+    """The issue's reproduction: ``ev.wait(1); y = x + 1`` against ``_sleep; x.fill_(41);
+    ev.record(1)``, the wait enqueued first or last, lazy or eager loading: y is 42, no deadlock."""
+    result = _run_case(order, mode, device, loading)
+    assert result["values"] == [42.0], result
+    if mode == "event_timeout":
+        assert result["timed_out"] is False, result
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loading", ["LAZY", "EAGER"])
+@pytest.mark.parametrize("order", ["wait_first", "producer_first"])
+def test_bounded_kernel_wait_is_never_silently_stale(order: str, loading: str) -> None:
+    """The GPU-timed bounded wait goes on after its timeout by design, but then it says so: the
+    consumer's result is either correct with status done, or the status says timed out."""
+    result = _run_case(order, "bounded", 0, loading)
+    assert result["status"] in ("done", "timed_out"), result
+    if result["status"] == "done":
+        assert result["values"] == [42.0], result
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loading", ["LAZY", "EAGER"])
+def test_event_timeout_is_reported_and_holds_the_consumer(loading: str) -> None:
+    result = _run_case("wait_first", "timeout", 0, loading)
+    assert result["timed_out"] is True, result
+    assert result["reported_after_s"] < 5.0, result
+    assert result["consumer_held"] is True, result  # nothing ran on stale data
+    assert result["values"] == [42.0], result  # released by the late record, then correct
 
 
 def _wait_with_watchdog(done: torch.cuda.Event, release: Event, value: int) -> None:
@@ -54,7 +119,7 @@ def test_consumer_waits_for_a_slow_producer(bounded: bool) -> None:
     torch.cuda.synchronize()
     if bounded:
         event.check()
-        assert int(event.status.item()) == STATUS_DONE
+        assert not event.timed_out()
     torch.testing.assert_close(consumed, data * 2 + 1, rtol=0, atol=0)
 
 
@@ -92,23 +157,42 @@ def test_ping_pong_between_two_streams() -> None:
 @pytest.mark.gpu
 def test_bounded_wait_times_out_and_reports_it() -> None:
     event = Event()
+    status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     start = time.monotonic()
-    event.wait(1, timeout=0.05)  # nobody records: gives up after 50 ms of GPU time
+    stream_wait_value_bounded(event.flag, 1, status, 0.05)  # nobody records: gives up after 50 ms of GPU time
+    torch.cuda.synchronize()
     with pytest.raises(StreamWaitTimeout, match="timed out"):
-        event.check()
+        check_status(status)
     assert time.monotonic() - start < 30
-    assert int(event.status.item()) == STATUS_TIMED_OUT
+    assert int(status.item()) == STATUS_TIMED_OUT
     # The context is healthy: later work runs, and a satisfied bounded wait reports success.
     x = torch.ones(1000, device="cuda")
     assert float((x * 3).sum()) == 3000.0
     event.record(1)
+    device_status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    stream_wait_value_bounded(event.flag, 1, device_status, 5.0)
+    check_status(device_status)
+    assert int(device_status.item()) == STATUS_DONE
     event.wait(1, timeout=5.0)
     event.check()
     assert not event.timed_out()
-    status = torch.zeros(1, dtype=torch.int32, device="cuda")
-    stream_wait_value_bounded(event.flag, 2, status, 0.0)
-    with pytest.raises(StreamWaitTimeout):
-        check_status(status)
+
+
+@pytest.mark.gpu
+def test_write_value_releases_a_raw_flag() -> None:
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.zeros(4, device="cuda")
+    waiter, writer = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(waiter):
+        stream_wait_value(flag, 3)
+        out.fill_(1.0)
+        done = torch.cuda.Event()
+        done.record()
+    with torch.cuda.stream(writer):
+        torch.cuda._sleep(SLEEP_CYCLES // 4)
+        stream_write_value(flag, 3)
+    done.synchronize()
+    assert int(flag.item()) == 3 and float(out.sum()) == 4.0
 
 
 @pytest.mark.gpu
@@ -125,8 +209,12 @@ def test_bad_gpu_inputs() -> None:
         stream_wait_value_bounded(flag, 1, torch.zeros(2, dtype=torch.int32, device="cuda"), 1.0)
     with pytest.raises(ValueError, match="timeout_s must be a non-negative"):
         stream_wait_value_bounded(flag, 1, flag.clone(), -1.0)
+    with pytest.raises(ValueError, match="host status must be pinned"):
+        stream_wait_value_bounded(flag, 1, torch.zeros(1, dtype=torch.int32), 1.0)
     with pytest.raises(ValueError, match="flag must be a contiguous 1-D"):
         stream_wait_value(torch.zeros(2, 2, dtype=torch.int32, device="cuda"), 1)
+    with pytest.raises(ValueError, match="timeout_s must be a non-negative"):
+        Event().wait(1, timeout=-1)
 
 
 def test_bad_inputs() -> None:
@@ -138,6 +226,12 @@ def test_bad_inputs() -> None:
         stream_wait_value([0], 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="Event: device must be a CUDA device"):
         Event("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_event_without_cuda_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match=r"jit_kernel\.Event needs a CUDA GPU, and torch sees none"):
+        Event()
 
 
 def test_stream_wait_compiles_without_a_gpu() -> None:

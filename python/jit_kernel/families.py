@@ -61,14 +61,17 @@ HICACHE = KernelSpec(
     prebuilt=tuple((size, hicache_default_unroll(size), HICACHE_NUM_THREADS) for size in HICACHE_ROW_SIZES),
 )
 
-# stream_wait: a stream spins on a device flag (csrc/stream_wait.cuh). No template parameters.
+# stream_wait: a stream waits for a device flag, through the driver's stream memory operations
+# (csrc/stream_wait.cuh). No template parameters.
 STREAM_WAIT = KernelSpec(
     family="stream_wait",
     sources=("stream_wait.cuh",),
     params=(),
     exports={
         "wait": "jit_kernel::stream_wait::wait",
+        "write": "jit_kernel::stream_wait::write",
         "wait_bounded": "jit_kernel::stream_wait::wait_bounded",
+        "uses_driver_ops": "jit_kernel::stream_wait::uses_driver_ops",
     },
     prebuilt=((),),
 )

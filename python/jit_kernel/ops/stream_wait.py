@@ -1,16 +1,32 @@
 """stream_wait: the current CUDA stream waits, on the GPU, until a flag in device memory holds a value.
 
 Unlike ``torch.cuda.Event``, the signal is a plain int32 in memory: anything that can write it
-(a kernel on another stream, ``Tensor.fill_``, another process through CUDA IPC) releases the
-waiter, and the waiting stream stays busy (one thread of one SM) while it waits.
+(:meth:`Event.record` on another stream, ``Tensor.fill_``, another process through CUDA IPC)
+releases the waiter.
 
-An unbounded wait whose signal never comes hangs the stream for good. :meth:`Event.wait` with a
-``timeout`` (or :func:`stream_wait_value_bounded`) stops after that much GPU time and records
-the outcome in a status word; :meth:`Event.check` reads it and raises
-:class:`StreamWaitTimeout`. The kernel never traps: a trap would poison the CUDA context.
+The wait and the write are the driver's stream memory operations (``cuStreamWaitValue32`` /
+``cuStreamWriteValue32``): they hold or signal a stream without running a kernel. A spinning wait
+kernel would occupy the device, and under CUDA's default lazy module loading the first launch of
+a producer kernel can wait for it for ever (see ``csrc/stream_wait.cuh``). So a wait is correct
+whichever is enqueued first, the wait or the producer.
+
+Timeouts:
+
+- :meth:`Event.wait` with ``timeout`` holds the stream until the flag arrives, like the unbounded
+  wait, so work queued behind it never runs on stale data. :meth:`Event.timed_out` /
+  :meth:`Event.check` tell the host when the flag has not arrived within ``timeout`` seconds of
+  the ``wait`` call. Release a stream whose producer is gone with :meth:`Event.record` from
+  another stream.
+- :func:`stream_wait_value_bounded` stops waiting on the GPU after ``timeout_s`` and lets the
+  stream go on, recording the outcome in a status word (for CUDA graphs, where no host is around
+  to decide). The caller asks for that by choosing it, and must read the status
+  (:func:`check_status`). It is a spinning kernel: under lazy loading it may hold back a
+  producer's first kernel launch for up to ``timeout_s``, then report a timeout.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -28,6 +44,12 @@ class StreamWaitTimeout(RuntimeError):
     """A bounded stream wait gave up before its flag reached the value."""
 
 
+def _check_value(fn: str, value: object) -> int:
+    if type(value) is not int or not _INT32_MIN <= value <= _INT32_MAX:
+        raise ValueError(f"{fn}: value must be an int32, got {value!r}")
+    return value
+
+
 def _check_flag(fn: str, flag: torch.Tensor, value: int) -> None:
     if not isinstance(flag, torch.Tensor):
         raise TypeError(f"{fn}: flag must be a torch.Tensor, got {type(flag).__name__}")
@@ -39,8 +61,13 @@ def _check_flag(fn: str, flag: torch.Tensor, value: int) -> None:
         raise ValueError(f"{fn}: flag must have at least one element")
     if flag.dim() != 1 or not flag.is_contiguous():
         raise ValueError(f"{fn}: flag must be a contiguous 1-D tensor, got shape {tuple(flag.shape)}")
-    if type(value) is not int or not _INT32_MIN <= value <= _INT32_MAX:
-        raise ValueError(f"{fn}: value must be an int32, got {value!r}")
+    _check_value(fn, value)
+
+
+def _check_timeout(fn: str, timeout_s: object) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s >= 0:
+        raise ValueError(f"{fn}: timeout_s must be a non-negative number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
 
 
 def stream_wait_value(flag: torch.Tensor, value: int) -> None:
@@ -49,79 +76,134 @@ def stream_wait_value(flag: torch.Tensor, value: int) -> None:
     _STREAM_WAIT.function("wait", ())(flag, value)
 
 
-def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> None:
-    """Like :func:`stream_wait_value`, but stop after ``timeout_s`` seconds of waiting on the GPU.
+def stream_write_value(flag: torch.Tensor, value: int) -> None:
+    """Set ``flag[0] = value`` on the current stream once its earlier work is done (no kernel)."""
+    _check_flag("stream_write_value", flag, value)
+    _STREAM_WAIT.function("write", ())(flag, value)
 
-    The kernel writes ``status[0]``: :data:`STATUS_DONE` when the flag arrived,
-    :data:`STATUS_TIMED_OUT` when it gave up (the stream then goes on). Read it after the wait
-    has run, e.g. with :func:`check_status`.
+
+def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> None:
+    """Wait until ``flag[0] == value`` for at most ``timeout_s`` seconds of GPU time, then go on.
+
+    The wait writes ``status[0]``: :data:`STATUS_DONE` when the flag arrived,
+    :data:`STATUS_TIMED_OUT` when it gave up (the stream then goes on: work queued behind it
+    runs whether or not the producer has finished). ``status`` is one int32, in device memory on
+    the flag's device or in pinned host memory (which the host can read while the stream is
+    busy). Read it once the wait has run, e.g. with :func:`check_status`.
     """
     fn = "stream_wait_value_bounded"
     _check_flag(fn, flag, value)
     if not isinstance(status, torch.Tensor) or status.dtype != torch.int32 or status.numel() != 1:
         raise TypeError(f"{fn}: status must be an int32 tensor with one element")
-    if status.device != flag.device:
+    if status.is_cuda and status.device != flag.device:
         raise ValueError(f"{fn}: status must be on the flag's device {flag.device}, got {status.device}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s >= 0:
-        raise ValueError(f"{fn}: timeout_s must be a non-negative number of seconds, got {timeout_s!r}")
-    timeout_ns = min(int(timeout_s * 1e9), 2**63 - 1)
+    if not status.is_cuda and not status.is_pinned():
+        raise ValueError(f"{fn}: a host status must be pinned memory (pin_memory=True), got a pageable tensor")
+    timeout_ns = min(int(_check_timeout(fn, timeout_s) * 1e9), 2**63 - 1)
     _STREAM_WAIT.function("wait_bounded", ())(flag, value, status.view(1), timeout_ns)
 
 
 def check_status(status: torch.Tensor, what: str = "stream wait") -> None:
     """Raise :class:`StreamWaitTimeout` if a bounded wait recorded a timeout in ``status``.
 
-    Reads one int from the GPU (a sync of the current stream): call it once the wait has run.
+    A device ``status`` is read with a sync of the current stream: call it once the wait has run.
     """
     if int(status.view(-1)[0].item()) == STATUS_TIMED_OUT:
         raise StreamWaitTimeout(f"{what} timed out: the flag never reached the awaited value")
 
 
+def _cuda_device(device: torch.device | str | int | None) -> torch.device:
+    resolved = None
+    if device is not None:
+        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if resolved.type != "cuda":
+            raise ValueError(f"Event: device must be a CUDA device, got {resolved}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "jit_kernel.Event needs a CUDA GPU, and torch sees none "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'}); "
+            "flag events synchronise CUDA streams and have no CPU form"
+        )
+    if resolved is None or resolved.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
 class Event:
     """A flag-based event, as in the seeds: ``record(value)`` on one stream, ``wait(value)`` on another.
 
-    ``record`` writes the flag in stream order (a one-element ``fill_``); ``wait`` queues a
-    spinning kernel on the current stream. ``wait(value, timeout=seconds)`` is bounded: after
-    it has run, :meth:`check` raises :class:`StreamWaitTimeout` if it gave up.
+    ``record`` writes the flag in stream order and ``wait`` holds the current stream until the
+    flag equals the value; neither runs a kernel, so the order in which they are enqueued does not
+    matter. ``wait(value, timeout=seconds)`` also starts a host-side deadline: :meth:`timed_out`
+    and :meth:`check` report a flag that has not arrived within ``timeout`` seconds of the call.
+    The stream stays held until the flag arrives, so nothing queued behind the wait runs on stale
+    data; ``record`` from another stream releases it.
     """
 
     def __init__(self, device: torch.device | str | int | None = None) -> None:
-        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"Event: device must be a CUDA device, got {device}")
+        device = _cuda_device(device)
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self.status = torch.zeros(1, dtype=torch.int32, device=device)
-        self._wait_stream: torch.cuda.Stream | None = None
+        self._arrived: torch.cuda.Event | None = None
+        self._deadline = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return self.flag.device
 
     def record(self, value: int = 1) -> None:
         """Set the flag to ``value`` once the current stream's earlier work is done."""
-        if type(value) is not int or not _INT32_MIN <= value <= _INT32_MAX:
-            raise ValueError(f"Event.record: value must be an int32, got {value!r}")
-        self.flag.fill_(value)
+        _check_value("Event.record", value)
+        _STREAM_WAIT.function("write", ())(self.flag, value)
 
     def wait(self, value: int = 1, *, timeout: float | None = None) -> None:
-        """The current stream waits until the flag is ``value`` (at most ``timeout`` seconds if given)."""
+        """The current stream waits until the flag is ``value``. With ``timeout`` (seconds),
+        :meth:`timed_out` reports a flag that did not arrive within that time of this call."""
+        _check_value("Event.wait", value)
+        if timeout is not None:
+            timeout = _check_timeout("Event.wait", timeout)
+        _STREAM_WAIT.function("wait", ())(self.flag, value)
         if timeout is None:
-            stream_wait_value(self.flag, value)
+            self._arrived = None
             return
-        self._wait_stream = torch.cuda.current_stream(self.flag.device)
-        stream_wait_value_bounded(self.flag, value, self.status, timeout)
+        arrived = torch.cuda.Event()
+        arrived.record(torch.cuda.current_stream(self.flag.device))
+        self._arrived, self._deadline = arrived, time.monotonic() + timeout
 
     def timed_out(self) -> bool:
-        """Whether the last bounded :meth:`wait` gave up. Waits for that wait to finish first."""
-        if self._wait_stream is not None:
-            self._wait_stream.synchronize()
-        return int(self.status.item()) == STATUS_TIMED_OUT
+        """Whether the last :meth:`wait` with a timeout is still unsatisfied at its deadline.
+
+        Returns as soon as the wait is satisfied, or at the deadline: it never blocks for ever.
+        """
+        arrived = self._arrived
+        if arrived is None:
+            return False
+        pause = 1e-5
+        while not arrived.query():
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, 1e-3)
+        return False
 
     def check(self) -> None:
-        """Raise :class:`StreamWaitTimeout` if the last bounded :meth:`wait` gave up."""
+        """Raise :class:`StreamWaitTimeout` if the last :meth:`wait` with a timeout is unsatisfied
+        at its deadline."""
         if self.timed_out():
-            raise StreamWaitTimeout("Event.wait timed out: the flag never reached the awaited value")
+            raise StreamWaitTimeout(
+                "Event.wait timed out: the flag never reached the awaited value; the waiting stream is still "
+                "held (record the value from another stream to release it)"
+            )
 
     def reset(self, value: int = 0) -> None:
-        """Set the flag back (in stream order) and clear the status word."""
-        self.flag.fill_(value)
-        self.status.zero_()
+        """Set the flag back (in stream order) and forget the last deadline."""
+        self.record(value)
+        self._arrived = None
+
+
+def uses_driver_stream_ops() -> bool:
+    """Whether this driver has the stream memory operations that waits and writes use."""
+    return bool(_STREAM_WAIT.function("uses_driver_ops", ())())
 
 
 __all__ = [
@@ -133,4 +215,6 @@ __all__ = [
     "check_status",
     "stream_wait_value",
     "stream_wait_value_bounded",
+    "stream_write_value",
+    "uses_driver_stream_ops",
 ]
