@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import types
+from collections.abc import Callable
 
 # Imported here rather than at the first kernel call: process start-up pays it, a request does not.
 import tvm_ffi  # noqa: F401
@@ -26,9 +28,33 @@ def _configure_logging() -> None:
 
 _configure_logging()
 
+
+def _op_and_module(op: Callable[..., object], module: types.ModuleType) -> Callable[..., object]:
+    """A copy of the function ``op`` (same code, defaults and closure, so a call costs exactly what
+    calling ``op`` does) that also carries ``module``'s public names as attributes."""
+    both = types.FunctionType(op.__code__, op.__globals__, op.__name__, op.__defaults__, op.__closure__)
+    both.__kwdefaults__ = op.__kwdefaults__
+    both.__doc__, both.__annotations__ = op.__doc__, op.__annotations__
+    both.__module__, both.__qualname__ = __name__, op.__name__  # pickles as jit_kernel.<name>: this object
+    for name in module.__all__:
+        setattr(both, name, getattr(module, name))
+    return both
+
+
 # torch is a runtime dependency; only CMake's configure step (`python -m jit_kernel.aot`, in a
 # build environment) imports the package without it, and it needs no ops.
 if importlib.util.find_spec("torch") is not None:
+    # `jit_kernel.add_constant`, `.scale` and `.per_tensor_quant_fp8` are our ops (`jit_kernel.scale(x, 2.0)`,
+    # also under torch.compile(fullgraph=True)) and, as in the seed, modules (`from jit_kernel.scale import
+    # scale`). Python binds a submodule to the package attribute of its name when it is first imported, so
+    # the three submodules are imported here, first; then each name is rebound to a copy of our op's function
+    # that also carries the submodule's public names (`jit_kernel.scale.scale`, `import
+    # jit_kernel.per_tensor_quant_fp8 as m; m.per_tensor_absmax_fp8`). A later import of the submodule finds
+    # it in sys.modules and leaves the attribute alone. A function, not a callable module or a wrapper object:
+    # TorchDynamo cannot call a module, and a wrapper would cost a Python call on every op.
+    from jit_kernel import add_constant as _add_constant_module
+    from jit_kernel import per_tensor_quant_fp8 as _per_tensor_quant_fp8_module
+    from jit_kernel import scale as _scale_module
     from jit_kernel.ops.add_constant import add_constant
     from jit_kernel.ops.hicache import (
         can_use_hicache_jit_kernel,
@@ -41,6 +67,10 @@ if importlib.util.find_spec("torch") is not None:
     from jit_kernel.ops.quant import per_tensor_quant_fp8
     from jit_kernel.ops.scale import scale
     from jit_kernel.ops.stream_wait import Event, StreamWaitTimeout, stream_wait_value, stream_wait_value_bounded
+
+    add_constant = _op_and_module(add_constant, _add_constant_module)
+    per_tensor_quant_fp8 = _op_and_module(per_tensor_quant_fp8, _per_tensor_quant_fp8_module)
+    scale = _op_and_module(scale, _scale_module)
 
 __all__ = [
     "CPPArgList",

@@ -74,3 +74,15 @@ def check_indices() -> bool:
     """``JIT_KERNEL_CHECK_INDICES=1``: hicache validates index bounds before a transfer (one
     reduction and a sync); read at every call so that it can be toggled at run time."""
     return _flag("JIT_KERNEL_CHECK_INDICES")
+
+
+def in_ci() -> bool:
+    """``CI`` or ``JIT_KERNEL_BENCH_CI`` set to 1/true/yes: tests and benchmarks use their CI-sized ranges."""
+    return any(
+        os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in ("CI", "JIT_KERNEL_BENCH_CI")
+    )
+
+
+def run_full_tests() -> bool:
+    """``JIT_KERNEL_RUN_FULL_TESTS=1``: tests use their full ranges even in CI (``get_ci_test_range``)."""
+    return _flag("JIT_KERNEL_RUN_FULL_TESTS")

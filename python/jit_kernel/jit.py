@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from jit_kernel import cache, env, toolchain
+from jit_kernel import cache, deps, env, toolchain
 from jit_kernel.arch import Arch
 
 if TYPE_CHECKING:
@@ -183,15 +183,27 @@ def load_jit(
     extra_cuda_cflags: Sequence[str] | None = None,
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str] | None = None,
+    extra_dependencies: Sequence[str] | None = None,
     build_directory: str | None = None,
+    header_only: bool = True,
 ) -> Module:
     """Compile (or fetch from the disk cache) a tvm-ffi module and load it.
 
     ``args`` name the module (usually the family and its template arguments). Files are looked up
     under the package's ``csrc/`` unless absolute. Each wrapper ``(export_name, expression)``
-    exports ``expression`` as ``module.export_name``. ``build_directory`` replaces the cache root
-    for this module. Modules are cached in-process as well as on disk.
+    exports ``expression`` as ``module.export_name``. ``extra_dependencies`` names header-only
+    libraries whose include directories are added (``jit_kernel.deps``: ``"cutlass"``,
+    ``"flashinfer"``, or any registered with ``register_dependency``). ``header_only=False`` means
+    the files export their own functions (``TVM_FFI_DLL_EXPORT_TYPED_FUNC``) and no wrappers may be
+    given; the files are still compiled as one translation unit per language. ``build_directory``
+    replaces the cache root for this module. Modules are cached in-process as well as on disk.
     """
+    if not header_only and (cpp_wrappers or cuda_wrappers):
+        raise ValueError(
+            "load_jit: header_only=False means the files export their own functions; pass no cpp_wrappers/cuda_wrappers"
+        )
+    if extra_dependencies:
+        extra_include_paths = [*(extra_include_paths or ()), *deps.include_paths(extra_dependencies)]
     request = make_build_request(
         *args,
         cpp_files=cpp_files,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from jit_kernel.benchmark.utils import gbps, run_benchmark
+from jit_kernel.benchmark.utils import gbps, median_time_us
 
 # provider -> (line name in the plot, (colour, line style)). A script copies this into its own
 # ``PROVIDERS`` (the one place its providers are listed) and may add entries, e.g. "jit_nopdl"; it
@@ -155,7 +155,7 @@ def time_or_nan(fn: Callable[[], object]) -> float:
     try:
         fn()  # compile / warm up outside the graph
         torch.cuda.synchronize()
-        return run_benchmark(fn)
+        return median_time_us(fn)
     except Exception as error:  # e.g. torch.compile unavailable on this machine
         print(f"<!-- baseline failed: {type(error).__name__}: {str(error)[:200]} -->")
         return float("nan")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range, run_benchmark
+from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range, median_time_us
 from jit_kernel.hicache import (
     DEFAULT_BLOCK_QUOTA,
     transfer_hicache_all_layer,
@@ -116,10 +116,10 @@ def _time(fn: Callable[[], object], graph: bool = True) -> float:
     torch.cuda.synchronize()
     if graph:
         try:
-            return run_benchmark(fn)
+            return median_time_us(fn)
         except Exception as error:  # a capture failure must not lose the whole table
             print(f"  (graph capture failed: {type(error).__name__}: {error}; timing with events)")
-    return run_benchmark(fn, use_cuda_graph=False)
+    return median_time_us(fn, use_cuda_graph=False)
 
 
 _ceiling_cache: dict[tuple[str, int], float] = {}

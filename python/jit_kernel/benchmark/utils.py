@@ -1,4 +1,7 @@
-"""Shared benchmark helpers, in the style of the seeds' ``benchmark/utils.py``.
+"""Shared benchmark helpers: the seed's ``benchmark/utils.py`` API (``sglang.jit_kernel.benchmark.utils``:
+``run_benchmark`` returning ``(median_us, max_us, min_us)``, ``run_benchmark_no_cudagraph``,
+``DEFAULT_QUANTILES``, ``create_empty``, ``create_random``, ``get_benchmark_range``, ``is_in_ci``)
+plus this package's report plumbing.
 
 Kernel benchmarks time with CUDA graphs (``triton.testing.do_bench_cudagraph``) after a warm-up and
 report medians; each compares against the baselines a user would otherwise pick and against the
@@ -18,32 +21,72 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from jit_kernel import env as package_env
+
 T = TypeVar("T")
 
 DEFAULT_DEVICE = "cuda"
 DEFAULT_DTYPE = torch.bfloat16
 L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100: 50 MB)
 SAVE_PATH_ENV = "JIT_KERNEL_BENCH_OUT"
+DEFAULT_QUANTILES = [0.5, 0.2, 0.8]  # run_benchmark's (median, "min", "max") percentiles
 
 
 def is_in_ci() -> bool:
     """CI-sized ranges when ``CI`` or ``JIT_KERNEL_BENCH_CI`` is set."""
-    return any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("CI", "JIT_KERNEL_BENCH_CI"))
+    return package_env.in_ci()
 
 
-def get_benchmark_range(full_range: Sequence[T], ci_range: Sequence[T]) -> list[T]:
-    return list(ci_range if is_in_ci() else full_range)
+def get_benchmark_range(full_range: list[T], ci_range: list[T]) -> list[T]:
+    """``ci_range`` in CI, else ``full_range`` (the list given, not a copy)."""
+    return ci_range if is_in_ci() else full_range
 
 
-def run_benchmark(fn: Callable[[], object], *, use_cuda_graph: bool = True, rep_ms: int = 100) -> float:
-    """Median time of ``fn`` in microseconds (CUDA-graph replays by default, events otherwise)."""
+def create_empty(*shape: int, dtype: torch.dtype = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def create_random(*shape: int, dtype: torch.dtype = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> torch.Tensor:
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+def run_benchmark(
+    fn: Callable[[], object],
+    quantiles: Sequence[float] = (),
+    scale: float = 1.0,
+    *,
+    use_cuda_graph: bool = True,
+    rep_ms: int = 100,
+) -> tuple[float, float, float]:
+    """Time ``fn``: ``(median_us, max_us, min_us)``, each divided by ``scale`` (e.g. the number of
+    layers one call covers).
+
+    ``quantiles`` are three quantiles in the order (median, low, high); the default
+    :data:`DEFAULT_QUANTILES` makes "max" the 80th and "min" the 20th percentile. CUDA-graph replays
+    (``triton.testing.do_bench_cudagraph``) by default, event-timed launches with
+    ``use_cuda_graph=False``; ``rep_ms`` is the measuring time (100 ms; the seed used triton's
+    default, 20 ms, with graphs).
+    """
     import triton.testing
 
+    quantiles = list(quantiles or DEFAULT_QUANTILES)
     if use_cuda_graph:
-        ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+        ms, low_ms, high_ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=quantiles)
     else:
-        ms = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-    return float(ms) * 1e3
+        ms, low_ms, high_ms = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=quantiles)
+    return 1e3 * ms / scale, 1e3 * high_ms / scale, 1e3 * low_ms / scale
+
+
+def run_benchmark_no_cudagraph(
+    fn: Callable[[], object], quantiles: Sequence[float] = (), scale: float = 1.0
+) -> tuple[float, float, float]:
+    """:func:`run_benchmark` timing plain launches with CUDA events (for code a graph cannot capture)."""
+    return run_benchmark(fn, quantiles, scale, use_cuda_graph=False)
+
+
+def median_time_us(fn: Callable[[], object], *, use_cuda_graph: bool = True, rep_ms: int = 100) -> float:
+    """The median of :func:`run_benchmark`, in microseconds: what the report tables show."""
+    return run_benchmark(fn, use_cuda_graph=use_cuda_graph, rep_ms=rep_ms)[0]
 
 
 def copy_fn(num_bytes: int, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
@@ -56,7 +99,7 @@ def copy_fn(num_bytes: int, device: str = DEFAULT_DEVICE) -> Callable[[], object
 
 def copy_time_us(num_bytes: int, device: str = DEFAULT_DEVICE) -> float:
     """CUDA-graph median time of :func:`copy_fn` (``num_bytes`` moved: half read, half written)."""
-    return run_benchmark(copy_fn(num_bytes, device))
+    return median_time_us(copy_fn(num_bytes, device))
 
 
 def copy_ceiling_gbps(num_bytes: int, device: str = DEFAULT_DEVICE) -> float:

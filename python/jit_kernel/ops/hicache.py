@@ -35,9 +35,16 @@ _VALID_UNROLLS = (1, 2, 4, 8, 16, 32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def can_use_hicache_jit_kernel(*, element_size: int) -> bool:
-    """Whether rows of ``element_size`` bytes can be moved by this kernel (a positive multiple of 16)."""
-    return isinstance(element_size, int) and element_size > 0 and element_size % 16 == 0
+def can_use_hicache_jit_kernel(*, element_size: int, unroll: int | None = None, block_quota: int | None = None) -> bool:
+    """Whether rows of ``element_size`` bytes (a positive multiple of 16) can be moved by this kernel,
+    with this ``unroll`` and ``block_quota`` (None: the defaults)."""
+    if not isinstance(element_size, int):
+        return False
+    try:
+        _options("can_use_hicache_jit_kernel", element_size, unroll, block_quota)
+    except ValueError:
+        return False
+    return True
 
 
 def _options(fn: str, element_size: int, unroll: int | None, block_quota: int | None) -> tuple[int, int]:

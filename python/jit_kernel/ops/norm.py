@@ -307,6 +307,12 @@ def fused_inplace_qknorm(
     _fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
 
 
+def resolve_qknorm_kernel(head_dim: int, dtype: torch.dtype) -> Callable[..., None]:
+    """Load the kernel :func:`fused_inplace_qknorm` uses for ``head_dim`` and ``dtype`` (prebuilt or
+    JIT-compiled); raises if it cannot be had. For ``jit_kernel.norm.can_use_fused_inplace_qknorm``."""
+    return _QKNORM.function("run", _config(head_dim, dtype, _FAST_HEAD_DIM))
+
+
 def qknorm_across_heads(
     q: torch.Tensor,
     k: torch.Tensor,
