@@ -8,10 +8,11 @@
 //
 // `wait` and `write` use the driver's stream memory operations (cuStreamWaitValue32 /
 // cuStreamWriteValue32). They hold or signal a stream without running a kernel, so they occupy no
-// SM. A spinning kernel would: under CUDA's default lazy module loading, the first launch of any
-// kernel the producer needs can then wait for the spinning kernel to finish, which never happens.
-// Where the driver lacks these operations, `wait` falls back to a spinning kernel only if modules
-// are loaded eagerly (CUDA_MODULE_LOADING=EAGER), and otherwise refuses with a clear error.
+// SM and need no module loaded. (Under lazy module loading, the first launch of any kernel
+// synchronises the context, so it still blocks while a stream is held for a producer that is not
+// enqueued yet: see python/jit_kernel/ops/stream_wait.py.) Where the driver lacks these
+// operations, `wait` falls back to a spinning kernel only if modules are loaded eagerly
+// (CUDA_MODULE_LOADING=EAGER), and otherwise refuses with a clear error.
 //
 // `wait_bounded` is a kernel by necessity (the driver's waits have no timeout). Its spin ends
 // after timeout_ns, so it cannot deadlock; it writes kStatusDone or kStatusTimedOut to `status`,

@@ -1,12 +1,14 @@
 """One stream-wait scenario in a fresh process, so that no kernel it uses has been loaded yet.
 
-    python tests/stream_wait_case.py <order> <mode> <device_index>
+    python tests/stream_wait_case.py <order> <mode> <device_index> <warm|cold> [watchdog_s]
 
 order: ``wait_first`` (the consumer's wait is enqueued before the producer has ever launched a
 kernel in this process) or ``producer_first``. mode: ``event`` (``Event.wait``), ``event_timeout``
 (``Event.wait(timeout=...)``), ``bounded`` (``stream_wait_value_bounded``, which may time out but
 must say so), ``timeout`` (nobody records: the timeout is reported and the consumer stays held
-until released). The current device stays cuda:0, whatever device the tensors are on.
+until released). The current device stays cuda:0, whatever device the tensors are on. ``warm``
+launches every kernel of the scenario once first, as a serving engine's warm-up does; ``cold``
+leaves them unloaded. On a timeout of the watchdog, the stack of the stuck thread is printed.
 
 Prints one JSON line; tests/test_stream_wait.py runs this under a watchdog (CUDA_MODULE_LOADING
 as the test chooses) and checks it.
@@ -14,6 +16,7 @@ as the test chooses) and checks it.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import time
@@ -31,13 +34,19 @@ from jit_kernel.ops.stream_wait import (
 SLEEP_CYCLES = 200_000_000  # ~0.1 s: the consumer is queued long before the producer is done
 
 
-def main(order: str, mode: str, index: int) -> dict[str, object]:
+def main(order: str, mode: str, index: int, warm: bool) -> dict[str, object]:
     device = torch.device("cuda", index)
-    # torch.empty runs no kernel: the producer's fill_ and the consumer's add are first launched below.
+    # torch.empty runs no kernel: cold, the producer's fill_ and the consumer's add are first launched below.
     x = torch.empty(1 << 20, dtype=torch.float32, device=device)
     event = Event(device)
     status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     producer, consumer = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    if warm:
+        with torch.cuda.device(device):
+            torch.cuda._sleep(1)
+        x.fill_(0)
+        _ = x + 1
+        stream_wait_value_bounded(event.flag, 0, status, 0.0)
     torch.cuda.synchronize(device)
     result: dict[str, object] = {"driver_ops": uses_driver_stream_ops()}
 
@@ -88,4 +97,5 @@ def main(order: str, mode: str, index: int) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))), flush=True)
+    faulthandler.dump_traceback_later(float(sys.argv[5]) if len(sys.argv) > 5 else 50.0, exit=True)
+    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "warm")), flush=True)

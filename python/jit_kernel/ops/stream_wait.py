@@ -5,10 +5,15 @@ Unlike ``torch.cuda.Event``, the signal is a plain int32 in memory: anything tha
 releases the waiter.
 
 The wait and the write are the driver's stream memory operations (``cuStreamWaitValue32`` /
-``cuStreamWriteValue32``): they hold or signal a stream without running a kernel. A spinning wait
-kernel would occupy the device, and under CUDA's default lazy module loading the first launch of
-a producer kernel can wait for it for ever (see ``csrc/stream_wait.cuh``). So a wait is correct
-whichever is enqueued first, the wait or the producer.
+``cuStreamWriteValue32``): they hold or signal a stream without running a kernel, so a wait takes
+no SM and a record never needs a kernel loaded.
+
+One hazard remains that no stream-holding wait avoids. Under CUDA's default lazy module loading,
+the first launch of a kernel never launched before in the process synchronises the context; if
+a wait is then holding a stream whose producer has not been enqueued yet, that launch blocks the
+host for ever (measured on an H100 with this wait and with a spinning kernel alike). Launch each
+kernel once before relying on wait-first order (the warm-up a serving engine does before CUDA
+graph capture), or start the process with ``CUDA_MODULE_LOADING=EAGER``.
 
 Timeouts:
 
