@@ -6,6 +6,8 @@ CMake runs this at configure time::
 
 and compiles what it writes. CMake keeps no list of its own: the grid lives in ``families.py``
 and the symbol names come from :func:`jit_kernel.spec.symbol_name`, which the runtime uses too.
+After linking, ``python -m jit_kernel.aot seal`` writes the installed manifest: the generated one
+plus the library's size and SHA-256, which the runtime checks before it maps the library.
 Each CUDA config gets its own translation unit so that the build parallelises. Files are only
 rewritten when their content changes, so a re-configure does not rebuild everything.
 """
@@ -13,7 +15,9 @@ rewritten when their content changes, so a re-configure does not rebuild everyth
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,7 +105,31 @@ def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi
     return manifest
 
 
+def seal(manifest_path: Path, library_path: Path, output: Path) -> dict[str, object]:
+    """The manifest to install: the generated one plus the built library's size and SHA-256."""
+    manifest = json.loads(manifest_path.read_text())
+    with library_path.open("rb") as f:
+        manifest["library_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+    manifest["library_size"] = library_path.stat().st_size
+    _write_if_changed(output, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def _main_seal(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jit_kernel.aot seal", description=seal.__doc__)
+    parser.add_argument("--manifest", type=Path, required=True, help="the manifest generate wrote")
+    parser.add_argument("--library", type=Path, required=True, help="the linked prebuilt library")
+    parser.add_argument("--output", type=Path, required=True, help="where to write the installed manifest")
+    args = parser.parse_args(argv)
+    sealed = seal(args.manifest, args.library, args.output)
+    print(f"jit_kernel.aot: sealed {args.output} ({sealed['library_size']} bytes, sha256 {sealed['library_sha256']})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["seal"]:
+        return _main_seal(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m jit_kernel.aot", description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument(

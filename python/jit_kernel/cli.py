@@ -1,4 +1,10 @@
-"""``python -m jit_kernel <command>``: doctor, list, warm, clangd, cache."""
+"""``python -m jit_kernel <command>``: doctor, list, warm, clangd, cache.
+
+With no command it writes ``./.clangd``, as the seed's ``python -m sglang.jit_kernel`` does.
+A mistake in the arguments (an unknown family, a bad config) exits with status 2 and one line,
+like argparse's own errors; an environment problem (no GPU to take the arch from, an unusable
+cache folder) exits with status 1 and one line.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,17 @@ from jit_kernel.spec import Config, ConfigValue, KernelSpec, symbol_name
 from jit_kernel.version import __version__
 
 DEFAULT_CLANGD_ARCH = "8.0"
+
+
+class UsageError(Exception):
+    """A mistake in the command's arguments: reported like argparse's errors (exit status 2)."""
+
+
+def _family(name: str) -> KernelSpec:
+    try:
+        return families.family(name)
+    except KeyError as error:
+        raise UsageError(error.args[0]) from None
 
 
 def _clangd_arch(requested: str | None) -> str:
@@ -150,7 +167,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"GPU            {gpu_text}")
     print(f"headers        {env.INCLUDE_DIR}")
     root = env.cache_dir()
-    print(f"prebuilt       {_probe(_prebuilt_description)}")
+    damaged = prebuilt.problem()
+    if damaged is not None:
+        problems.append(f"{damaged}; to repair: {prebuilt.REPAIR_ADVICE} (until then every kernel is JIT-compiled)")
+        print(f"prebuilt       DAMAGED: {damaged}")
+    else:
+        print(f"prebuilt       {_probe(_prebuilt_description)}")
     print(f"cache          {root} ({len(cache.list_entries(root))} modules, {_format_size(cache.total_size(root))})")
 
     checks: list[tuple[str, Callable[[], str]]] = [("host self-test", _self_test_host)]
@@ -210,10 +232,14 @@ def _decision(spec: KernelSpec, config: Config, capability: tuple[int, int] | No
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    for name in args.family:
+        _family(name)
     capability = _current_capability()
     manifest = prebuilt.manifest()
     running = f"sm_{capability[0]}{capability[1]}" if capability else "no GPU"
-    if manifest is None:
+    if manifest is None and prebuilt.problem() is not None:
+        print(f"prebuilt library: DAMAGED, {prebuilt.problem()}; running on {running}")
+    elif manifest is None:
         print(f"prebuilt library: none installed (every config is JIT-compiled); running on {running}")
     else:
         print(f"prebuilt library: {manifest.library} (CUDA {manifest.cuda_version}, tvm-ffi "
@@ -253,12 +279,15 @@ def _parse_config(spec: KernelSpec, text: str) -> Config:
             return item
 
     items = [item for item in text.split(",") if item.strip()]
-    if all("=" in item for item in items):
-        pairs = (item.split("=", 1) for item in items)
-        config = spec.config_from_mapping({k.strip(): value(v) for k, v in pairs})
-    else:
-        config = tuple(value(item) for item in items)
-    spec.check_config(config)
+    try:
+        if items and all("=" in item for item in items):
+            pairs = (item.split("=", 1) for item in items)
+            config = spec.config_from_mapping({k.strip(): value(v) for k, v in pairs})
+        else:
+            config = tuple(value(item) for item in items)
+        spec.check_config(config)
+    except ValueError as error:
+        raise UsageError(f"--config {text!r}: {error}") from None
     return config
 
 
@@ -271,12 +300,16 @@ def _warm_one(family_name: str, config: Config, arch: str | None) -> str:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    spec = families.family(args.family)
+    spec = _family(args.family)
     configs = [_parse_config(spec, text) for text in args.config] or list(spec.prebuilt)
     if spec.target == "host":
         archs: list[str | None] = [None]
     else:
-        archs = [str(Arch.parse(a)) for a in args.arch] or [toolchain.current_cuda_arch()]
+        try:
+            archs = [str(Arch.parse(a)) for a in args.arch]
+        except ValueError as error:
+            raise UsageError(f"--arch: {error}") from None
+        archs = archs or [toolchain.current_cuda_arch()]
     jobs = [(spec.family, config, arch) for config in configs for arch in archs]
     print(f"warming {len(jobs)} {spec.family} module(s) into {env.cache_dir()} with {args.jobs} worker(s)")
     failures = 0
@@ -294,7 +327,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jit_kernel", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(handler=cmd_clangd, cuda_arch=None, output=".clangd", overwrite=False)
+    commands = parser.add_subparsers(dest="command")
 
     clangd = commands.add_parser("clangd", help="write a .clangd file for editing kernels")
     clangd.add_argument("--cuda-arch", help="arch to configure, e.g. 9.0a (default: this GPU's, else 8.0)")
@@ -335,5 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except UsageError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except (toolchain.ToolchainError, OSError) as error:
+        parser.exit(1, f"{parser.prog}: {error}\n")

@@ -9,7 +9,10 @@ Keep this module free of torch imports (the build environment has no torch).
 
 from __future__ import annotations
 
-from jit_kernel.spec import KernelSpec
+from jit_kernel.spec import IntRange, KernelSpec, OneOf
+
+INT32 = IntRange(-(2**31), 2**31 - 1)
+FLOAT_DTYPES = OneOf(("bf16_t", "fp16_t", "fp32_t"))
 
 # The self-test family: runs on the CPU (host loop) and on CUDA, so that both dispatcher paths
 # are exercised everywhere. Constants 1, 2 and 3 are prebuilt; any other compiles on first use.
@@ -18,6 +21,7 @@ ADD_CONSTANT_HOST = KernelSpec(
     sources=("add_constant.h",),
     params=("constant",),
     exports={"run": "jit_kernel::add_constant::run_host<{args}>"},
+    domains={"constant": INT32},
     prebuilt=((1,), (2,), (3,)),
     target="host",
 )
@@ -27,6 +31,7 @@ ADD_CONSTANT_CUDA = KernelSpec(
     sources=("add_constant.cuh",),
     params=("constant",),
     exports={"run": "jit_kernel::add_constant::run_cuda<{args}>"},
+    domains={"constant": INT32},
     prebuilt=((1,), (2,), (3,)),
 )
 
@@ -37,6 +42,7 @@ ADD_CONSTANT_CUDA = KernelSpec(
 # its default unroll and 1024 threads per block.
 HICACHE_NUM_THREADS = 1024
 HICACHE_ROW_SIZES = (256, 512, 576, 1024, 1152, 2048, 4096)
+HICACHE_UNROLLS = (1, 2, 4, 8, 16, 32)  # rows per warp: divides the 32 lanes
 
 
 def hicache_default_unroll(element_size: int) -> int:
@@ -52,6 +58,11 @@ HICACHE = KernelSpec(
     family="hicache",
     sources=("hicache.cuh",),
     params=("element_size", "unroll", "num_threads"),
+    domains={
+        "element_size": IntRange(16, 1 << 20, step=16),
+        "unroll": OneOf(HICACHE_UNROLLS),
+        "num_threads": IntRange(32, 1024, step=32),
+    },
     exports={
         "run_one": "jit_kernel::hicache::HiCache<{args}>::run_one",
         "run_one_mla": "jit_kernel::hicache::HiCache<{args}>::run_one_mla",
@@ -67,6 +78,7 @@ STREAM_WAIT = KernelSpec(
     family="stream_wait",
     sources=("stream_wait.cuh",),
     params=(),
+    domains={},
     exports={
         "wait": "jit_kernel::stream_wait::wait",
         "write": "jit_kernel::stream_wait::write",
@@ -84,6 +96,8 @@ RMSNORM = KernelSpec(
     family="rmsnorm",
     sources=("norm/rmsnorm.cuh",),
     params=("hidden", "dtype"),
+    # 0 is the generic kernel; other sizes are the ones the op specialises (any other D runs generic).
+    domains={"hidden": OneOf((0, *NORM_HIDDEN_SIZES)), "dtype": FLOAT_DTYPES},
     exports={
         "rmsnorm": "jit_kernel::norm::RMSNorm<{args}>::rmsnorm",
         "fused_add": "jit_kernel::norm::RMSNorm<{args}>::fused_add",
@@ -97,6 +111,7 @@ QKNORM = KernelSpec(
     family="qknorm",
     sources=("norm/qknorm.cuh",),
     params=("head_dim", "dtype"),
+    domains={"head_dim": OneOf((0, *QKNORM_HEAD_DIMS)), "dtype": FLOAT_DTYPES},
     exports={"run": "jit_kernel::norm::QKNorm<{args}>::run"},
     prebuilt=tuple((d, t) for d in QKNORM_HEAD_DIMS for t in ("bf16_t", "fp16_t"))
     + tuple((0, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
@@ -105,6 +120,7 @@ PER_TENSOR_QUANT_FP8 = KernelSpec(
     family="per_tensor_quant_fp8",
     sources=("quant/per_tensor_fp8.cuh",),
     params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
     exports={
         "dynamic": "jit_kernel::quant::PerTensorQuantFp8<{args}>::dynamic",
         "static": "jit_kernel::quant::PerTensorQuantFp8<{args}>::static_scale",
@@ -115,6 +131,7 @@ SCALE = KernelSpec(
     family="scale",
     sources=("scale.cuh",),
     params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
     exports={"run": "jit_kernel::scale::run<{args}>"},
     prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
 )

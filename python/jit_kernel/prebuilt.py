@@ -2,15 +2,22 @@
 
 ``lib/prebuilt_manifest.json`` records, per exported symbol: its family, export and config, the
 archs with machine code and PTX, the CUDA version, the hash of the sources it was built from,
-and the tvm-ffi version. The library itself is loaded lazily, the first time a prebuilt symbol
-is chosen. A source checkout without a build has neither: every config then takes the JIT path.
+and the tvm-ffi version; and for the library, its size and SHA-256. The library is loaded
+lazily, the first time a prebuilt symbol is chosen, and only after its size and hash match: a
+truncated library would crash the process with SIGBUS when mapped. A damaged install (an
+unreadable manifest, a library that does not match it) logs one warning naming the file and
+falls back to JIT; ``python -m jit_kernel doctor`` reports it. A source checkout without a build
+has neither file: every config then takes the JIT path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,9 @@ from jit_kernel.spec import Config, KernelSpec, source_hash
 LIBRARY_DIR = env.PACKAGE_DIR / "lib"
 LIBRARY_NAME = "libjit_kernel_prebuilt.so"
 MANIFEST_NAME = "prebuilt_manifest.json"
+REPAIR_ADVICE = "reinstall jit-kernel (pip install --force-reinstall --no-deps jit-kernel)"
+
+logger = logging.getLogger("jit_kernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +52,8 @@ class Manifest:
     tvm_ffi_version: str
     jit_kernel_version: str
     symbols: dict[str, PrebuiltSymbol]
+    library_size: int | None = None  # None: a manifest written before the library was sealed
+    library_sha256: str | None = None
 
     @classmethod
     def read(cls, path: Path) -> Manifest:
@@ -65,13 +77,93 @@ class Manifest:
             tvm_ffi_version=data["tvm_ffi_version"],
             jit_kernel_version=data["jit_kernel_version"],
             symbols=symbols,
+            library_size=data.get("library_size"),
+            library_sha256=data.get("library_sha256"),
         )
 
 
+class DamagedInstallError(RuntimeError):
+    """The prebuilt manifest or library is unreadable or does not match; the message says which file."""
+
+
 @functools.cache
-def manifest() -> Manifest | None:
+def _read_manifest() -> tuple[Manifest | None, str | None]:
+    """(manifest, problem): (None, None) when none is installed, (None, why) when it is unreadable."""
     path = LIBRARY_DIR / MANIFEST_NAME
-    return Manifest.read(path) if path.is_file() else None
+    if not path.is_file():
+        return None, None
+    try:
+        return Manifest.read(path), None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        problem = f"prebuilt manifest {path} is unreadable ({type(error).__name__}: {error})"
+        logger.warning("%s; every kernel is JIT-compiled instead. To repair: %s", problem, REPAIR_ADVICE)
+        return None, problem
+
+
+def manifest() -> Manifest | None:
+    """The installed manifest, or None when there is none or it is unreadable (see :func:`problem`)."""
+    return _read_manifest()[0]
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _verified_memo_path() -> Path:
+    return env.cache_dir() / "prebuilt-verified.json"
+
+
+def _library_mismatch(found: Manifest) -> str | None:
+    """Why the library file does not match the manifest, or None. The size is checked every time;
+    the hash once per identity of the file (path, size, mtime, inode), remembered in the cache
+    folder, so a process start costs one ``stat`` once the file has been hashed."""
+    path = found.library
+    try:
+        stat = path.stat()
+    except OSError as error:
+        return f"prebuilt library {path} is missing ({error.strerror})"
+    if found.library_size is None or found.library_sha256 is None:
+        return None  # an unsealed development build: nothing recorded to check against
+    if stat.st_size != found.library_size:
+        return f"prebuilt library {path} has {stat.st_size} bytes, the manifest says {found.library_size}"
+    identity = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:{found.library_sha256}"
+    memo_path = _verified_memo_path()
+    try:
+        if json.loads(memo_path.read_text()).get("verified") == identity:
+            return None
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        digest = _sha256(path)
+    except OSError as error:
+        return f"prebuilt library {path} is unreadable ({error.strerror})"
+    if digest != found.library_sha256:
+        return (
+            f"prebuilt library {path} does not match its manifest "
+            f"(SHA-256 {digest[:16]}..., expected {found.library_sha256[:16]}...)"
+        )
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        staging = memo_path.with_name(f"{memo_path.name}.{os.getpid()}.tmp")
+        staging.write_text(json.dumps({"verified": identity}))
+        os.replace(staging, memo_path)
+    except OSError:
+        pass  # a read-only cache folder: the next process hashes again
+    return None
+
+
+@functools.cache
+def problem() -> str | None:
+    """What is wrong with the installed prebuilt files, or None (also when none are installed).
+    Checked once per process; a problem is logged once as a warning."""
+    found, manifest_problem = _read_manifest()
+    if manifest_problem is not None or found is None:
+        return manifest_problem
+    mismatch = _library_mismatch(found)
+    if mismatch is not None:
+        logger.warning("%s; kernels are JIT-compiled instead. To repair: %s", mismatch, REPAIR_ADVICE)
+    return mismatch
 
 
 @functools.cache
@@ -79,7 +171,8 @@ def library() -> Any:
     import tvm_ffi
 
     found = manifest()
-    assert found is not None, "prebuilt.library() called without a manifest"
+    if found is None or problem() is not None:
+        raise DamagedInstallError(problem() or "no prebuilt library is installed")
     return tvm_ffi.load_module(str(found.library))
 
 
@@ -97,7 +190,7 @@ def unusable_reason(spec: KernelSpec, symbol: str, capability: tuple[int, int] |
         return "prebuilt disabled by JIT_KERNEL_DISABLE_PREBUILT=1"
     found = manifest()
     if found is None:
-        return "no prebuilt library installed"
+        return "no prebuilt library installed" if problem() is None else "prebuilt install damaged (see the warning)"
     entry = found.symbols.get(symbol)
     if entry is None:
         return "config not in the prebuilt grid"
@@ -109,4 +202,6 @@ def unusable_reason(spec: KernelSpec, symbol: str, capability: tuple[int, int] |
             return f"no prebuilt for sm_{running.major}{running.minor} (built for {built or 'no GPU arch'})"
     if entry.source_hash != installed_source_hash(spec):
         return "installed kernel sources differ from the ones the prebuilt library was built from"
+    if problem() is not None:
+        return "prebuilt library damaged (see the warning)"
     return None

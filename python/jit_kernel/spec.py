@@ -24,33 +24,83 @@ ConfigValue = int | bool | str
 Config = tuple[ConfigValue, ...]
 
 
+class ConfigError(ValueError):
+    """A config value outside its parameter's domain; raised before any compiler runs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """A parameter that takes one of a few values (a dtype name, a specialised size)."""
+
+    values: tuple[ConfigValue, ...]
+
+    def contains(self, value: ConfigValue) -> bool:
+        # type() as well: True == 1, but a bool is not a size.
+        return any(type(value) is type(v) and value == v for v in self.values)
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(cpp_literal(v) for v in self.values)
+
+
+@dataclasses.dataclass(frozen=True)
+class IntRange:
+    """An integer parameter in ``[low, high]``, optionally a multiple of ``step``."""
+
+    low: int
+    high: int
+    step: int = 1
+
+    def contains(self, value: ConfigValue) -> bool:
+        return type(value) is int and self.low <= value <= self.high and value % self.step == 0
+
+    def describe(self) -> str:
+        multiple = f" that is a multiple of {self.step}" if self.step > 1 else ""
+        return f"an integer in [{self.low}, {self.high}]{multiple}"
+
+
+Domain = OneOf | IntRange
+
+
 @dataclasses.dataclass(frozen=True, eq=False)  # specs are singletons: identity equality and hash
 class KernelSpec:
     """One kernel family.
 
     ``exports`` maps an export name to a wrapper expression with ``{args}`` standing for the
     template arguments, e.g. ``{"run": "RMSNormKernel<{args}>::run"}``. ``target`` says whether
-    the sources are CUDA (compiled by nvcc for a GPU arch) or host C++.
+    the sources are CUDA (compiled by nvcc for a GPU arch) or host C++. ``domains`` gives each
+    parameter's allowed values: ``warm`` and the dispatcher check them before any compiler runs.
     """
 
     family: str
     sources: tuple[str, ...]
     params: tuple[str, ...]
     exports: Mapping[str, str]
+    domains: Mapping[str, Domain]
     prebuilt: tuple[Config, ...] = ()
     target: Literal["cuda", "host"] = "cuda"
     extra_cuda_cflags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if set(self.domains) != set(self.params):
+            raise ValueError(
+                f"{self.family}: domains {sorted(self.domains)} must cover exactly the params {self.params}"
+            )
         for config in self.prebuilt:
             self.check_config(config)
 
     def check_config(self, config: Config) -> None:
+        """Raise :class:`ConfigError` naming the parameter and its allowed values."""
         if len(config) != len(self.params):
-            raise ValueError(f"{self.family}: config {config} does not match parameters {self.params}")
-        for value in config:
-            if not isinstance(value, int | str):
-                raise TypeError(f"{self.family}: config value {value!r} must be an int, bool or C++ type name")
+            raise ConfigError(
+                f"{self.family} takes {len(self.params)} parameter(s) ({', '.join(self.params) or 'none'}), "
+                f"got {len(config)}: {', '.join(cpp_literal(v) for v in config) or '(empty)'}"
+            )
+        for param, value in zip(self.params, config, strict=True):
+            domain = self.domains[param]
+            if not domain.contains(value):
+                raise ConfigError(
+                    f"{self.family}: {param}={cpp_literal(value)} is not allowed; {param} must be {domain.describe()}"
+                )
 
     def template_args(self, config: Config) -> str:
         return ", ".join(cpp_literal(value) for value in config)

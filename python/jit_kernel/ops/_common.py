@@ -13,9 +13,25 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CPP_DTYPE = {dtype: make_cpp_args(dtype)[0] for dtype in FLOAT_DTYPES}
 
 
-def check_cuda(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+def check_dense(op: str, name: str, t: object) -> torch.Tensor:
+    """``t`` is a tensor with data: not some other object, not sparse, not on the meta device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(
+            f"{op}: {name} is a sparse tensor ({str(t.layout).removeprefix('torch.')}); "
+            "jit_kernel ops take dense tensors (call .to_dense() first)"
+        )
+    if t.device.type == "meta":
+        raise ValueError(
+            f"{op}: {name} is on the meta device, which holds no data; pass a real tensor "
+            "(torch.compile traces jit_kernel ops through their fake implementations, not meta tensors)"
+        )
+    return t
+
+
+def check_cuda(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+    check_dense(op, name, t)
     if t.device.type != "cuda":
         raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
     if t.dtype not in dtypes:

@@ -11,6 +11,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
+from jit_kernel.ops._common import check_dense
 
 _CUDA = Dispatcher(ADD_CONSTANT_CUDA)
 _HOST = Dispatcher(ADD_CONSTANT_HOST)
@@ -23,15 +24,18 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
         raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
     if not _INT32_MIN <= constant <= _INT32_MAX:
         raise ValueError(f"add_constant: constant {constant} does not fit in int32")
-    if not isinstance(src, torch.Tensor):
-        raise TypeError(f"add_constant: src must be a torch.Tensor, got {type(src).__name__}")
+    check_dense("add_constant", "src", src)
     if src.dtype != torch.int32:
         raise TypeError(f"add_constant: src must be int32, got {src.dtype}")
     if not src.is_contiguous():
         raise ValueError("add_constant: src must be contiguous")
     if out is None:
         out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    elif out.dtype != torch.int32 or out.shape != src.shape or out.device != src.device:
+    elif (
+        check_dense("add_constant", "out", out).dtype != torch.int32
+        or out.shape != src.shape
+        or out.device != src.device
+    ):
         raise ValueError(
             f"add_constant: out must be an int32 tensor of shape {tuple(src.shape)} on {src.device}, "
             f"got {out.dtype} {tuple(out.shape)} on {out.device}"

@@ -22,8 +22,9 @@ import torch
 
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS
+from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
 from jit_kernel.families import hicache_default_unroll as default_unroll
+from jit_kernel.ops._common import check_dense
 
 _HICACHE = Dispatcher(HICACHE)
 
@@ -31,7 +32,7 @@ _HICACHE = Dispatcher(HICACHE)
 #: quota sweep of ``bench_hicache`` (docs/benchmarks/hicache.md): enough in-flight bytes to keep
 #: PCIe saturated, few enough SMs that a background copy leaves the model's compute alone.
 DEFAULT_BLOCK_QUOTA = 4
-_VALID_UNROLLS = (1, 2, 4, 8, 16, 32)
+_VALID_UNROLLS = HICACHE_UNROLLS
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -63,8 +64,7 @@ def _options(fn: str, element_size: int, unroll: int | None, block_quota: int | 
 
 def _check_index_pair(fn: str, indices_dst: torch.Tensor, indices_src: torch.Tensor) -> None:
     for name, t in (("indices_dst", indices_dst), ("indices_src", indices_src)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(fn, name, t)
         if t.dtype not in _INDEX_DTYPES:
             raise TypeError(f"{fn}: {name} must be int32 or int64, got {t.dtype}")
         if t.dim() != 1:
@@ -93,8 +93,7 @@ def _check_index_pair(fn: str, indices_dst: torch.Tensor, indices_src: torch.Ten
 
 def _rows(fn: str, name: str, t: torch.Tensor, element_dim: int) -> torch.Tensor:
     """``t`` viewed as ``[rows, element_dim]`` with unit last stride (any row stride)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(fn, name, t)
     if t.dim() == 2 and t.size(1) == element_dim:
         if element_dim == 1 or t.stride(1) == 1:
             return t  # the common case, checked with the fewest calls
@@ -161,8 +160,7 @@ def _one_layer(
 ) -> None:
     named = caches_dst + caches_src
     for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(fn, name, t)
     first_name, first = named[0]
     for name, t in named[1:]:
         if t.dtype != first.dtype:
@@ -278,8 +276,7 @@ def _all_layer(
             )
     tables = tables_dst + tables_src
     for name, t in tables:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(fn, name, t)
         if t.dtype != torch.uint64:
             raise TypeError(f"{fn}: {name} must be a uint64 tensor of per-layer addresses, got {t.dtype}")
         if t.dim() != 1 or not t.is_contiguous():

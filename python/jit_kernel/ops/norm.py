@@ -84,7 +84,12 @@ def _config(d: int, dtype: torch.dtype, fast: frozenset[int]) -> tuple[int, str]
 
 
 def _rmsnorm(
-    input: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None, enable_pdl: bool | None
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
+    enable_pdl: bool | None,
+    run: bool = True,
 ) -> torch.Tensor:
     op = "rmsnorm"
     check_pdl(op, enable_pdl)
@@ -101,13 +106,19 @@ def _rmsnorm(
         if out.shape != input.shape:
             raise ValueError(f"{op}: out must have the shape of input {tuple(input.shape)}, got {tuple(out.shape)}")
         out_rows = _rows(op, "out", out)
-    pdl = resolve_pdl(enable_pdl, input.device)
-    _RMSNORM.function("rmsnorm", _config(d, input.dtype, _FAST_HIDDEN))(out_rows, rows, weight, eps, pdl)
+    if run:
+        pdl = resolve_pdl(enable_pdl, input.device)
+        _RMSNORM.function("rmsnorm", _config(d, input.dtype, _FAST_HIDDEN))(out_rows, rows, weight, eps, pdl)
     return out
 
 
 def _fused_add_rmsnorm(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    enable_pdl: bool | None,
+    run: bool = True,
 ) -> None:
     op = "fused_add_rmsnorm"
     check_pdl(op, enable_pdl)
@@ -122,8 +133,9 @@ def _fused_add_rmsnorm(
     res_rows = _rows(op, "residual", residual)
     d = _hidden(op, "input", input.shape[-1])
     _weight(op, "weight", weight, input, d, "input")
-    pdl = resolve_pdl(enable_pdl, input.device)
-    _RMSNORM.function("fused_add", _config(d, input.dtype, _FAST_HIDDEN))(rows, res_rows, weight, eps, pdl)
+    if run:
+        pdl = resolve_pdl(enable_pdl, input.device)
+        _RMSNORM.function("fused_add", _config(d, input.dtype, _FAST_HIDDEN))(rows, res_rows, weight, eps, pdl)
 
 
 def _qknorm_across_heads(
@@ -133,6 +145,7 @@ def _qknorm_across_heads(
     k_weight: torch.Tensor,
     eps: float,
     enable_pdl: bool | None,
+    run: bool = True,
 ) -> None:
     op = "qknorm_across_heads"
     check_pdl(op, enable_pdl)
@@ -149,6 +162,8 @@ def _qknorm_across_heads(
     dk = _hidden(op, "k", k.shape[1])
     _weight(op, "q_weight", q_weight, q, dq, "q")
     _weight(op, "k_weight", k_weight, q, dk, "k")
+    if not run:
+        return
     pdl = resolve_pdl(enable_pdl, q.device)
     if dq == dk or q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
         config = _config(dq, q.dtype, _FAST_HIDDEN) if dq == dk else (0, CPP_DTYPE[q.dtype])
@@ -168,6 +183,7 @@ def _fused_inplace_qknorm(
     k_weight: torch.Tensor,
     eps: float,
     enable_pdl: bool | None,
+    run: bool = True,
 ) -> None:
     op = "fused_inplace_qknorm"
     check_pdl(op, enable_pdl)
@@ -185,6 +201,8 @@ def _fused_inplace_qknorm(
     d = _hidden(op, "q", q.shape[2])
     _weight(op, "q_weight", q_weight, q, d, "q")
     _weight(op, "k_weight", k_weight, q, d, "q")
+    if not run:
+        return
     pdl = resolve_pdl(enable_pdl, q.device)
     _QKNORM.function("run", _config(d, q.dtype, _FAST_HEAD_DIM))(q, k, q_weight, k_weight, eps, pdl)
 
@@ -198,9 +216,11 @@ def _rmsnorm_op(input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pd
     return _rmsnorm(input, weight, eps, None, enable_pdl)
 
 
+# The fake implementations run the real op's checks (run=False: no kernel), so torch.compile
+# rejects at trace time what the eager op rejects, with the same message.
 @_rmsnorm_op.register_fake
 def _(input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None) -> torch.Tensor:
-    return torch.empty(input.shape, dtype=input.dtype, device=input.device)
+    return _rmsnorm(input, weight, eps, None, enable_pdl, run=False)
 
 
 @torch.library.custom_op("jit_kernel::rmsnorm_out", mutates_args=("out",))
@@ -212,7 +232,7 @@ def _rmsnorm_out_op(
 
 @_rmsnorm_out_op.register_fake
 def _(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None) -> None:
-    return None
+    _rmsnorm(input, weight, eps, out, enable_pdl, run=False)
 
 
 @torch.library.custom_op("jit_kernel::fused_add_rmsnorm", mutates_args=("input", "residual"))
@@ -226,7 +246,7 @@ def _fused_add_rmsnorm_op(
 def _(
     input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None
 ) -> None:
-    return None
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, run=False)
 
 
 def _qk_op(name: str, impl: Callable[..., None]) -> torch.library.CustomOpDef:
@@ -242,8 +262,18 @@ def _qk_op(name: str, impl: Callable[..., None]) -> torch.library.CustomOpDef:
     ) -> None:
         impl(q, k, q_weight, k_weight, eps, enable_pdl)
 
+    def fake(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        enable_pdl: bool | None = None,
+    ) -> None:
+        impl(q, k, q_weight, k_weight, eps, enable_pdl, run=False)  # the checks only; q and k are mutated
+
     registered = torch.library.custom_op(f"jit_kernel::{name}", op, mutates_args=("q", "k"))
-    registered.register_fake(lambda *args, **kwargs: None)  # nothing returned; q and k mutated
+    registered.register_fake(fake)
     return registered
 
 

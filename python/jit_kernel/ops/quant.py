@@ -61,11 +61,13 @@ def _quant_op(
     _quant(input, output_q, output_s, is_static, enable_pdl)
 
 
+# The fake runs the real op's checks, so torch.compile rejects what eager rejects.
 @_quant_op.register_fake
 def _(
     input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, enable_pdl: bool | None = None
 ) -> None:
-    return None
+    check_pdl("per_tensor_quant_fp8", enable_pdl)
+    _check(input, output_q, output_s)
 
 
 def per_tensor_quant_fp8(

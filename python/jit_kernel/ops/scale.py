@@ -16,7 +16,7 @@ from jit_kernel.ops._common import CPP_DTYPE, check_contiguous, check_cuda, chec
 _SCALE = Dispatcher(SCALE)
 
 
-def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None) -> torch.Tensor:
+def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None, run: bool = True) -> torch.Tensor:
     op = "scale"
     if isinstance(factor, bool) or not isinstance(factor, int | float):
         raise TypeError(f"{op}: factor must be a float, got {type(factor).__name__}")
@@ -29,7 +29,8 @@ def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None) -> torch.
         if out.shape != src.shape:
             raise ValueError(f"{op}: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
         check_contiguous(op, "out", out)
-    _SCALE.function("run", (CPP_DTYPE[src.dtype],))(out.view(-1), src.view(-1), float(factor))
+    if run:
+        _SCALE.function("run", (CPP_DTYPE[src.dtype],))(out.view(-1), src.view(-1), float(factor))
     return out
 
 
@@ -38,9 +39,10 @@ def _scale_op(src: torch.Tensor, factor: float) -> torch.Tensor:
     return _scale(src, factor, None)
 
 
+# The fakes run the real op's checks (run=False), so torch.compile rejects what eager rejects.
 @_scale_op.register_fake
 def _(src: torch.Tensor, factor: float) -> torch.Tensor:
-    return torch.empty(src.shape, dtype=src.dtype, device=src.device)
+    return _scale(src, factor, None, run=False)
 
 
 @torch.library.custom_op("jit_kernel::scale_out", mutates_args=("out",))
@@ -50,7 +52,7 @@ def _scale_out_op(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
 
 @_scale_out_op.register_fake
 def _(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
-    return None
+    _scale(src, factor, out, run=False)
 
 
 def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:

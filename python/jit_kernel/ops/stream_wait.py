@@ -37,6 +37,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import STREAM_WAIT
+from jit_kernel.ops._common import check_dense
 
 _STREAM_WAIT = Dispatcher(STREAM_WAIT)
 
@@ -56,8 +57,7 @@ def _check_value(fn: str, value: object) -> int:
 
 
 def _check_flag(fn: str, flag: torch.Tensor, value: int) -> None:
-    if not isinstance(flag, torch.Tensor):
-        raise TypeError(f"{fn}: flag must be a torch.Tensor, got {type(flag).__name__}")
+    check_dense(fn, "flag", flag)
     if flag.dtype != torch.int32:
         raise TypeError(f"{fn}: flag must be int32, got {flag.dtype}")
     if not flag.is_cuda:
@@ -98,7 +98,7 @@ def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tens
     """
     fn = "stream_wait_value_bounded"
     _check_flag(fn, flag, value)
-    if not isinstance(status, torch.Tensor) or status.dtype != torch.int32 or status.numel() != 1:
+    if check_dense(fn, "status", status).dtype != torch.int32 or status.numel() != 1:
         raise TypeError(f"{fn}: status must be an int32 tensor with one element")
     if status.is_cuda and status.device != flag.device:
         raise ValueError(f"{fn}: status must be on the flag's device {flag.device}, got {status.device}")
