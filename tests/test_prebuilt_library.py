@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -151,3 +152,9 @@ def test_build_without_cuda_toolkit_is_host_only_and_says_so(tmp_path: Path) -> 
     assert {s["target"] for s in manifest["symbols"].values()} == {"host"}
     library = tvm_ffi.load_module(str(tmp_path / "libjit_kernel_prebuilt.so"))
     assert all(library.implements_function(symbol) for symbol in manifest["symbols"])
+    # The manifest that gets installed is sealed with the linked library's size and hash.
+    sealed = json.loads((tmp_path / "prebuilt_manifest.json").read_text())
+    built = tmp_path / "libjit_kernel_prebuilt.so"
+    assert sealed["symbols"] == manifest["symbols"]
+    assert sealed["library_size"] == built.stat().st_size
+    assert sealed["library_sha256"] == hashlib.sha256(built.read_bytes()).hexdigest()
