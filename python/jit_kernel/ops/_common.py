@@ -31,9 +31,13 @@ def check_dense(op: str, name: str, t: object) -> torch.Tensor:
 
 
 def check_cuda(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
-    check_dense(op, name, t)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
+        check_dense(op, name, t)  # a meta or sparse tensor gets its own message
         raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
+    if t.layout != torch.strided:
+        check_dense(op, name, t)
     if t.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"{op}: {name} must be one of ({names}), got {str(t.dtype).removeprefix('torch.')}")
