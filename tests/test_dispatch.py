@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -35,6 +37,15 @@ def cuda_at(monkeypatch: pytest.MonkeyPatch):
         return Dispatcher(families.ADD_CONSTANT_CUDA)
 
     return make
+
+
+@pytest.fixture
+def strict(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """JIT_KERNEL_DISABLE_JIT=1 over an empty JIT cache: strict mode loads what is cached, and this
+    session may have compiled any config already (on disk and in the module memo)."""
+    monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("jit_kernel.jit._loaded", {})
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
 
 
 def test_add_constant_cpu_results() -> None:
@@ -102,22 +113,21 @@ def test_disable_prebuilt_forces_jit(host: Dispatcher, monkeypatch: pytest.Monke
     assert host.decisions[(2,)] == "jit (prebuilt disabled by JIT_KERNEL_DISABLE_PREBUILT=1)"
 
 
-def test_disable_jit_turns_a_miss_into_an_error(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
+def test_disable_jit_turns_a_miss_into_an_error(host: Dispatcher, strict: None) -> None:
     with pytest.raises(JitDisabledError, match=r"add_constant_host<12345>.*JIT_KERNEL_DISABLE_JIT=1"):
         host.function("run", (12345,))
 
 
-def test_disable_jit_and_prebuilt_together_is_an_error(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
+def test_disable_jit_and_prebuilt_together_is_an_error(
+    host: Dispatcher, monkeypatch: pytest.MonkeyPatch, strict: None
+) -> None:
     monkeypatch.setenv("JIT_KERNEL_DISABLE_PREBUILT", "1")
     with pytest.raises(JitDisabledError, match=r"add_constant_host<1>.*DISABLE_PREBUILT"):
         host.function("run", (1,))
 
 
 @installed
-def test_prebuilt_for_another_arch_is_not_used(cuda_at, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")  # resolve without compiling
+def test_prebuilt_for_another_arch_is_not_used(cuda_at, strict: None) -> None:
     manifest = prebuilt.manifest()
     assert manifest is not None
     entry = manifest.symbols[symbol_name(families.ADD_CONSTANT_CUDA, "run", (1,))]
@@ -132,9 +142,10 @@ def test_prebuilt_for_another_arch_is_not_used(cuda_at, monkeypatch: pytest.Monk
 
 
 @installed
-def test_prebuilt_from_other_sources_is_not_used(host: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prebuilt_from_other_sources_is_not_used(
+    host: Dispatcher, monkeypatch: pytest.MonkeyPatch, strict: None
+) -> None:
     monkeypatch.setattr(prebuilt, "installed_source_hash", lambda spec: "edited-sources")
-    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
     with pytest.raises(JitDisabledError, match="sources differ"):
         host.function("run", (3,))
 

@@ -2,16 +2,22 @@
 
 Layout under the cache root (``$JIT_KERNEL_CACHE_DIR``, default ``~/.cache/jit_kernel``)::
 
-    <name>-<key>/            one published entry: <name>.so, meta.json, the generated sources
-    .staging/<entry>.<pid>.<rand>/   private build folders, renamed into place when complete
-    .locks/<entry>.lock      one file lock per entry, taken only on a miss
+    <name>-<key>/                      one published entry: <name>.so, meta.json, the generated sources
+    .staging/<entry>.<pid>.<rand>/     private build folders, renamed into place when complete
+    .locks/<entry>.lock                one file lock per entry, taken only on a miss
 
 The key hashes everything that can change the binary: the text of every source and header the
 build includes (found by following ``#include`` lines through the package's and the user's
 include folders), the flags, the arch, the compiler versions, tvm-ffi's and this package's
 versions. A hit reads ``meta.json``, checks the library's size and hash, and loads it: no ninja,
-no lock. A miss builds in a staging folder under the lock and publishes with one ``rename``,
-which is atomic on local filesystems and on NFS, so no process ever sees a half-written library.
+no lock, no write, so a read-only (baked) cache serves what it holds. A miss builds in a staging
+folder under the lock and publishes with one ``rename``, which is atomic on local filesystems and
+on NFS, so no process ever sees a half-written library.
+
+A staging folder exists only while its builder holds the entry's lock. A folder whose lock can be
+taken is therefore left by a builder that died (kill -9, OOM, a lost node), and the next build in
+the cache removes it. The lock, not the pid in the name, decides: pids are reused and say nothing
+about processes on other hosts sharing the cache.
 """
 
 from __future__ import annotations
@@ -24,21 +30,27 @@ import logging
 import os
 import secrets
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jit_kernel import env, toolchain
+from jit_kernel import builder, env, toolchain
 from jit_kernel.arch import Arch
 from jit_kernel.sources import included_files
 from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")
 
-KEY_FORMAT = 1
-_ENV_LOCK = threading.Lock()  # tvm-ffi reads the arch and CUDA home from os.environ
+KEY_FORMAT = 2  # bump when the build recipe (builder.render) changes what a key's binary is
+
+# Entries this process is building now. Another thread's staging folder must survive the sweep even
+# where its flock does not exclude us (NFS turns flock into per-process POSIX locks).
+_building: set[str] = set()
+
+
+class CacheDirError(RuntimeError):
+    """The cache folder cannot be written, so a module that is not cached cannot be built."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +129,18 @@ def verified_library(entry: Path) -> Path | None:
         return None
 
 
+def _unusable(root: Path, error: OSError) -> CacheDirError:
+    where = f"{error.strerror}: {error.filename}" if error.strerror else str(error)
+    return CacheDirError(
+        f"cannot write to the JIT cache at {root} ({where}); set JIT_KERNEL_CACHE_DIR to a writable folder "
+        "(modules already in a read-only cache still load from it)"
+    )
+
+
 def _discard(entry: Path, root: Path) -> None:
-    """Move a bad entry out of the way atomically, then delete it."""
-    trash = root / ".staging" / f"discarded.{entry.name}.{secrets.token_hex(4)}"
+    """Move a bad entry out of the way atomically, then delete it. The trash folder is named after
+    the entry, so that the sweep removes it if this process dies before the delete ends."""
+    trash = root / ".staging" / f"{entry.name}.discarded.{secrets.token_hex(4)}"
     trash.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.rename(entry, trash)
@@ -127,75 +148,71 @@ def _discard(entry: Path, root: Path) -> None:
 
 
 @contextlib.contextmanager
-def _lock(root: Path, entry: str) -> Iterator[None]:
+def _lock(root: Path, entry: str, wait: bool = True) -> Iterator[bool]:
+    """Hold ``entry``'s file lock. With ``wait=False``, yields False at once if another holds it."""
     import filelock  # only a miss needs it; importing it costs ~8 ms of every process start
 
     path = root / ".locks" / f"{entry}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(str(path))
+    held = True
     try:
-        lock.acquire(timeout=1)
-    except filelock.Timeout:
-        logger.info("waiting for another process to finish building %s", entry)
-        lock.acquire()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(timeout=1 if wait else 0)
+        except filelock.Timeout:
+            held = False
+        if not held and wait:
+            logger.info("waiting for another process to finish building %s", entry)
+            lock.acquire()
+            held = True
+    except OSError as error:  # filelock.Timeout (an OSError) never gets here
+        raise _unusable(root, error) from error
+    if not held:
+        yield False
+        return
     try:
-        yield
+        yield True
     finally:
         lock.release()
 
 
-@contextlib.contextmanager
-def _build_environment(request: BuildRequest) -> Iterator[None]:
-    """tvm-ffi takes the CUDA home and arch from the environment; set them for this build only."""
-    if not request.has_cuda:
-        yield
+def sweep_staging(root: Path, held: str | None = None) -> None:
+    """Remove the staging folders (and trash) of builds that died: those whose entry lock is free.
+    ``held`` is an entry whose lock the caller holds and whose staging folders are all stale."""
+    try:
+        folders = list((root / ".staging").iterdir())
+    except OSError:
         return
-    assert request.arch is not None
-    wanted = {"CUDA_HOME": str(toolchain.cuda_home()), "TVM_FFI_CUDA_ARCH_LIST": request.arch}
-    with _ENV_LOCK:
-        saved = {name: os.environ.get(name) for name in wanted}
-        os.environ.update(wanted)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    by_entry: dict[str, list[Path]] = {}
+    for folder in folders:
+        by_entry.setdefault(folder.name.split(".", 1)[0], []).append(folder)
+    for entry, stale in by_entry.items():
+        if entry == held:
+            _remove(stale)
+        elif entry not in _building:
+            with _lock(root, entry, wait=False) as free:
+                if free:
+                    _remove(stale)
 
 
-def _compile(request: BuildRequest, folder: Path) -> Path:
-    import tvm_ffi.cpp
-
-    ldflags = list(request.extra_ldflags)
-    if request.has_cuda:
-        # Lets the module load (dlopen) without LD_LIBRARY_PATH, also on a machine with no GPU.
-        ldflags.append(f"-Wl,-rpath,{toolchain.cuda_home() / 'lib64'}")
-    with _build_environment(request):
-        built = tvm_ffi.cpp.build_inline(
-            request.name,
-            cpp_sources=request.cpp_source or None,
-            cuda_sources=request.cuda_source or None,
-            extra_cflags=list(request.extra_cflags),
-            extra_cuda_cflags=list(request.extra_cuda_cflags),
-            extra_ldflags=ldflags,
-            extra_include_paths=[str(p) for p in request.include_search_path],
-            build_directory=str(folder),
-        )
-    return Path(built)
+def _remove(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _publish(request: BuildRequest, key: str, root: Path) -> Path:
     """Build into a private folder and rename it into place. The caller holds the entry's lock."""
     entry = root / entry_name(request, key)
     staging = root / ".staging" / f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}"
-    staging.mkdir(parents=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as error:
+        raise _unusable(root, error) from error
     target = f"for {Arch.parse(request.arch).sm}" if request.arch else "for the host"
     logger.info("compiling %s %s (first use; cached afterwards)", request.name, target)
     start = time.perf_counter()
     try:
-        library = _compile(request, staging)
+        library = builder.build(request, staging)
         for leftover in staging.glob("*.o"):
             leftover.unlink()
         meta = {
@@ -225,27 +242,53 @@ def _load(library: Path) -> Any:
     return tvm_ffi.load_module(str(library))
 
 
+def _load_entry(entry: Path, warn: bool = True) -> Any | None:
+    """The entry's module, or None when it is missing, incomplete, corrupt or fails to load."""
+    library = verified_library(entry)
+    if library is None:
+        if warn and entry.exists():
+            logger.warning("cached entry %s is incomplete or corrupt; not using it", entry)
+        return None
+    try:
+        return _load(library)
+    except Exception as error:
+        if warn:
+            logger.warning("cached %s failed to load (%s); not using it", library, error)
+        return None
+
+
+def entry_path(request: BuildRequest, root: Path | None = None) -> Path:
+    """Where ``request``'s build lives (or would live) in the cache."""
+    root = root if root is not None else env.cache_dir()
+    return root / entry_name(request, cache_key(request))
+
+
+def load_cached(request: BuildRequest, root: Path | None = None) -> Any | None:
+    """The module if the cache holds a good build of ``request``, else None. It only reads: no
+    lock, no subprocess, no write."""
+    return _load_entry(entry_path(request, root))
+
+
 def load_or_build(request: BuildRequest, root: Path | None = None) -> Any:
     """Return the loaded tvm-ffi Module for ``request``, building it on a miss."""
     root = root if root is not None else env.cache_dir()
     key = cache_key(request)
     entry = root / entry_name(request, key)
-    library = verified_library(entry)
-    if library is not None:
-        try:
-            return _load(library)
-        except Exception as error:
-            logger.warning("cached %s failed to load (%s); rebuilding it", library, error)
-    elif entry.exists():
-        logger.warning("cached entry %s is incomplete or corrupt; rebuilding it", entry)
+    module = _load_entry(entry)
+    if module is not None:
+        return module
     with _lock(root, entry.name):
-        library = verified_library(entry)
-        if library is not None:
-            with contextlib.suppress(Exception):
-                return _load(library)
-        if entry.exists():
-            _discard(entry, root)
-        library = _publish(request, key, root)
+        module = _load_entry(entry, warn=False)  # another process may have built it meanwhile
+        if module is not None:
+            return module
+        _building.add(entry.name)
+        try:
+            sweep_staging(root, held=entry.name)
+            if entry.exists():
+                _discard(entry, root)
+            library = _publish(request, key, root)
+        finally:
+            _building.discard(entry.name)
     return _load(library)
 
 
@@ -301,5 +344,5 @@ def clear(root: Path | None = None) -> int:
     for entry in list_entries(root):
         _discard(entry.path, root)
         removed += 1
-    shutil.rmtree(root / ".staging", ignore_errors=True)
+    sweep_staging(root)  # leaves the folders of builds still running
     return removed

@@ -1,27 +1,30 @@
 """config -> callable: the prebuilt symbol when it fits this GPU and these sources, else JIT.
 
-The first call of a config resolves it and logs the decision once; every later call is one dict
-lookup. ``JIT_KERNEL_DISABLE_JIT=1`` turns a miss into :class:`JitDisabledError` (serving
-deployments want a missing prebuilt to fail loudly, not to stall a request on a compile).
-``JIT_KERNEL_DISABLE_PREBUILT=1`` forces JIT.
+The first call of a config resolves it; every later call is one dict lookup. The decision is
+logged at INFO only when it leads to a compile, else at DEBUG: a process that finds everything
+prebuilt or cached says nothing. ``JIT_KERNEL_DISABLE_JIT=1`` forbids compiling, not loading:
+a config that is neither prebuilt nor in the JIT cache raises :class:`JitDisabledError` (serving
+deployments warm the cache at image build, then want a missing kernel to fail loudly, not to stall
+a request on a compile). ``JIT_KERNEL_DISABLE_PREBUILT=1`` forces JIT.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from jit_kernel import env, prebuilt
-from jit_kernel.jit import load_request, make_build_request
+from jit_kernel import cache, env, prebuilt, toolchain
+from jit_kernel.jit import load_cached, load_request, make_build_request
 from jit_kernel.spec import Config, KernelSpec, cpp_literal, symbol_name
 
 logger = logging.getLogger("jit_kernel")
 
 
 class JitDisabledError(RuntimeError):
-    """A config had no usable prebuilt symbol and ``JIT_KERNEL_DISABLE_JIT=1`` forbids compiling it."""
+    """A config is neither prebuilt nor in the JIT cache, and ``JIT_KERNEL_DISABLE_JIT=1`` forbids compiling it."""
 
 
 def device_capability() -> tuple[int, int]:
@@ -58,27 +61,72 @@ class Dispatcher:
             decision = "prebuilt"
             logger.debug("%s: prebuilt", spec.describe(config))
         else:
-            if env.jit_disabled():
-                raise JitDisabledError(
-                    f"{spec.describe(config)} has no usable prebuilt kernel ({reason}) and JIT compilation is "
-                    "disabled by JIT_KERNEL_DISABLE_JIT=1; add the config to the family's prebuilt grid in "
-                    "jit_kernel/families.py, or pre-compile it with `python -m jit_kernel warm`"
-                )
             decision = f"jit ({reason})"
-            logger.info("%s: %s", spec.describe(config), decision)
-            function = jit_module(spec, config).get_function(symbol)
+            function = self._jit_module(config, reason, capability).get_function(symbol)
         self.decisions[config] = decision
         self._resolved[(export, config)] = function
         return function
 
+    def _jit_module(self, config: Config, reason: str, capability: tuple[int, int] | None) -> Any:
+        """The config's module from the JIT cache, compiled on a miss unless JIT is disabled."""
+        spec = self.spec
+        try:
+            request = jit_request(spec, config, _device_arch(capability))
+            module = load_cached(request)
+        except toolchain.ToolchainError as error:
+            if not env.jit_disabled():
+                raise
+            raise JitDisabledError(
+                f"{spec.describe(config)} has no usable prebuilt kernel ({reason}) and JIT_KERNEL_DISABLE_JIT=1 "
+                f"forbids compiling it; the JIT cache cannot be searched either: its key needs the compilers ({error})"
+            ) from error
+        if module is not None:
+            logger.debug("%s: jit (%s), found in the JIT cache", spec.describe(config), reason)
+            return module
+        if env.jit_disabled():
+            raise JitDisabledError(_not_cached_message(spec, config, reason, request))
+        logger.info("%s: jit (%s)", spec.describe(config), reason)
+        return load_request(request)
 
-def jit_module(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> Any:
-    """The JIT module for one config. It holds every export of the config under its
+
+def _device_arch(capability: tuple[int, int] | None) -> str | None:
+    """The arch to compile for the device the prebuilt check saw (``$JIT_KERNEL_CUDA_ARCH`` wins)."""
+    if capability is None:
+        return None
+    return env.cuda_arch_override() or toolchain.arch_for_capability(*capability)
+
+
+def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: cache.BuildRequest) -> str:
+    entry = cache.entry_path(request)
+    warm = [
+        f"JIT_KERNEL_CACHE_DIR={shlex.quote(str(entry.parent))}",
+        "python -m jit_kernel warm",
+        spec.family,
+        shlex.quote(f"--config={','.join(cpp_literal(value) for value in config)}"),
+    ]
+    if request.arch is not None:
+        warm.append(f"--arch {request.arch}")
+    others = sorted(entry.parent.glob(f"{request.name}-*")) if entry.parent.is_dir() else []
+    stale = (
+        f" The cache holds {len(others)} other build(s) of this module, made from other sources, flags, "
+        "compilers or package versions: warm with the same installation as this process."
+        if others
+        else ""
+    )
+    return (
+        f"{spec.describe(config)} has no usable prebuilt kernel ({reason}), the JIT cache has no build of it "
+        f"(looked for {entry}), and JIT_KERNEL_DISABLE_JIT=1 forbids compiling it. Pre-compile it with "
+        f"`{' '.join(warm)}`, or add the config to the family's prebuilt grid in jit_kernel/families.py.{stale}"
+    )
+
+
+def jit_request(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> cache.BuildRequest:
+    """The JIT build of one config. Its module holds every export of the config under its
     :func:`symbol_name`, so resolving a second export is a hit in the in-process memo.
     ``cuda_arch`` overrides the current GPU's arch (``warm --arch``)."""
     wrappers = [(symbol_name(spec, export, config), spec.wrapper(export, config)) for export in spec.exports]
     on_gpu = spec.target == "cuda"
-    request = make_build_request(
+    return make_build_request(
         spec.family,
         *(cpp_literal(value) for value in config),
         cpp_files=None if on_gpu else spec.sources,
@@ -89,4 +137,8 @@ def jit_module(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -
         cuda_arch=cuda_arch,
         description=spec.describe(config),
     )
-    return load_request(request)
+
+
+def jit_module(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> Any:
+    """The JIT module for one config, compiled on a miss (see :func:`jit_request`)."""
+    return load_request(jit_request(spec, config, cuda_arch))

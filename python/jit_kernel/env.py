@@ -41,6 +41,13 @@ def cache_dir() -> Path:
     return Path("~/.cache/jit_kernel").expanduser().resolve()
 
 
+def max_jobs() -> int | None:
+    """``$MAX_JOBS``: how many compiles one JIT build runs at once (ninja's ``-j``; torch and tvm-ffi
+    read the same variable). Unset: ninja's default."""
+    value = os.environ.get("MAX_JOBS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def cuda_arch_override() -> str | None:
     """``$JIT_KERNEL_CUDA_ARCH`` (for example ``9.0`` or ``9.0a``), if set."""
     return os.environ.get("JIT_KERNEL_CUDA_ARCH") or None

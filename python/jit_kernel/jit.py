@@ -229,3 +229,15 @@ def load_request(request: cache.BuildRequest, root: Path | None = None) -> Modul
                 module = cache.load_or_build(request, root)
                 _loaded[memo_key] = module
     return module
+
+
+def load_cached(request: cache.BuildRequest, root: Path | None = None) -> Module | None:
+    """The module if it is already built, in this process or in the disk cache; never compiles."""
+    memo_key = (request, root)
+    module = _loaded.get(memo_key)
+    if module is None:
+        module = cache.load_cached(request, root)
+        if module is not None:
+            with _loaded_lock:
+                module = _loaded.setdefault(memo_key, module)
+    return module
