@@ -1,5 +1,6 @@
 """rmsnorm, fused_add_rmsnorm, fused_inplace_qknorm and qknorm_across_heads against a float64
-torch reference. Outputs are poisoned (NaN) first; inputs are fresh random tensors per test."""
+torch reference (fused_add_rmsnorm's cast_x_before_out_mul=True against an fp32 one). Outputs are
+poisoned (NaN) first; inputs are fresh random tensors per test."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import torch
 
 import jit_kernel
 from _norm_helpers import assert_close, fake_cuda
+from jit_kernel import families
+from jit_kernel.dispatch import jit_module
+from jit_kernel.spec import symbol_name
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 EPS = 1e-6
@@ -112,6 +116,167 @@ def test_fused_add_rmsnorm_strided(d: int, pad: int, offset: int, dtype: torch.d
     jit_kernel.fused_add_rmsnorm(x, r, w, EPS)
     torch.testing.assert_close(r, expected_r, rtol=0, atol=0)
     assert_close(x, expected_out, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_add_rmsnorm(..., cast_x_before_out_mul=True): SGLang 0.5.16's flag (its
+# jit_kernel/csrc/elementwise/fused_add_rmsnorm.cuh, FusedAddRMSNormKernel<kCastXBeforeOutMul, T>).
+
+
+def ref_fused_add_cast(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = EPS):
+    """The flag's rounding, in fp32 as the kernel computes it: s = x + r stays unrounded (only the
+    stored residual is rounded), rrms comes from the unrounded s, and the normalised value is
+    rounded to the dtype before the weight multiply (Hugging Face's ``weight * x.to(dtype)``)."""
+    s = x.float() + r.float()
+    rrms = torch.rsqrt(s.double().pow(2).mean(-1, keepdim=True) + eps).float()
+    return (w.float() * (s * rrms).to(x.dtype).float()).to(x.dtype), s.to(x.dtype)
+
+
+# Two units in the last place of the dtype: the kernel's rrms differs from the reference's in the
+# last fp32 bits (reduction order, rsqrtf), which moves a rounding of the normalised value now and
+# then (CPU simulation with rrms off by 3 fp32 ulps: 0.004% of bf16 and 0.04% of fp16 elements,
+# at most 1.4% resp. 0.14% apart). The default rounding differs from this one in about a third of
+# the elements, normalising the rounded sum instead in about a fifth: the mismatch bound below
+# (1%) tells them apart.
+CAST_RTOL = {torch.bfloat16: 2**-6, torch.float16: 2**-9}
+
+
+def assert_cast_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    if dtype == torch.float32:  # both roundings are the identity: the default kernels run
+        assert_close(actual, expected, dtype)
+        return
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=CAST_RTOL[dtype], atol=1e-6)
+    mismatched = int((actual != expected).sum())
+    assert mismatched <= max(2, actual.numel() // 100), f"{mismatched} of {actual.numel()} elements differ"
+
+
+class _Poisoned:
+    """[n, d] rows of random data (row stride d + pad, starting `offset` elements in) inside a
+    NaN-filled buffer with a tail. fused_add_rmsnorm writes in place, so its outputs cannot be
+    poisoned themselves; an unwritten element keeps its input value, which the comparison rejects.
+    The NaN around the rows catches writes outside them."""
+
+    def __init__(self, n: int, d: int, dtype: torch.dtype, pad: int = 0, offset: int = 0, tail: int = 64) -> None:
+        self.shape = (n, d, pad, offset)
+        self.buf = torch.full((offset + n * (d + pad) + tail,), float("nan"), device="cuda", dtype=dtype)
+        self.rows = self._view(self.buf)
+        self.rows.copy_(torch.randn(n, d, device="cuda").to(dtype))
+
+    def _view(self, t: torch.Tensor) -> torch.Tensor:
+        n, d, pad, offset = self.shape
+        return t[offset : offset + n * (d + pad)].view(n, d + pad)[:, :d]
+
+    def assert_outside_untouched(self) -> None:
+        outside = torch.ones_like(self.buf, dtype=torch.bool)
+        self._view(outside).fill_(False)
+        assert torch.isnan(self.buf[outside]).all(), "fused_add_rmsnorm wrote outside its rows"
+
+
+# Specialised sizes (1024 ... 16384: one and several vectors per thread, latency- and
+# bandwidth-bound variants at 1-256 and 300+ rows) and generic ones: whole vectors held in
+# registers at 1, 2 and 4 per thread (64, 1000, 3000, 6144, 12288), the scalar two-pass kernel
+# (3001: not whole 16-byte vectors) and the vector two-pass kernel (40000: too long to hold).
+CAST_SHAPES = [
+    (n, d) for n in (1, 7, 300) for d in (64, 1000, 1024, 3000, 3001, 4096, 5120, 6144, 8192, 12288, 16384, 40000)
+]
+CAST_SHAPES += [pytest.param(4097, d, id=f"big-4097-{d}") for d in (1024, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "d"), CAST_SHAPES)
+def test_fused_add_rmsnorm_cast_x_before_out_mul(n: int, d: int, dtype: torch.dtype) -> None:
+    x, r = _Poisoned(n, d, dtype), _Poisoned(n, d, dtype)
+    w = (torch.rand(d, device="cuda") + 0.5).to(dtype)
+    expected_out, expected_r = ref_fused_add_cast(x.rows, r.rows, w)
+    assert jit_kernel.fused_add_rmsnorm(x.rows, r.rows, w, EPS, cast_x_before_out_mul=True) is None
+    torch.testing.assert_close(r.rows, expected_r, rtol=0, atol=0)  # one fp32 add, one rounding
+    assert_cast_close(x.rows, expected_out, dtype)
+    x.assert_outside_untouched()
+    r.assert_outside_untouched()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("d", "pad", "offset"), [(4096, 64, 0), (4096, 3, 0), (4096, 0, 1), (3000, 8, 0), (1000, 5, 3)]
+)
+def test_fused_add_rmsnorm_cast_strided_and_misaligned(d: int, pad: int, offset: int, dtype: torch.dtype) -> None:
+    x, r = _Poisoned(17, d, dtype, pad=pad, offset=offset), _Poisoned(17, d, dtype, pad=pad + 8, offset=offset)
+    w = (torch.rand(d, device="cuda") + 0.5).to(dtype)
+    expected_out, expected_r = ref_fused_add_cast(x.rows, r.rows, w)
+    jit_kernel.fused_add_rmsnorm(x.rows, r.rows, w, EPS, cast_x_before_out_mul=True)
+    torch.testing.assert_close(r.rows, expected_r, rtol=0, atol=0)
+    assert_cast_close(x.rows, expected_out, dtype)
+    x.assert_outside_untouched()
+    r.assert_outside_untouched()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [4096, 3000])
+def test_fused_add_rmsnorm_cast_flag_selects_the_rounding(d: int, dtype: torch.dtype) -> None:
+    """False is the default call (the same kernel, the same bits); True rounds differently in 16-bit
+    types, and is the default's computation in fp32 (where both roundings are the identity)."""
+    x, w = _inputs(64, d, dtype)
+    r, _ = _inputs(64, d, dtype)
+    outs = {}
+    for flag in (None, False, True):
+        xi, ri = x.clone(), r.clone()
+        if flag is None:
+            jit_kernel.fused_add_rmsnorm(xi, ri, w, EPS)
+        else:
+            jit_kernel.fused_add_rmsnorm(xi, ri, w, EPS, cast_x_before_out_mul=flag)
+        outs[flag] = (xi, ri)
+    assert torch.equal(outs[False][0], outs[None][0]) and torch.equal(outs[False][1], outs[None][1])
+    assert torch.equal(outs[True][1], outs[False][1])  # the stored residual: T(x + r) either way
+    differing = (outs[True][0] != outs[False][0]).float().mean().item()
+    if dtype == torch.float32:
+        assert differing == 0
+    else:
+        assert differing > 0.1, differing  # about a third of the elements round differently
+
+
+@pytest.mark.gpu
+def test_fused_add_rmsnorm_cast_under_torch_compile() -> None:
+    def layer(h: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        jit_kernel.fused_add_rmsnorm(h, residual, w, cast_x_before_out_mul=True)
+        return h * 2
+
+    torch._dynamo.reset()
+    x, w = _inputs(48, 4096, torch.bfloat16)
+    r, _ = _inputs(48, 4096, torch.bfloat16)
+    eager = (x.clone(), r.clone())
+    compiled = (x.clone(), r.clone())
+    expected = layer(*eager, w)
+    got = torch.compile(layer, fullgraph=True)(*compiled, w)
+    assert torch.equal(got, expected)
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    explanation = torch._dynamo.explain(layer)(x.clone(), r.clone(), w)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_fused_add_rmsnorm_op_takes_the_flag() -> None:
+    """The custom op's schema has the flag with its default, and the fake implementation takes it."""
+    schema = torch.ops.jit_kernel.fused_add_rmsnorm.default._schema
+    flag = next(a for a in schema.arguments if a.name == "cast_x_before_out_mul")
+    assert str(flag.type) == "bool" and flag.default_value is False
+    with fake_cuda():
+        x, w = _bf16(4, 4096), _bf16(4096)
+        torch.ops.jit_kernel.fused_add_rmsnorm(x, torch.empty_like(x), w, 1e-6, None, True)
+        with pytest.raises(ValueError, match="residual must have the shape"):
+            torch.ops.jit_kernel.fused_add_rmsnorm(x, _bf16(4, 8), w, 1e-6, None, True)
+
+
+@pytest.mark.slow
+def test_fused_add_cast_compiles_for_sm90a_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new export (specialised, bounded and two-pass kernels of both flag values, in one
+    specialised config's translation unit) builds with nvcc for sm_90a on a machine without a GPU."""
+    monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0a")
+    config = (4096, "bf16_t")
+    module = jit_module(families.RMSNORM, config, cuda_arch="9.0a")
+    for export in families.RMSNORM.exports:
+        assert module.implements_function(symbol_name(families.RMSNORM, export, config)), export
 
 
 def _qkv(n: int, hq: int, hk: int, d: int, dtype: torch.dtype, pad: int = 0):
@@ -260,6 +425,21 @@ def test_rmsnorm_rejects_cpu_tensors() -> None:
             lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8), _bf16(4)),
             ValueError,
             "weight must have shape",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8), _bf16(8), cast_x_before_out_mul=1),
+            TypeError,
+            "cast_x_before_out_mul must be a bool, got int",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8), _bf16(8), cast_x_before_out_mul=None),
+            TypeError,
+            "cast_x_before_out_mul must be a bool, got NoneType",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 9), _bf16(8), cast_x_before_out_mul=True),
+            ValueError,
+            "residual must have the shape",
         ),
         (
             lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(5, 2, 8), _bf16(8), _bf16(8)),

@@ -419,7 +419,12 @@ def test_seed_norm_wrappers_map_onto_the_ops(record: Callable[[object, str], _Re
     a, b, c, d = object(), object(), object(), object()
     assert norm.fused_add_rmsnorm(a, b, c) is None  # type: ignore[arg-type]
     assert norm.fused_add_rmsnorm(a, b, c, 1e-5, cast_x_before_out_mul=False) is None  # type: ignore[arg-type]
-    assert fused.calls == [((a, b, c, 1e-6), {}), ((a, b, c, 1e-5), {})]
+    assert norm.fused_add_rmsnorm(a, b, c, 1e-4, cast_x_before_out_mul=True) is None  # type: ignore[arg-type]
+    assert fused.calls == [
+        ((a, b, c, 1e-6), {"cast_x_before_out_mul": False}),
+        ((a, b, c, 1e-5), {"cast_x_before_out_mul": False}),
+        ((a, b, c, 1e-4), {"cast_x_before_out_mul": True}),
+    ]
     assert norm.fused_inplace_qknorm(a, b, c, d) is None  # type: ignore[arg-type]
     assert norm.fused_inplace_qknorm(a, b, c, d, 1e-5, head_dim=0) is None  # type: ignore[arg-type]
     assert qk.calls == [((a, b, c, d, 1e-6), {}), ((a, b, c, d, 1e-5), {})]
@@ -433,8 +438,8 @@ def test_seed_norm_refusals() -> None:
     with fake_cuda():
         x = torch.empty(4, 8, 128, device="cuda", dtype=torch.bfloat16)
         w = torch.empty(128, device="cuda", dtype=torch.bfloat16)
-        with pytest.raises(NotImplementedError, match="cast_x_before_out_mul"):
-            norm.fused_add_rmsnorm(x, x, w, cast_x_before_out_mul=True)
+        with pytest.raises(TypeError, match="cast_x_before_out_mul must be a bool"):
+            norm.fused_add_rmsnorm(x, x, w, cast_x_before_out_mul=1)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="head_dim=64 does not match"):
             norm.fused_inplace_qknorm(x, x, w, w, head_dim=64)
         with pytest.raises(TypeError, match="head_dim must be an int"):
@@ -779,6 +784,25 @@ def test_gpu_seed_fused_add_rmsnorm(dtype: torch.dtype) -> None:
     assert fused_add_rmsnorm(x, r, w, 1e-6, cast_x_before_out_mul=False) is None
     assert torch.equal(r, summed)
     assert_close(x, expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_seed_fused_add_rmsnorm_cast_x_before_out_mul(dtype: torch.dtype) -> None:
+    """The seed path's True is the top level's cast_x_before_out_mul=True (tests/test_norm.py checks
+    its rounding): the same bits, and not the default's."""
+    from jit_kernel.norm import fused_add_rmsnorm
+
+    x = torch.randn(17, 4096, device="cuda", dtype=dtype)
+    r = torch.randn_like(x)
+    w = torch.rand(4096, device="cuda", dtype=dtype) + 0.5
+    top, top_r = x.clone(), r.clone()
+    jit_kernel.fused_add_rmsnorm(top, top_r, w, 1e-6, cast_x_before_out_mul=True)
+    default = x.clone()
+    jit_kernel.fused_add_rmsnorm(default, r.clone(), w, 1e-6)
+    assert fused_add_rmsnorm(x, r, w, 1e-6, cast_x_before_out_mul=True) is None
+    assert torch.equal(x, top) and torch.equal(r, top_r)
+    assert not torch.equal(x, default)
 
 
 @pytest.mark.gpu

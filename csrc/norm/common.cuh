@@ -6,6 +6,12 @@
 // head strides. Semantics (every path): x = float(input) (fused: r = T(float(input) +
 // float(residual)) is stored to residual and x = float(r)); rrms = rsqrt(mean(x^2) + eps);
 // out = T(x * rrms * float(weight)). Sums are accumulated in fp32.
+//
+// kCast (fused only; SGLang's `cast_x_before_out_mul=True`, Hugging Face's `weight *
+// x.to(dtype)`): s = float(input) + float(residual) stays unrounded in fp32 (residual still gets
+// T(s)); rrms = rsqrt(mean(s^2) + eps); out = T(float(T(s * rrms)) * float(weight)): the
+// normalised value is rounded to T before the weight multiply. Callers pass kCast only for 16-bit
+// T: in fp32 both roundings are the identity and the default kernels compute the same bits.
 #pragma once
 
 #include <sgl_kernel/cta.cuh>
@@ -61,8 +67,9 @@ SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64
 // weight with the row, one round trip less on the critical path of a launch of few rows; with many
 // rows, bandwidth needs occupancy instead and the weight is loaded after the reduction (not live
 // across it). `reduce` sums over every thread that holds part of the row. Callers make every
-// argument but the row a constant where they can; this is inlined.
-template <typename T, int kPer, bool kFused, bool kEarlyWeight, typename Reduce>
+// argument but the row a constant where they can; this is inlined. kCast (see the top of this
+// file) also keeps the unrounded fp32 sums in registers for the output.
+template <typename T, int kPer, bool kFused, bool kEarlyWeight, bool kCast, typename Reduce>
 SGL_DEVICE void normalize_row(
     const T* in,
     T* out,
@@ -75,9 +82,11 @@ SGL_DEVICE void normalize_row(
     float inv_dim,
     float eps,
     Reduce reduce) {
+  static_assert(!kCast || kFused, "kCast is a fused-add variant");
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   constexpr int kN = static_cast<int>(kVecElems<T>);
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
+  float s[kCast ? kPer : 1][kCast ? kN : 1];  // kCast: the unrounded sums
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t v = lane + k * group;
@@ -92,17 +101,27 @@ SGL_DEVICE void normalize_row(
   for (int k = 0; k < kPer; ++k) {
     const int64_t v = lane + k * group;
     if (exact || v < nvec) {
-      if constexpr (kFused) {
+      if constexpr (kCast) {
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
-          x[k][j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) + dtype_trait<fp32_t>::from(r[k][j]));
+          s[k][j] = dtype_trait<fp32_t>::from(x[k][j]) + dtype_trait<fp32_t>::from(r[k][j]);
+          x[k][j] = dtype_trait<T>::from(s[k][j]);
+          sum += s[k][j] * s[k][j];
         }
         x[k].store(res, v);
-      }
+      } else {
+        if constexpr (kFused) {
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        const float f = dtype_trait<fp32_t>::from(x[k][j]);
-        sum += f * f;
+          for (int j = 0; j < kN; ++j) {
+            x[k][j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) + dtype_trait<fp32_t>::from(r[k][j]));
+          }
+          x[k].store(res, v);
+        }
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float f = dtype_trait<fp32_t>::from(x[k][j]);
+          sum += f * f;
+        }
       }
     }
   }
@@ -115,7 +134,12 @@ SGL_DEVICE void normalize_row(
       Vec y;
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
-        y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * dtype_trait<fp32_t>::from(w[k][j]));
+        if constexpr (kCast) {
+          const float n = dtype_trait<fp32_t>::from(dtype_trait<T>::from(s[k][j] * rrms));
+          y[j] = dtype_trait<T>::from(n * dtype_trait<fp32_t>::from(w[k][j]));
+        } else {
+          y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * dtype_trait<fp32_t>::from(w[k][j]));
+        }
       }
       y.store(out, v);
     }
@@ -126,7 +150,7 @@ SGL_DEVICE void normalize_row(
 // at most kPer vectors per thread (blocks of up to 512 threads), single pass, weight loaded with
 // the row (its main use is launches of few rows, e.g. qknorm_across_heads with q and k of
 // different widths).
-template <typename T, int kPer, bool kFused>
+template <typename T, int kPer, bool kFused, bool kCast = false>
 __global__ void __launch_bounds__(512) bounded_row_kernel(const Params p) {
   __shared__ float smem[32];
   const RowSet& s = p.set[blockIdx.y];
@@ -136,7 +160,7 @@ __global__ void __launch_bounds__(512) bounded_row_kernel(const Params p) {
   int64_t in_off, out_off, res_off;
   row_offsets(s, blockIdx.x, in_off, out_off, res_off);
   const auto reduce = [&](float v) { return device::cta::all_reduce_sum(v, smem); };
-  normalize_row<T, kPer, kFused, true>(
+  normalize_row<T, kPer, kFused, true, kCast>(
       static_cast<const T*>(s.in) + in_off,
       static_cast<T*>(s.out) + out_off,
       kFused ? static_cast<T*>(s.residual) + res_off : nullptr,
@@ -155,8 +179,9 @@ inline constexpr int64_t kBoundedMaxThreads = 512;
 // Generic path: any dim, one block per row (grid-stride over rows), two passes over the row
 // (the second one hits L1/L2). kN = 1 is the scalar path for rows that are not whole 16-byte
 // vectors or are misaligned; kN = kVecElems<T> moves 16 bytes per access, for rows longer than
-// bounded_row_kernel holds.
-template <typename T, int kN>
+// bounded_row_kernel holds. kCast (fused): the second pass needs the unrounded sums, so the first
+// pass only reads, and the second reads input and residual again and writes both.
+template <typename T, int kN, bool kCast = false>
 __global__ void generic_kernel(const Params p) {
   using device::AlignedVector;
   using Vec = AlignedVector<T, kN>;
@@ -175,6 +200,16 @@ __global__ void generic_kernel(const Params p) {
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
       Vec x;
       x.load(in, v);
+      if constexpr (kCast) {
+        Vec r;
+        r.load(res, v);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float f = dtype_trait<fp32_t>::from(x[j]) + dtype_trait<fp32_t>::from(r[j]);
+          sum += f * f;
+        }
+        continue;
+      }
       if (res != nullptr) {
         Vec r;
         r.load(res, v);
@@ -193,6 +228,25 @@ __global__ void generic_kernel(const Params p) {
     device::cta::reduce_sum(sum, smem);
     __syncthreads();
     const float rrms = rsqrtf(smem[0] / static_cast<float>(s.dim) + p.eps);
+    if constexpr (kCast) {
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        Vec x, r, w, y;
+        x.load(in, v);
+        r.load(res, v);
+        w.load(static_cast<const T*>(s.weight), v);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float f = dtype_trait<fp32_t>::from(x[j]) + dtype_trait<fp32_t>::from(r[j]);
+          r[j] = dtype_trait<T>::from(f);
+          const float n = dtype_trait<fp32_t>::from(dtype_trait<T>::from(f * rrms));
+          y[j] = dtype_trait<T>::from(n * dtype_trait<fp32_t>::from(w[j]));
+        }
+        r.store(res, v);
+        y.store(out, v);
+      }
+      __syncthreads();  // smem is reused by the next row
+      continue;
+    }
     const T* src = res != nullptr ? res : in;
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
       Vec x, w, y;
@@ -231,14 +285,15 @@ inline int64_t max_rows(const Params& p) {
   return rows;
 }
 
-template <typename T, bool kFused, int kPer>
+template <typename T, bool kFused, int kPer, bool kCast = false>
 void launch_bounded(const Params& p, int64_t rows, int64_t max_vecs, DLDevice device, bool enable_pdl) {
   const auto threads = static_cast<uint32_t>(host::div_ceil(host::div_ceil(max_vecs, int64_t{kPer}), int64_t{32}) * 32);
   const dim3 grid(static_cast<uint32_t>(rows), p.num_sets);
-  host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(bounded_row_kernel<T, kPer, kFused>, p);
+  host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(bounded_row_kernel<T, kPer, kFused, kCast>, p);
 }
 
-template <typename T>
+// kCast: the fused-add launch of SGLang's cast_x_before_out_mul (see the top of this file).
+template <typename T, bool kCast = false>
 void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   const int64_t rows = max_rows(p);
   if (rows == 0) return;
@@ -249,7 +304,9 @@ void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   if (vec && rows < (int64_t{1} << 31) && units <= 4 * kBoundedMaxThreads) {
     const bool fused = p.set[0].residual != nullptr;
     const auto launch = [&]<int kPer>() {
-      if (fused) {
+      if constexpr (kCast) {
+        launch_bounded<T, true, kPer, true>(p, rows, units, device, enable_pdl);
+      } else if (fused) {
         launch_bounded<T, true, kPer>(p, rows, units, device, enable_pdl);
       } else {
         launch_bounded<T, false, kPer>(p, rows, units, device, enable_pdl);
@@ -268,9 +325,9 @@ void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   const dim3 grid(static_cast<uint32_t>(std::min<int64_t>(rows, int64_t{1} << 30)), p.num_sets);
   if (vec) {
     host::LaunchKernel(grid, threads, device)
-        .enable_pdl(enable_pdl)(generic_kernel<T, static_cast<int>(kVecElems<T>)>, p);
+        .enable_pdl(enable_pdl)(generic_kernel<T, static_cast<int>(kVecElems<T>), kCast>, p);
   } else {
-    host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(generic_kernel<T, 1>, p);
+    host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(generic_kernel<T, 1, kCast>, p);
   }
 }
 

@@ -1,4 +1,5 @@
-// rmsnorm, fused_add_rmsnorm and qknorm_across_heads over rows `[N, D]` with a row stride.
+// rmsnorm, fused_add_rmsnorm (also in SGLang's cast_x_before_out_mul rounding: fused_add_cast)
+// and qknorm_across_heads over rows `[N, D]` with a row stride.
 //
 // Template parameters: kHidden (a hidden size the fast kernel is specialised for, or 0 for the
 // generic kernel that takes D at run time) and T (fp16_t, bf16_t; fp32_t via kHidden = 0).
@@ -7,6 +8,8 @@
 #pragma once
 
 #include "common.cuh"
+
+#include <type_traits>
 
 namespace jit_kernel::norm {
 
@@ -41,7 +44,8 @@ inline constexpr int kWarpRows = 16;
 inline constexpr int64_t kWarpRowsMaxVecs = 128;
 inline constexpr int64_t kWarpRowsMinRows = 2048;
 
-template <typename T, int64_t kHidden, bool kFused, bool kEarlyWeight, int kRowsPerCta>
+// kCast: the fused kernel of SGLang's cast_x_before_out_mul (see common.cuh), same shapes.
+template <typename T, int64_t kHidden, bool kFused, bool kEarlyWeight, int kRowsPerCta, bool kCast = false>
 __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kThreads) row_kernel(const Params p) {
   using K = RowShape<T, kHidden, kFused, kRowsPerCta>;
   __shared__ float smem[32];
@@ -61,7 +65,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       return device::cta::all_reduce_sum(v, smem);
     }
   };
-  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight>(
+  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight, kCast>(
       static_cast<const T*>(s.in) + row * s.in_s0,
       static_cast<T*>(s.out) + row * s.out_s0,
       kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
@@ -85,21 +89,22 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
 inline constexpr int64_t kLatencyBoundRows = 256;
 inline constexpr int64_t kFusedShortRowsLatencyBoundRows = 2048;
 
-template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
+template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta, bool kCast = false>
 void launch_row_kernel(const Params& p, int64_t rows, DLDevice device, bool enable_pdl) {
   const dim3 grid(static_cast<uint32_t>((rows + kRowsPerCta - 1) / kRowsPerCta), p.num_sets);
   const auto threads = static_cast<uint32_t>(RowShape<T, kHidden, kFused, kRowsPerCta>::kThreads);
-  auto kernel = row_kernel<T, kHidden, kFused, false, kRowsPerCta>;
+  auto kernel = row_kernel<T, kHidden, kFused, false, kRowsPerCta, kCast>;
   if constexpr (kRowsPerCta == 1) {  // warp rows only run with many rows
     constexpr bool kShortFused = kFused && RowShape<T, kHidden, kFused, 1>::kVecs <= kWarpRowsMaxVecs;
     if (rows <= (kShortFused ? kFusedShortRowsLatencyBoundRows : kLatencyBoundRows)) {
-      kernel = row_kernel<T, kHidden, kFused, true, 1>;
+      kernel = row_kernel<T, kHidden, kFused, true, 1, kCast>;
     }
   }
   host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(kernel, p);
 }
 
-template <typename T, int64_t kHidden>
+// kCast: the fused-add launch of SGLang's cast_x_before_out_mul (16-bit T; see common.cuh).
+template <typename T, int64_t kHidden, bool kCast = false>
 void launch_rows(const Params& p, DLDevice device, bool enable_pdl) {
   const int64_t rows = max_rows(p);
   if (rows == 0) return;
@@ -108,6 +113,10 @@ void launch_rows(const Params& p, DLDevice device, bool enable_pdl) {
     for (int i = 0; i < p.num_sets; ++i) fast = fast && p.set[i].dim == kHidden && p.set[i].inner == 1;
     if (fast) {
       host::RuntimeCheck(rows < (int64_t{1} << 31), "rmsnorm: at most 2^31 - 1 rows, got ", rows);
+      if constexpr (kCast) {
+        launch_row_kernel<T, kHidden, true, 1, true>(p, rows, device, enable_pdl);
+        return;
+      }
       if (p.set[0].residual != nullptr) {
         launch_row_kernel<T, kHidden, true, 1>(p, rows, device, enable_pdl);
         return;
@@ -122,7 +131,7 @@ void launch_rows(const Params& p, DLDevice device, bool enable_pdl) {
       return;
     }
   }
-  launch_generic<T>(p, device, enable_pdl);
+  launch_generic<T, kCast>(p, device, enable_pdl);
 }
 
 template <int64_t kHidden, typename T>
@@ -153,21 +162,21 @@ struct RMSNorm {
       tvm::ffi::TensorView weight,
       double eps,
       bool enable_pdl) {
-    using namespace host;
-    auto N = SymbolicSize{"num_tokens"};
-    auto D = SymbolicSize{"hidden_size"};
-    auto device = SymbolicDevice{};
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(
-        residual, "residual");
-    TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
-    Params p{};
-    p.num_sets = 1;
-    p.eps = static_cast<float>(eps);
-    p.set[0] = make_rows(input, input, weight.data_ptr());
-    p.set[0].residual = residual.data_ptr();
-    p.set[0].res_s0 = residual.stride(0);
-    launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
+    fused_add_impl<false>(input, residual, weight, eps, enable_pdl);
+  }
+
+  // SGLang's fused_add_rmsnorm(..., cast_x_before_out_mul=True), Hugging Face's rounding order:
+  // with s = float(input) + float(residual) kept unrounded, residual = T(s) and
+  // input = T(float(T(s * rsqrt(mean(s^2) + eps))) * float(weight)). A separate export, so that
+  // fused_add keeps its signature and its kernels. In fp32 both roundings are the identity, and
+  // fused_add's kernels compute the same bits: no second set of fp32 kernels.
+  static void fused_add_cast(
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      double eps,
+      bool enable_pdl) {
+    fused_add_impl<!std::is_same_v<T, fp32_t>>(input, residual, weight, eps, enable_pdl);
   }
 
   // q = rmsnorm(q) * q_weight and k = rmsnorm(k) * k_weight over whole rows, in one launch.
@@ -193,6 +202,31 @@ struct RMSNorm {
     p.set[0] = make_rows(q, q, q_weight.data_ptr());
     p.set[1] = make_rows(k, k, k_weight.data_ptr());
     launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
+  }
+
+ private:
+  template <bool kCast>
+  static void fused_add_impl(
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      double eps,
+      bool enable_pdl) {
+    using namespace host;
+    auto N = SymbolicSize{"num_tokens"};
+    auto D = SymbolicSize{"hidden_size"};
+    auto device = SymbolicDevice{};
+    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(
+        residual, "residual");
+    TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
+    Params p{};
+    p.num_sets = 1;
+    p.eps = static_cast<float>(eps);
+    p.set[0] = make_rows(input, input, weight.data_ptr());
+    p.set[0].residual = residual.data_ptr();
+    p.set[0].res_s0 = residual.stride(0);
+    launch_rows<T, kHidden, kCast>(p, device.unwrap(), enable_pdl);
   }
 };
 

@@ -40,16 +40,11 @@ def fused_add_rmsnorm(
 ) -> None:
     """In place: ``residual = input + residual``, then ``input = rmsnorm(residual) * weight``.
 
-    ``cast_x_before_out_mul=True`` (round the normalised value to the dtype before the weight
-    multiply, for Hugging Face parity) needs a kernel variant this package does not have yet: it
-    raises NotImplementedError rather than computing the default rounding silently.
+    ``cast_x_before_out_mul=True`` rounds as the seed's kernel does with it (Hugging Face parity):
+    the normalised value, taken from the unrounded fp32 sum, is rounded to the dtype before the
+    weight multiply. It must be a bool.
     """
-    if cast_x_before_out_mul:
-        raise NotImplementedError(
-            "fused_add_rmsnorm: cast_x_before_out_mul=True is not implemented in jit_kernel (the kernel rounds "
-            "once, after the weight multiply); see docs/coming-from-sglang.md"
-        )
-    _norm.fused_add_rmsnorm(input, residual, weight, eps)
+    _norm.fused_add_rmsnorm(input, residual, weight, eps, cast_x_before_out_mul=cast_x_before_out_mul)
 
 
 def fused_inplace_qknorm(

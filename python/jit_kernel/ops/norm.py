@@ -2,7 +2,11 @@
 
 Semantics (all in fp32, one rounding at the end): ``out = T(x * rsqrt(mean(x^2) + eps) * weight)``.
 ``fused_add_rmsnorm`` first stores ``residual = T(input + residual)`` and normalises that stored
-value, so that ``input`` ends up exactly ``rmsnorm(residual_new, weight)``.
+value, so that ``input`` ends up exactly ``rmsnorm(residual_new, weight)``. With
+``cast_x_before_out_mul=True`` it rounds as SGLang's flag of that name (Hugging Face's
+``weight * x.to(dtype)``): with ``s = float(input) + float(residual)`` unrounded, ``residual = T(s)``
+and ``input = T(float(T(s * rsqrt(mean(s^2) + eps))) * weight)``, the normalised value rounded to the
+dtype before the weight multiply (the ``fused_add_cast`` export; in fp32 both forms are the same).
 
 Any D works: hidden sizes in :data:`~jit_kernel.families.NORM_HIDDEN_SIZES` (head dims in
 ``QKNORM_HEAD_DIMS``) in fp16/bf16 use kernels specialised for that size; every other D, and fp32,
@@ -118,10 +122,18 @@ def _fused_add_rmsnorm(
     weight: torch.Tensor,
     eps: float,
     enable_pdl: bool | None,
+    cast_x_before_out_mul: bool = False,
     run: bool = True,
 ) -> None:
     op = "fused_add_rmsnorm"
     check_pdl(op, enable_pdl)
+    # Identity tests: the default costs one comparison; anything but a bool is refused.
+    if cast_x_before_out_mul is False:
+        export = "fused_add"
+    elif cast_x_before_out_mul is True:
+        export = "fused_add_cast"
+    else:
+        raise TypeError(f"{op}: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}")
     check_cuda(op, "input", input)
     eps = _eps(op, eps)
     check_like(op, "residual", residual, input, "input")
@@ -135,7 +147,7 @@ def _fused_add_rmsnorm(
     _weight(op, "weight", weight, input, d, "input")
     if run:
         pdl = resolve_pdl(enable_pdl, input.device)
-        _RMSNORM.function("fused_add", _config(d, input.dtype, _FAST_HIDDEN))(rows, res_rows, weight, eps, pdl)
+        _RMSNORM.function(export, _config(d, input.dtype, _FAST_HIDDEN))(rows, res_rows, weight, eps, pdl)
 
 
 def _qknorm_across_heads(
@@ -237,16 +249,26 @@ def _(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, 
 
 @torch.library.custom_op("jit_kernel::fused_add_rmsnorm", mutates_args=("input", "residual"))
 def _fused_add_rmsnorm_op(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    enable_pdl: bool | None = None,
+    cast_x_before_out_mul: bool = False,
 ) -> None:
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl)
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
 
 
 @_fused_add_rmsnorm_op.register_fake
 def _(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    enable_pdl: bool | None = None,
+    cast_x_before_out_mul: bool = False,
 ) -> None:
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, run=False)
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul, run=False)
 
 
 def _qk_op(name: str, impl: Callable[..., None]) -> torch.library.CustomOpDef:
@@ -312,13 +334,20 @@ def fused_add_rmsnorm(
     weight: torch.Tensor,
     eps: float = 1e-6,
     enable_pdl: bool | None = None,
+    *,
+    cast_x_before_out_mul: bool = False,
 ) -> None:
     """In place: ``residual = input + residual`` (added in fp32, stored in the dtype), then
-    ``input = rmsnorm(residual) * weight``."""
+    ``input = rmsnorm(residual) * weight``.
+
+    ``cast_x_before_out_mul=True``: SGLang's flag of that name, for Hugging Face parity
+    (``weight * x.to(dtype)``): the normalised value is rounded to the dtype before the weight
+    multiply, and it is normalised from the unrounded fp32 sum (the stored residual is still
+    rounded). The default rounds once, after the weight multiply."""
     if torch.compiler.is_compiling():
-        torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps, enable_pdl)
+        torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
         return
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl)
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
 
 
 def fused_inplace_qknorm(
