@@ -77,6 +77,7 @@ def header_units() -> list[Unit]:
         Unit("host/dtype.h", "g++", "#include <sgl_kernel/dtype.h>\n"),
         Unit("host/tensor.h", "g++", "#include <sgl_kernel/tensor.h>\n"),
         Unit("host/source_location.h", "g++", "#include <sgl_kernel/source_location.h>\n"),
+        Unit("host/ffi.h", "g++", "#include <sgl_kernel/ffi.h>\n"),
         Unit(
             "host/matcher_cases.cc",
             "g++",

@@ -349,6 +349,16 @@ class SymbolicDType {
     return *m_value;
   }
 
+  /// \brief Bind to `value`, or check that it is the bound dtype (and an allowed one), outside a
+  /// matcher: sglang's `dtype.verify(t.dtype())`. Throws `PanicError` naming the caller.
+  auto verify(DLDataType value, DebugInfo where = {}) -> void {
+    try {
+      match(value);
+    } catch (const PanicError& error) {
+      details::fail("Runtime check failed", where, error.cause());
+    }
+  }
+
   /// \brief Dispatch helper: `if (dtype.is_type<fp16_t>()) ...` (false while unbound).
   template <has_dl_dtype T>
   auto is_type() const -> bool {
@@ -436,6 +446,16 @@ class SymbolicDevice {
   auto unwrap(DebugInfo where = {}) const -> DLDevice {
     if (!m_value) panic(where, "unwrap() on unbound SymbolicDevice: verify a tensor with it or call set_value() first");
     return *m_value;
+  }
+
+  /// \brief Bind to `value`, or check that it is the bound device (and an allowed one), outside a
+  /// matcher: sglang's `device.verify(t.device())`. Throws `PanicError` naming the caller.
+  auto verify(DLDevice value, DebugInfo where = {}) -> void {
+    try {
+      match(value);
+    } catch (const PanicError& error) {
+      details::fail("Runtime check failed", where, error.cause());
+    }
   }
 
  private:

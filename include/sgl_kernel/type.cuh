@@ -278,3 +278,14 @@ SGL_DEVICE To cast(const From& value) {
 }
 
 }  // namespace device
+
+/// \brief Largest finite `fp8_e4m3_t` (448), the global name sglang.jit_kernel kernels use;
+/// `device::math::FP8_E4M3_MAX` is the same value.
+inline constexpr float kFP8E4M3Max = 448.0f;
+
+/// `namespace sglang` layout (see `utils.h`).
+namespace sglang {
+using ::dtype_trait;
+using ::kFP8E4M3Max;
+using ::packed_t;
+}  // namespace sglang

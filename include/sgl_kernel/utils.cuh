@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cuda.h>  // driver API types: sglang's headers provide them to the kernels that include them
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -41,11 +42,56 @@ using fp8x4_e5m2_t = __nv_fp8x4_e5m2;
 
 /// \brief Qualifier for device helper functions.
 #define SGL_DEVICE __forceinline__ __device__
+/// \brief Same, callable from host code too.
+#define SGL_DEVICE_HOST __forceinline__ __device__ __host__
+
+/// \brief Read-only (non-coherent cache) load, as sglang.jit_kernel kernels spell it.
+#define SGLANG_LDG(arg) __ldg(arg)
+
+/// \brief DLPack's device types for "the GPU" and "pinned host memory", as sglang.jit_kernel
+/// kernels spell them (upstream maps them to ROCm there; this library targets CUDA only).
+inline constexpr auto kDLGPU = kDLCUDA;
+inline constexpr auto kDLGPUHost = kDLCUDAHost;
+
+/**
+ * \brief `SGL_CUDA_ARCH`: the compute capability a translation unit is built for (900 for sm_90a),
+ * the same number in the host and the device pass, so that `#if` on it and template arguments
+ * derived from it agree on both sides.
+ *
+ * sglang's `load_jit` passes `-DSGL_CUDA_ARCH=...`; ours does not need to: without it the lowest
+ * arch of the build is used (nvcc's `__CUDA_ARCH_LIST__`, defined in both passes). With several
+ * archs every one of them then takes the oldest arch's path, which is correct on all of them.
+ * `__CUDA_ARCH__` is not used for this: it differs between passes, so a host-side
+ * `kernel<kMaxVecBytes>` would name an instantiation the device pass never built.
+ */
+#if !defined(SGL_CUDA_ARCH)
+#if defined(__CUDA_ARCH_LIST__)
+#define SGL_DETAIL_FIRST_ARCH(first, ...) first
+#define SGL_DETAIL_LOWEST_ARCH(...) SGL_DETAIL_FIRST_ARCH(__VA_ARGS__, 0)
+#define SGL_CUDA_ARCH SGL_DETAIL_LOWEST_ARCH(__CUDA_ARCH_LIST__)
+#else
+#define SGL_CUDA_ARCH 0
+#endif
+#endif
+
+/// \brief Feature tests on `SGL_CUDA_ARCH`, usable in `#if` and in host code.
+#define SGL_ARCH_HOPPER_OR_GREATER (SGL_CUDA_ARCH >= 900)
+#define SGL_ARCH_BLACKWELL_OR_GREATER ((SGL_CUDA_ARCH >= 1000) && (CUDART_VERSION >= 12090))
 
 namespace device {
 
 inline constexpr uint32_t kWarpThreads = 32;
 inline constexpr uint32_t kFullMask = 0xffffffffu;
+/// \brief Upstream's other name for `kWarpThreads`.
+inline constexpr uint32_t kWarpSize = kWarpThreads;
+
+/// \brief Widest vector one load or store may move on every arch of this build: 32 bytes
+/// (256-bit) from Blackwell with CUDA >= 12.9, otherwise 16. See `SGL_CUDA_ARCH`.
+inline constexpr std::size_t kMaxVecBytes = SGL_ARCH_BLACKWELL_OR_GREATER ? 32 : 16;
+
+/// \brief `div_ceil` is the host one (`__host__ __device__`): a using-declaration, so that
+/// device code finds it unqualified and `using namespace host; using namespace device;` still agree.
+using ::host::div_ceil;
 
 /// \brief Programmatic dependent launch (PDL), first half: block until the
 /// preceding kernel in the stream has completed and its memory is visible.
@@ -95,6 +141,29 @@ struct device_vec {
 };
 
 }  // namespace device
+
+/// `namespace sglang` layout (sglang >= 0.5.23), see `utils.h`: `sglang::device` forwards to
+/// `::device`, and the element types and device-type names are visible as `sglang::fp16_t` etc.
+namespace sglang {
+namespace device {
+using namespace ::device;
+}  // namespace device
+using ::bf16_t;
+using ::bf16x2_t;
+using ::fp16_t;
+using ::fp16x2_t;
+using ::fp32_t;
+using ::fp32x2_t;
+using ::fp32x4_t;
+using ::fp8_e4m3_t;
+using ::fp8_e5m2_t;
+using ::fp8x2_e4m3_t;
+using ::fp8x2_e5m2_t;
+using ::fp8x4_e4m3_t;
+using ::fp8x4_e5m2_t;
+using ::kDLGPU;
+using ::kDLGPUHost;
+}  // namespace sglang
 
 namespace host {
 
@@ -175,7 +244,14 @@ class LaunchKernel {
   /// other's shared memory. The grid must be a multiple of `size`; above 8 the
   /// kernel must allow non-portable cluster sizes.
   auto enable_cluster(unsigned size) -> LaunchKernel& {
-    m_cluster = size;
+    m_cluster = dim3(size, 1, 1);
+    return *this;
+  }
+
+  /// \brief Clusters of `dims` blocks, for multi-dimensional grids (sglang's spelling:
+  /// `enable_cluster({1, kClusterSize})`). Each grid dimension must be a multiple of `dims`'.
+  auto enable_cluster(dim3 dims) -> LaunchKernel& {
+    m_cluster = dims;
     return *this;
   }
 
@@ -193,11 +269,11 @@ class LaunchKernel {
       attributes[count].id = cudaLaunchAttributeCooperative;
       attributes[count++].val.cooperative = 1;
     }
-    if (m_cluster > 1) {
+    if (m_cluster.x * m_cluster.y * m_cluster.z > 1) {
       attributes[count].id = cudaLaunchAttributeClusterDimension;
-      attributes[count].val.clusterDim.x = m_cluster;
-      attributes[count].val.clusterDim.y = 1;
-      attributes[count++].val.clusterDim.z = 1;
+      attributes[count].val.clusterDim.x = m_cluster.x;
+      attributes[count].val.clusterDim.y = m_cluster.y;
+      attributes[count++].val.clusterDim.z = m_cluster.z;
     }
     config.attrs = count > 0 ? attributes : nullptr;
     config.numAttrs = count;
@@ -250,7 +326,7 @@ class LaunchKernel {
   int m_device_id = -1;
   bool m_pdl = false;
   bool m_cooperative = false;
-  unsigned m_cluster = 1;
+  dim3 m_cluster{1, 1, 1};
   DebugInfo m_where;
 };
 

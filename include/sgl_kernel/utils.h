@@ -200,6 +200,15 @@ inline constexpr auto dtype_bytes(DLDataType dtype) -> std::size_t {
   return (static_cast<std::size_t>(dtype.bits) * dtype.lanes + 7) / 8;
 }
 
+/// \brief `static_assert(dependent_false_v<T>, "...")` in the last `if constexpr` branch: only
+/// fails for the instantiations that reach it.
+template <typename>
+inline constexpr bool dependent_false_v = false;
+
+// Short names for the ranges library, as kernels written for sglang.jit_kernel spell them.
+namespace stdr = std::ranges;
+namespace stdv = std::views;
+
 /// \brief Python-style range `[0, end)`, usable in range-for.
 template <std::integral T>
 inline auto irange(T end) {
@@ -214,4 +223,42 @@ inline auto irange(T begin, U end) {
   return std::views::iota(first, std::max(first, static_cast<V>(end)));
 }
 
+/**
+ * \brief Stream-style panic: `Error{}.stream << "bad size " << n;` throws `PanicError`
+ *        ("Panic at <file>:<line>: bad size 7") when the temporary dies, at the end of the
+ *        full expression. `CHECK_HOST(cond) << ...` builds on it.
+ */
+struct Error {
+  std::ostringstream stream;
+
+  explicit Error(DebugInfo where = {}) : m_where(where) {}
+  Error(const Error&) = delete;
+  Error& operator=(const Error&) = delete;
+
+  // Throwing from a destructor is the point here: it must be allowed to leave.
+  [[noreturn]] ~Error() noexcept(false) {
+    details::fail("Panic", m_where, std::move(stream).str());
+  }
+
+ private:
+  DebugInfo m_where;
+};
+
 }  // namespace host
+
+/// \brief `SGL_PANIC << "message " << value;` throws `host::PanicError` naming this line.
+#define SGL_PANIC ::host::Error{}.stream
+
+/// \brief `CHECK_HOST(n > 0) << "n = " << n;`: the message is only built when the check fails.
+#define CHECK_HOST(COND) \
+  if (COND) [[likely]] { \
+  } else                 \
+    SGL_PANIC
+
+/// sglang 0.5.23 moved this library into `namespace sglang` (`sglang::host::RuntimeCheck`, kernel
+/// code inside `namespace sglang { ... }`). Nothing else changed, so `sglang::host` only forwards
+/// to `::host`. It is a real namespace, not an alias, because such kernels reopen it
+/// (`namespace sglang { namespace host::compress { ... } }`).
+namespace sglang::host {
+using namespace ::host;
+}  // namespace sglang::host

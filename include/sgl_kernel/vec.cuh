@@ -10,6 +10,13 @@
 
 namespace device {
 
+/// \brief `N` elements of `T` aligned to their total size: what `AlignedVector` keeps, and what a
+/// kernel can reinterpret memory as for one wide access (`AlignedStorage<uint32_t, 4>`, 16 bytes).
+template <typename T, std::size_t N>
+struct alignas(sizeof(T) * N) AlignedStorage {
+  T data[N];
+};
+
 /**
  * \brief `N` elements of `T`, aligned to their total size so that copying the
  *        whole vector compiles to a single 32/64/128-bit (or, on sm_100+,
@@ -37,18 +44,16 @@ struct AlignedVector {
   static constexpr std::size_t kSize = N;
   static constexpr std::size_t kBytes = sizeof(T) * N;
 
-  /// \brief Loads vector number `offset` from `ptr` (a `T*` or `void*`).
-  template <typename U>
-  SGL_DEVICE void load(const U* ptr, std::size_t offset = 0) {
-    static_assert(std::is_same_v<U, T> || std::is_void_v<U>, "AlignedVector::load: pointer must be T* or void*");
-    m_storage = reinterpret_cast<const Storage*>(ptr)[offset];
+  /// \brief Loads vector number `offset` from `ptr`. The pointer is taken as untyped, as in
+  /// sglang.jit_kernel's headers (kernels pass byte or fp8 pointers for other element types):
+  /// `offset` always counts whole vectors, never elements of `*ptr`.
+  SGL_DEVICE void load(const void* ptr, std::size_t offset = 0) {
+    m_storage = static_cast<const Storage*>(ptr)[offset];
   }
 
-  /// \brief Stores this vector as vector number `offset` of `ptr` (a `T*` or `void*`).
-  template <typename U>
-  SGL_DEVICE void store(U* ptr, std::size_t offset = 0) const {
-    static_assert(std::is_same_v<U, T> || std::is_void_v<U>, "AlignedVector::store: pointer must be T* or void*");
-    reinterpret_cast<Storage*>(ptr)[offset] = m_storage;
+  /// \brief Stores this vector as vector number `offset` of `ptr` (untyped, see `load`).
+  SGL_DEVICE void store(void* ptr, std::size_t offset = 0) const {
+    static_cast<Storage*>(ptr)[offset] = m_storage;
   }
 
   /// \brief `load` from global memory with an evict-first cache hint (`ld.global.cs`), for data
@@ -110,9 +115,7 @@ struct AlignedVector {
               std::conditional_t<kBytes == 2, unsigned short, unsigned char>>>>;
 
   // The alignment is what lets the compiler emit one vector instruction per copy.
-  struct alignas(sizeof(T) * N) Storage {
-    T data[N];
-  };
+  using Storage = AlignedStorage<T, N>;
   Storage m_storage;
 };
 

@@ -13,6 +13,9 @@
 
 namespace device::warp {
 
+/// \brief All 32 lanes; `device::kFullMask`, also reachable as `warp::kFullMask`.
+using ::device::kFullMask;
+
 /**
  * \brief Sum of `value` over groups of `kThreads` consecutive lanes (the whole
  *        warp by default); every lane of a group gets the result.
@@ -48,6 +51,27 @@ SGL_DEVICE T reduce_min(T value, uint32_t active_mask = kFullMask) {
     value = math::min(value, __shfl_xor_sync(active_mask, value, offset));
   }
   return value;
+}
+
+// The same reductions with the group width first, as sglang.jit_kernel writes them:
+// `warp::reduce_sum<16>(x)` (ours: `reduce_sum<float, 16>(x)`, or just `reduce_sum(x)`). Overloads
+// rather than a changed order: a width is never a valid type argument and a type never a valid
+// width, so each call matches exactly one form. The width has no default here, so a call without
+// template arguments stays unambiguous.
+
+template <uint32_t kThreads, typename T>
+SGL_DEVICE T reduce_sum(T value, uint32_t active_mask = kFullMask) {
+  return reduce_sum<T, kThreads>(value, active_mask);
+}
+
+template <uint32_t kThreads, typename T>
+SGL_DEVICE T reduce_max(T value, uint32_t active_mask = kFullMask) {
+  return reduce_max<T, kThreads>(value, active_mask);
+}
+
+template <uint32_t kThreads, typename T>
+SGL_DEVICE T reduce_min(T value, uint32_t active_mask = kFullMask) {
+  return reduce_min<T, kThreads>(value, active_mask);
 }
 
 namespace details {
