@@ -227,30 +227,18 @@ def _snapshot(folder: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in folder.rglob("*")}
 
 
-def test_read_only_cache_serves_hits_and_a_miss_is_one_clear_error(tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    write_host_kernel(source)
-    root = Path(tempfile.mkdtemp(prefix="jit-kernel-ro-")) / "cache"
+def test_read_only_cache_serves_hits_and_a_miss_is_one_clear_error(warmed: Path) -> None:
+    root = Path(tempfile.mkdtemp(prefix="jit-kernel-ro-")) / "cache"  # not under root-only pytest folders
     try:
-        assert cache.load_or_build(_request(source), root).value() == 101  # baked while writable
+        shutil.copytree(warmed, root)  # a baked cache holding add_constant_host<7>
         before = _snapshot(root)
         runner = _read_only_runner(root)
-        script = textwrap.dedent(f"""
-            from pathlib import Path
-            from jit_kernel import cache
-            from jit_kernel.jit import make_build_request
-            def request(*flags):
-                return make_build_request("robust", cpp_files=[{str(source / "kernel.cc")!r}],
-                    cpp_wrappers=[("value", "user::value")], extra_include_paths=[{str(source)!r}],
-                    extra_cflags=list(flags))
-            print("hit", cache.load_or_build(request(), Path({str(root)!r})).value(), flush=True)
-            cache.load_or_build(request("-DMISS=1"), Path({str(root)!r}))
-        """)
+        script = textwrap.dedent(ADD_SEVEN) + "jit_kernel.add_constant(x, 8)\n"
         result = subprocess.run(
             [*runner, sys.executable, "-W", "ignore", "-c", script],
-            capture_output=True, text=True, env=_environment(), check=False,
+            capture_output=True, text=True, env=_environment(JIT_KERNEL_CACHE_DIR=str(root)), check=False,
         )  # fmt: skip
-        assert "hit 101" in result.stdout, result.stderr
+        assert "sum 45" in result.stdout, result.stderr
         assert result.returncode != 0
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith(f"jit_kernel.cache.CacheDirError: cannot write to the JIT cache at {root} ("), last
@@ -334,7 +322,7 @@ def _working_in(folder: Path) -> dict[int, str]:
 @pytest.mark.parametrize("language", ["c++", "cuda"])
 def test_killed_build_stops_its_compilers_and_the_next_build_removes_its_staging(tmp_path: Path, language: str) -> None:
     source = tmp_path / "src"
-    write_host_kernel(source)
+    source.mkdir()
     root = tmp_path / "cache"
     if language == "cuda":
         (source / "slow.cu").write_text(SLOW_CUDA + "int identity(int x) { return x; }\n")
@@ -372,7 +360,9 @@ cache.load_or_build({build}, Path({str(root)!r}))
         if builder.poll() is None:
             builder.kill()
     assert staging.is_dir()  # left behind by the killed process; the next build removes it
-    assert cache.load_or_build(_request(source), root).value() == 101  # another entry, so no lock is held
+    (source / "fast.cc").write_text("int identity(int x) { return x; }\n")
+    fast = make_build_request("fast", cpp_files=[str(source / "fast.cc")], cpp_wrappers=[("f", "identity")])
+    assert cache.load_or_build(fast, root).f(5) == 5  # another entry: its lock is free
     assert not staging.exists()
     assert list((root / ".staging").iterdir()) == []
 
