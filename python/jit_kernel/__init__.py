@@ -11,6 +11,8 @@ from collections.abc import Callable
 import tvm_ffi  # noqa: F401
 
 from jit_kernel import env
+from jit_kernel.cache import CacheDirError
+from jit_kernel.dispatch import JitDisabledError
 from jit_kernel.jit import CPPArgList, cache_once, load_jit, make_cpp_args
 from jit_kernel.version import __version__
 
@@ -74,7 +76,9 @@ if importlib.util.find_spec("torch") is not None:
 
 __all__ = [
     "CPPArgList",
+    "CacheDirError",
     "Event",
+    "JitDisabledError",
     "StreamWaitTimeout",
     "__version__",
     "add_constant",

@@ -15,7 +15,6 @@ rewritten when their content changes, so a re-configure does not rebuild everyth
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 from jit_kernel import env
 from jit_kernel.arch import parse_arch_list
 from jit_kernel.families import ALL_FAMILIES
+from jit_kernel.sources import sha256_file
 from jit_kernel.spec import KernelSpec, all_symbols, source_hash, symbol_name
 from jit_kernel.version import __version__
 
@@ -108,8 +108,7 @@ def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi
 def seal(manifest_path: Path, library_path: Path, output: Path) -> dict[str, object]:
     """The manifest to install: the generated one plus the built library's size and SHA-256."""
     manifest = json.loads(manifest_path.read_text())
-    with library_path.open("rb") as f:
-        manifest["library_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+    manifest["library_sha256"] = sha256_file(library_path)
     manifest["library_size"] = library_path.stat().st_size
     _write_if_changed(output, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

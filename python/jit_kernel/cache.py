@@ -37,7 +37,7 @@ from typing import Any
 
 from jit_kernel import builder, env, toolchain
 from jit_kernel.arch import Arch
-from jit_kernel.sources import included_files
+from jit_kernel.sources import included_files, sha256_file
 from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")
@@ -78,9 +78,7 @@ class BuildRequest:
         return (*self.extra_include_paths, env.INCLUDE_DIR, env.CSRC_DIR)
 
 
-def _sha256_file(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+_sha256_file = sha256_file
 
 
 def cache_key(request: BuildRequest) -> str:

@@ -375,5 +375,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except UsageError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    except (toolchain.ToolchainError, OSError) as error:
+    except (toolchain.ToolchainError, cache.CacheDirError, OSError) as error:
         parser.exit(1, f"{parser.prog}: {error}\n")

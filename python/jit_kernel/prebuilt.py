@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from typing import Any
 
 from jit_kernel import env
 from jit_kernel.arch import Arch, runs_on
+from jit_kernel.sources import sha256_file
 from jit_kernel.spec import Config, KernelSpec, source_hash
 
 LIBRARY_DIR = env.PACKAGE_DIR / "lib"
@@ -106,8 +106,7 @@ def manifest() -> Manifest | None:
 
 
 def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return sha256_file(path)
 
 
 def _verified_memo_path() -> Path:

@@ -6,6 +6,7 @@ manifest's source hashes) as well as the JIT cache at run time (for its keys).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,3 +38,12 @@ def included_files(roots: Sequence[Path], search_path: Sequence[Path]) -> dict[P
                     pending.append(candidate.resolve())
                     break
     return found
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB chunks (``hashlib.file_digest`` needs Python 3.11)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
