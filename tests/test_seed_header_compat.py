@@ -44,6 +44,7 @@ FFI_FUNCS = [
     "blob_like",
     "blob_owned",
     "deleted_count",
+    "counter_twice",
 ]
 
 ALIASES = include("aliases.cuh") + "".join(
@@ -130,12 +131,14 @@ def test_gpu_aliases(dtype):
         ],
     )
     x = torch.randn(4096, device="cuda").to(dtype)
-    out = torch.empty(4096, 3, device="cuda")
+    out = torch.empty(4096, 4, device="cuda")
     (mod.group_sums_f32 if dtype == torch.float32 else mod.group_sums_f16)(x, out)
     xf = x.float()
     torch.testing.assert_close(out[:, 0], xf.view(-1, 16).sum(1).repeat_interleave(16), rtol=1e-5, atol=1e-4)
     assert torch.equal(out[:, 1], xf.view(-1, 32).amax(1).repeat_interleave(32))
     torch.testing.assert_close(out[:, 2], xf.view(-1, 32).sum(1).repeat_interleave(32), rtol=1e-5, atol=1e-4)
+    across = xf.view(-1, 4, 8).sum(1, keepdim=True).expand(-1, 4, 8).reshape(-1)  # same lane mod 8, per warp
+    torch.testing.assert_close(out[:, 3], across, rtol=1e-5, atol=1e-4)
     pinned = torch.zeros(8).pin_memory()
     assert mod.check_sizes(pinned, 8) == 8
     line = next(i for i, t in enumerate((COMPAT / "aliases.cuh").read_text().splitlines(), 1) if "@line:check" in t)
@@ -198,3 +201,4 @@ def test_gpu_ffi_helpers(device):
     assert owned.tolist() == list(range(6))
     del owned
     assert mod.deleted_count() == before + 1
+    assert mod.counter_twice(40) == 42

@@ -69,7 +69,9 @@ CORE = {
 }
 
 # Includes from outside sglang, tvm-ffi and the CUDA toolkit.
-THIRD_PARTY = re.compile(r"^(cutlass|cute|flashinfer|flash|cub_ext|deep_gemm|kerutils|cublasdx|mscclpp|nvshmem|hip)/")
+THIRD_PARTY = re.compile(
+    r"^((cutlass|cute|flashinfer|flash|deep_gemm|kerutils|mscclpp|nvshmem|hip|tensorrt_llm)/|cublasdx|commondx)"
+)
 
 FFI_HEADERS = ("container/tensor.h", "dtype.h", "error.h", "extra/c_env_api.h", "function.h")
 BASE_FLAGS = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC"]
@@ -147,6 +149,12 @@ OVERRIDES: dict[str, dict] = {
     "_jit_resolve_future_token_ids_module": {"dtype": "i64"},  # token ids
     "_jit_moe_align_module": {"dtype": "i32"},  # topk ids (moe_align and moe_lora_align)
     "_jit_fused_parallel_qknorm_module": {"q_dim": 4096, "k_dim": 1024},  # whole warps per rank
+    "get_fused_parallel_qknorm_module": {"q_dim": 4096, "k_dim": 1024},  # (its 0.5.16 name)
+    "_jit_online_c128_mtp_module": {"head_dim": 512},  # the only size it supports
+    "_jit_dsv3_fused_a_gemm_module": {"hd_in": 7168, "hd_out": 2112},  # DeepSeek V3's q_a/kv_a shapes
+    "per_token_group_quant_8bit_v2.py:_jit_module": {"out_dtype": "fp8"},  # int8 or fp8 out
+    "minimax_qknorm_rope.py:_jit_module": {"pos_dtype": "i64", "head_dim": 128, "rope_dim": 64},  # its only call
+    "_prep_module": {"nc": 16, "num_red_log": 8, "num_gpus": 8},  # nc == num_red_log + num_gpus
     "_jit_hicache_module": {"element_size": 256, "unroll": 4, "block_quota": 2},  # unroll divides 32
 }
 
@@ -168,7 +176,7 @@ def _discover_child(pkg_root: str, kernel_root: str) -> None:
     import torch
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "i32": torch.int32}
-    dtypes["i64"] = torch.int64
+    dtypes.update(i64=torch.int64, i8=torch.int8, fp8=torch.float8_e4m3fn)
 
     class StubMeta(type):
         """Anything a wrapper imports that this machine lacks. Each name is a fresh class, so it also
@@ -316,7 +324,7 @@ def _discover_child(pkg_root: str, kernel_root: str) -> None:
             return None
         params = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         options = [candidates(p) for p in params]
-        override = OVERRIDES.get(qualname.rpartition(":")[2], {})
+        override = next((v for k, v in OVERRIDES.items() if qualname.endswith(("/" + k, ":" + k))), {})
         for i, p in enumerate(params):
             if p.name in override:
                 value = override[p.name]
@@ -516,7 +524,14 @@ def compile_entry(entry: Entry, args, kernel_root: Path, overlay: Path, workdir:
     else:
         command += ["-x", "cu", "-c", str(source), "-o", str(source.with_suffix(".o"))]
     start = time.perf_counter()
-    process = subprocess.run(command, capture_output=True, text=True, cwd=workdir, check=False)
+    try:
+        process = subprocess.run(
+            command, capture_output=True, text=True, cwd=workdir, check=False, timeout=args.timeout
+        )
+    except subprocess.TimeoutExpired:
+        entry.seconds = time.perf_counter() - start
+        entry.status, entry.detail = "timeout", f"not finished in {args.timeout} s"
+        return
     entry.seconds = time.perf_counter() - start
     output = process.stdout + process.stderr
     (workdir / f"{stem}.log").write_text(" ".join(command) + "\n" + output)
@@ -546,6 +561,8 @@ def main() -> int:
     parser.add_argument("--sglang", type=Path, required=True, help="sglang checkout or unpacked wheel")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--only", action="append", default=[], help="entry paths containing this (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], help="skip entry paths containing this")
+    parser.add_argument("--timeout", type=float, help="seconds per compile (slower ones are reported as timeout)")
     parser.add_argument("--sgl-cuda-arch", action="store_true", help="pass -DSGL_CUDA_ARCH=900 as upstream does")
     parser.add_argument(
         "--frontend",
@@ -566,6 +583,7 @@ def main() -> int:
     entries = collect(kernel_root, found)
     if args.only:
         entries = [e for e in entries if any(s in e.path for s in args.only)]
+    entries = [e for e in entries if not any(s in e.path for s in args.exclude)]
     if args.list:
         for e in entries:
             print(f"{e.path}: {e.builder}: {e.wrappers}")
@@ -588,11 +606,11 @@ def main() -> int:
         inst = "yes" if e.instantiated else "file"
         extra = e.detail if e.status != "pass" else ", ".join(e.borrowed)
         print(f"{e.path:<{width}}  {e.status:<11}  {inst:<4}  {extra}")
-    counts = {s: sum(e.status == s for e in entries) for s in ("pass", "FAIL", "third-party", "not-sm90")}
+    counts = {s: sum(e.status == s for e in entries) for s in ("pass", "FAIL", "third-party", "not-sm90", "timeout")}
     print(
         f"\n{kernel_root}: {counts['pass']}/{len(entries)} entry files pass, {counts['FAIL']} fail, "
         f"{counts['third-party']} need third-party headers, {counts['not-sm90']} are not built for sm_90 "
-        f"by the release itself (logs: {workdir})"
+        f"by the release itself, {counts['timeout']} timed out (logs: {workdir})"
     )
     if args.json:
         args.json.write_text(json.dumps([e.__dict__ for e in entries], indent=1))

@@ -26,6 +26,7 @@
 #include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/object.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -129,3 +130,10 @@ inline auto from_blob_like(
 }
 
 }  // namespace host::ffi
+
+/// \brief Declares `REF`, the non-nullable `tvm::ffi::ObjectRef` handle of the object class `OBJ`
+/// (sglang 0.5.23's spelling of tvm-ffi's `TVM_FFI_DEFINE_OBJECT_REF_METHODS_NOTNULLABLE`).
+#define SGLANG_REGISTER_FFI_REFERENCE_CLASS(REF, OBJ)                               \
+  struct REF : public ::tvm::ffi::ObjectRef {                                       \
+    TVM_FFI_DEFINE_OBJECT_REF_METHODS_NOTNULLABLE(REF, ::tvm::ffi::ObjectRef, OBJ); \
+  }

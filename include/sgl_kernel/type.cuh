@@ -257,6 +257,11 @@ struct dtype_trait<fp8x2_e4m3_t> : device::details::dtype_trait_base<fp8x2_e4m3_
 template <>
 struct dtype_trait<fp8x2_e5m2_t> : device::details::dtype_trait_base<fp8x2_e5m2_t, void> {};
 
+/// \brief sglang 0.5.16's name for `dtype_trait` (`DTypeTrait<T>::from(x)`). An alias: specialize
+/// `dtype_trait` itself.
+template <typename T>
+using DTypeTrait = dtype_trait<T>;
+
 /// \brief The packed (x2) type of `T`: `packed_t<fp16_t>` is `fp16x2_t`.
 template <typename T>
 using packed_t = typename dtype_trait<T>::packed_t;
@@ -285,6 +290,7 @@ inline constexpr float kFP8E4M3Max = 448.0f;
 
 /// `namespace sglang` layout (see `utils.h`).
 namespace sglang {
+using ::DTypeTrait;
 using ::dtype_trait;
 using ::kFP8E4M3Max;
 using ::packed_t;

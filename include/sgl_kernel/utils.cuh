@@ -8,6 +8,7 @@
 
 #pragma once
 
+#include <sgl_kernel/ffi.h>  // host::ffi: sglang's utils.cuh provides it (0.5.16 on)
 #include <sgl_kernel/utils.h>
 
 #include <dlpack/dlpack.h>
@@ -20,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -134,6 +136,14 @@ SGL_DEVICE void store_as(void* ptr, std::type_identity_t<T> value, int64_t offse
 /// and `using namespace device;` in one scope unambiguous.
 namespace pointer = ::host::pointer;
 
+/// \brief Lets ptxas spill registers to shared memory instead of local memory in the calling
+/// kernel (a PTX pragma, CUDA 13 on); a no-op with older toolkits and in the host pass.
+SGL_DEVICE void enable_smem_spilling() {
+#if defined(__CUDA_ARCH__) && CUDART_VERSION >= 13000
+  asm volatile(".pragma \"enable_smem_spilling\";");
+#endif
+}
+
 /// \brief Plain register array, e.g. the per-thread payload of warp-wide copies.
 template <typename T, std::size_t N>
 struct device_vec {
@@ -164,6 +174,17 @@ using ::fp8x4_e5m2_t;
 using ::kDLGPU;
 using ::kDLGPUHost;
 }  // namespace sglang
+
+/// \brief `CHECK_CUDA(cudaFuncSetAttribute(...)) << "while ...";` throws `host::PanicError`
+/// ("Panic at <file>:<line>: cudaErrorX (<description>) while ...") unless the call returned
+/// `cudaSuccess` (sglang 0.5.23's stream-style check; `RuntimeDeviceCheck` is the function form).
+#ifndef CHECK_CUDA  // a common name: a kernel's own definition, seen first, wins
+#define CHECK_CUDA(EXPR)                                                                                          \
+  if (const ::cudaError_t sgl_check_cuda_status = (EXPR); sgl_check_cuda_status == ::cudaSuccess) [[likely]] {    \
+  } else                                                                                                          \
+    SGL_PANIC << ::cudaGetErrorName(sgl_check_cuda_status) << " (" << ::cudaGetErrorString(sgl_check_cuda_status) \
+              << ") "
+#endif
 
 namespace host {
 
@@ -253,6 +274,25 @@ class LaunchKernel {
   auto enable_cluster(dim3 dims) -> LaunchKernel& {
     m_cluster = dims;
     return *this;
+  }
+
+  /// \brief Launch options in one call, as sglang (0.5.16 on) writes them:
+  /// `.config({.use_pdl = true, .cluster_dim = dim3{1, 4}}).launch(kernel, args...)`.
+  struct KernelConfig {
+    bool use_pdl = false;
+    std::optional<dim3> cluster_dim = std::nullopt;
+  };
+
+  auto config(const KernelConfig& options) -> LaunchKernel& {
+    if (options.use_pdl) enable_pdl(true);
+    if (options.cluster_dim) enable_cluster(*options.cluster_dim);
+    return *this;
+  }
+
+  /// \brief The same as calling the launcher: `launch(kernel, args...)`.
+  template <typename Kernel, typename... Args>
+  auto launch(Kernel&& kernel, Args&&... args) const -> void {
+    (*this)(std::forward<Kernel>(kernel), std::forward<Args>(args)...);
   }
 
   template <typename Kernel, typename... Args>

@@ -178,13 +178,22 @@ namespace pointer {
 /// \brief Byte-wise (or `T`-wise) offset of an untyped pointer:
 /// `offset(ptr, a, b)` is `(char*)ptr + a + b`, `offset<float>(ptr, i)` is `(float*)ptr + i`.
 ///
-/// Only `void*` and `const void*` are accepted: with a typed pointer it would
-/// be unclear whether the offsets count bytes or elements. Constness is kept.
+/// The result is untyped (`void*` or `const void*`, constness kept), and the offsets never count
+/// elements of the pointee: a typed pointer is converted to an untyped one first (below).
 template <typename T = char, typename P, std::integral... Offsets>
   requires std::is_same_v<std::remove_const_t<P>, void>
 SGL_HOST_DEVICE auto offset(P* ptr, Offsets... offsets) -> P* {
   using Unit = std::conditional_t<std::is_const_v<P>, const T, T>;
   return (static_cast<Unit*>(ptr) + ... + offsets);
+}
+
+/// \brief A typed pointer is taken as untyped, as sglang's headers do (`const char*` in, `const
+/// void*` out): the offsets still count bytes (or `T`s), never elements of `*ptr`.
+template <typename T = char, typename P, std::integral... Offsets>
+  requires(!std::is_void_v<std::remove_const_t<P>>)
+SGL_HOST_DEVICE auto offset(P* ptr, Offsets... offsets) {
+  using Void = std::conditional_t<std::is_const_v<P>, const void, void>;
+  return offset<T>(static_cast<Void*>(ptr), offsets...);
 }
 
 }  // namespace pointer

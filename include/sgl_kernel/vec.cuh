@@ -3,6 +3,7 @@
 
 #pragma once
 
+#include <sgl_kernel/type.cuh>  // device::cast: sglang's vec.cuh provides it (0.5.23)
 #include <sgl_kernel/utils.cuh>
 
 #include <cstddef>

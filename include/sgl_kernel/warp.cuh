@@ -5,7 +5,9 @@
 #pragma once
 
 #include <sgl_kernel/math.cuh>
+#include <sgl_kernel/tile.cuh>  // sglang's warp.cuh provides tile:: and AlignedVector (0.5.23)
 #include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/vec.cuh>
 
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +17,8 @@ namespace device::warp {
 
 /// \brief All 32 lanes; `device::kFullMask`, also reachable as `warp::kFullMask`.
 using ::device::kFullMask;
+/// \brief The type of a lane mask (sglang's name).
+using mask_t = uint32_t;
 
 /**
  * \brief Sum of `value` over groups of `kThreads` consecutive lanes (the whole
@@ -58,20 +62,44 @@ SGL_DEVICE T reduce_min(T value, uint32_t active_mask = kFullMask) {
 // rather than a changed order: a width is never a valid type argument and a type never a valid
 // width, so each call matches exactly one form. The width has no default here, so a call without
 // template arguments stays unambiguous.
+//
+// `kInner = false` (sglang 0.5.16) reduces across the groups instead: every lane gets the total of
+// the lanes at its own position in each group of `kThreads` (lanes `l`, `l ^ kThreads`, ...).
 
-template <uint32_t kThreads, typename T>
+namespace details {
+
+template <uint32_t kThreads, bool kInner, typename T, typename Op>
+SGL_DEVICE T butterfly(T value, uint32_t active_mask, Op op) {
+  static_assert(kThreads > 0 && kThreads <= kWarpThreads && (kThreads & (kThreads - 1)) == 0);
+  if constexpr (kInner) {
+#pragma unroll
+    for (uint32_t offset = kThreads / 2; offset > 0; offset /= 2) {
+      value = op(value, __shfl_xor_sync(active_mask, value, offset));
+    }
+  } else {
+#pragma unroll
+    for (uint32_t offset = kThreads; offset < kWarpThreads; offset *= 2) {
+      value = op(value, __shfl_xor_sync(active_mask, value, offset));
+    }
+  }
+  return value;
+}
+
+}  // namespace details
+
+template <uint32_t kThreads, bool kInner = true, typename T>
 SGL_DEVICE T reduce_sum(T value, uint32_t active_mask = kFullMask) {
-  return reduce_sum<T, kThreads>(value, active_mask);
+  return details::butterfly<kThreads, kInner>(value, active_mask, [](T a, T b) { return a + b; });
 }
 
-template <uint32_t kThreads, typename T>
+template <uint32_t kThreads, bool kInner = true, typename T>
 SGL_DEVICE T reduce_max(T value, uint32_t active_mask = kFullMask) {
-  return reduce_max<T, kThreads>(value, active_mask);
+  return details::butterfly<kThreads, kInner>(value, active_mask, [](T a, T b) { return math::max(a, b); });
 }
 
-template <uint32_t kThreads, typename T>
+template <uint32_t kThreads, bool kInner = true, typename T>
 SGL_DEVICE T reduce_min(T value, uint32_t active_mask = kFullMask) {
-  return reduce_min<T, kThreads>(value, active_mask);
+  return details::butterfly<kThreads, kInner>(value, active_mask, [](T a, T b) { return math::min(a, b); });
 }
 
 namespace details {

@@ -44,21 +44,26 @@ SGL_DEVICE_HOST constexpr auto bytes_of() -> int {
 }
 
 // out[i] = {sum of x over the 16-lane group of i (width first), the warp's max (width first),
-//           the warp's sum (type first, our order)}: all three spellings must agree with torch.
+//           the warp's sum (type first, our order), the sum over the lanes of i's warp at the same
+//           position mod 8 (width first, kInner = false)}: every spelling must agree with torch.
 template <typename T>
 __global__ void group_sums_kernel(const T* __restrict__ x, float* __restrict__ out, int64_t n) {
   using namespace device;
+  enable_smem_spilling();
   constexpr auto kVec = kMaxVecBytes / sizeof(T);  // one widest load per thread
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const float v = i < n ? cast<fp32_t>(SGLANG_LDG(x + i)) : 0.0f;
-  const float group = warp::reduce_sum<16>(v, warp::kFullMask);
+  const float v = i < n ? DTypeTrait<fp32_t>::from(SGLANG_LDG(x + i)) : 0.0f;
+  const warp::mask_t mask = warp::kFullMask;
+  const float group = warp::reduce_sum<16>(v, mask);
   const float max = warp::reduce_max<kWarpThreads>(v);
   const float sum = warp::reduce_sum<float, kWarpThreads>(v);
+  const float across = warp::reduce_sum<8, false>(v);
   static_assert(kVec * sizeof(T) == kMaxVecBytes);
   if (i < n) {
-    out[i * 3 + 0] = group;
-    out[i * 3 + 1] = max;
-    out[i * 3 + 2] = sum + 0.0f * div_ceil(n, int64_t{bytes_of<T>()});
+    out[i * 4 + 0] = group;
+    out[i * 4 + 1] = max;
+    out[i * 4 + 2] = sum + 0.0f * div_ceil(n, int64_t{bytes_of<T>()});
+    out[i * 4 + 3] = across;
   }
 }
 
@@ -68,7 +73,7 @@ void group_sums(TensorView x, TensorView out) {
   auto N = SymbolicSize{"n"};
   auto device = SymbolicDevice{};
   TensorMatcher({N}).with_device<kDLGPU>(device).with_dtype<T>().verify(x);
-  TensorMatcher({N, 3}).with_dtype<float>().with_device<kDLGPU>(device).verify(out);
+  TensorMatcher({N, 4}).with_dtype<float>().with_device<kDLGPU>(device).verify(out);
   const auto n = N.unwrap();
   CHECK_HOST(n % 32 == 0) << "n must be a multiple of 32, got " << n;
   if (n == 0) return;

@@ -2,7 +2,7 @@
 //
 // Functions (namespace compat_ffi):
 //   empty_2x3, empty_like_filled, empty_typed, workspace, blob_view, blob_like, blob_owned,
-//   deleted_count
+//   deleted_count, counter_twice
 
 #include <sgl_kernel/ffi.h>
 #include <sgl_kernel/tensor.h>
@@ -83,6 +83,24 @@ inline auto blob_owned(int64_t n) -> Tensor {
 
 inline auto deleted_count() -> int64_t {
   return g_deleted.load();
+}
+
+/// An object type and its handle, declared the way sglang 0.5.23's kernels do.
+class CounterObj : public tvm::ffi::Object {
+ public:
+  int64_t value = 0;
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("compat_ffi.Counter", CounterObj, tvm::ffi::Object);
+};
+SGLANG_REGISTER_FFI_REFERENCE_CLASS(Counter, CounterObj);
+
+/// Makes a counter at `start` and bumps it twice through the handle: returns start + 2.
+inline auto counter_twice(int64_t start) -> int64_t {
+  auto counter = tvm::ffi::detail::ObjectUnsafe::ObjectRefFromObjectPtr<Counter>(tvm::ffi::make_object<CounterObj>());
+  counter->value = start;
+  ++counter->value;
+  ++counter->value;
+  return counter->value;
 }
 
 }  // namespace compat_ffi

@@ -45,9 +45,11 @@ struct ScaleRows {
     TensorMatcher({N}).with_device<kDLGPU>(dev).with_dtype<T>().verify(src).verify(dst);
     const int64_t n = N.unwrap();
     sglang::host::RuntimeCheck(n >= 0, "n = ", n);
+    CHECK_CUDA(cudaPeekAtLastError()) << "before scale_rows";
     if (n == 0) return;
-    host::LaunchKernel(host::div_ceil(n, 128), 128, dev.unwrap())(
-        scale_rows_kernel<T>, static_cast<const T*>(src.data_ptr()), static_cast<T*>(dst.data_ptr()), n);
+    host::LaunchKernel(host::div_ceil(n, 128), 128, dev.unwrap())
+        .config({.use_pdl = false})
+        .launch(scale_rows_kernel<T>, static_cast<const T*>(src.data_ptr()), static_cast<T*>(dst.data_ptr()), n);
   }
 };
 
