@@ -274,26 +274,21 @@ def _(
 def _qk_op(name: str, impl: Callable[..., None]) -> torch.library.CustomOpDef:
     """Register an in-place q/k norm (both take the same arguments and mutate q and k)."""
 
-    def op(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        q_weight: torch.Tensor,
-        k_weight: torch.Tensor,
-        eps: float,
-        enable_pdl: bool | None = None,
-    ) -> None:
-        impl(q, k, q_weight, k_weight, eps, enable_pdl)
+    def bound(run: bool) -> Callable[..., None]:
+        # One signature for both: torch.library reads the schema from it. The fake runs the checks only.
+        def call(
+            q: torch.Tensor,
+            k: torch.Tensor,
+            q_weight: torch.Tensor,
+            k_weight: torch.Tensor,
+            eps: float,
+            enable_pdl: bool | None = None,
+        ) -> None:
+            impl(q, k, q_weight, k_weight, eps, enable_pdl, run=run)
 
-    def fake(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        q_weight: torch.Tensor,
-        k_weight: torch.Tensor,
-        eps: float,
-        enable_pdl: bool | None = None,
-    ) -> None:
-        impl(q, k, q_weight, k_weight, eps, enable_pdl, run=False)  # the checks only; q and k are mutated
+        return call
 
+    op, fake = bound(True), bound(False)
     registered = torch.library.custom_op(f"jit_kernel::{name}", op, mutates_args=("q", "k"))
     registered.register_fake(fake)
     return registered
