@@ -270,9 +270,9 @@ def test_kernel_refuses_pageable_memory_itself() -> None:
     host = torch.zeros(64, 128, dtype=torch.bfloat16)
     idx = torch.arange(8, device="cuda")
     run = _HICACHE.function("run_one_mla", (256, 4, families.HICACHE_NUM_THREADS))
-    with pytest.raises(RuntimeError, match=r"cache_dst.*pageable"):
+    with pytest.raises(ValueError, match=r"cache_dst.*pageable"):
         run(host, idx, k, idx, 2)
-    with pytest.raises(RuntimeError, match=r"built for 256"):
+    with pytest.raises(ValueError, match=r"built for 256"):
         run(make_cache(64, 512, "cuda"), idx, make_cache(64, 512, "cuda"), idx, 2)
     torch.cuda.synchronize()
 
@@ -330,7 +330,7 @@ def test_misaligned_view_is_refused() -> None:
     base = make_cache(65, 256, "cuda", torch.uint8)
     shifted = base.view(-1)[8 : 8 + 64 * 256].view(64, 256)  # 8 bytes off a 16-byte boundary
     idx = torch.arange(4, device="cuda")
-    with pytest.raises(RuntimeError, match=r"cache_src.*16-byte aligned"):
+    with pytest.raises(ValueError, match=r"cache_src.*16-byte aligned"):
         transfer_hicache_one_layer_mla(base, idx, shifted, idx)
 
 

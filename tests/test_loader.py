@@ -35,7 +35,7 @@ def test_runtime_check_in_user_code_raises_with_file_and_line(tmp_path: Path) ->
         cpp_wrappers=[("add", "user::add<1>")],
         extra_include_paths=[str(tmp_path)],
     )
-    with pytest.raises(RuntimeError, match=r"kernel\.cc:5.*x must be >= 0, got -2"):
+    with pytest.raises(ValueError, match=r"kernel\.cc:5.*x must be >= 0, got -2"):
         module.add(-2)
 
 

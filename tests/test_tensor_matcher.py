@@ -83,10 +83,20 @@ def match_error(build, case: str, cause: str, tensor: str = X, name: str | None 
     return f"Tensor match failed for {named}{tensor} at {FILE}:{line(build, case)}\n- Root cause: {cause}"
 
 
+def expected_kind(message: str) -> type[Exception]:
+    """The Python type host::ffi_export gives a failure: a dtype mismatch is a TypeError, any other
+    check a ValueError, and a panic (not the caller's fault) a RuntimeError."""
+    if message.startswith("Panic at"):
+        return RuntimeError
+    return TypeError if "Dtype mismatch" in message else ValueError
+
+
 def raises(fn, *args) -> str:
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(Exception) as info:
         fn(*args)
-    return str(info.value)
+    message = str(info.value)
+    assert type(info.value) is expected_kind(message), (type(info.value), message)
+    return message
 
 
 # ---- failure kinds -----------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def test_user_add_constant_runs_on_the_gpu(user_folder: Path) -> None:
     module.add_constant(dst, src)
     torch.cuda.synchronize()
     assert torch.equal(dst, src + 5)
-    with pytest.raises(RuntimeError, match=r"(?s)Tensor match failed.*add_constant\.cu:\d+.*Dtype mismatch"):
+    with pytest.raises(TypeError, match=r"(?s)Tensor match failed.*add_constant\.cu:\d+.*Dtype mismatch"):
         module.add_constant(dst.float(), src)
 
 

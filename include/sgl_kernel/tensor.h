@@ -144,7 +144,7 @@ class InlineList {
 
   auto push_back(const T& value, const DebugInfo& where) -> void {
     if (m_size == kCapacity) {
-      details::fail("Panic", where, "at most ", kCapacity, " entries are supported here");
+      details::fail("Panic", ErrorKind::RuntimeError, where, "at most ", kCapacity, " entries are supported here");
     }
     m_data[m_size++] = value;
   }
@@ -197,9 +197,10 @@ inline auto describe_options(const InlineList<T, N>& options) -> std::string {
 
 /// \brief A mismatch found while matching: the message is only the root cause;
 /// `TensorMatcher::verify` adds the tensor and the call site.
-[[noreturn]] inline void mismatch(std::string cause) {
+/// A dtype mismatch is a `TypeError` in Python, every other mismatch a `ValueError`.
+[[noreturn]] inline void mismatch(std::string cause, ErrorKind kind = ErrorKind::ValueError) {
   auto message = cause;
-  throw PanicError(std::move(message), std::move(cause));
+  throw PanicError(std::move(message), std::move(cause), kind);
 }
 
 class SizeRef;
@@ -355,7 +356,7 @@ class SymbolicDType {
     try {
       match(value);
     } catch (const PanicError& error) {
-      details::fail("Runtime check failed", where, error.cause());
+      details::fail("Runtime check failed", error.kind(), where, error.cause());
     }
   }
 
@@ -380,14 +381,16 @@ class SymbolicDType {
     if (m_value) {
       if (!details::same_dtype(*m_value, value)) {
         details::mismatch(
-            "Dtype mismatch: expected " + details::dtype_name(*m_value) + " but got " + details::dtype_name(value));
+            "Dtype mismatch: expected " + details::dtype_name(*m_value) + " but got " + details::dtype_name(value),
+            ErrorKind::TypeError);
       }
       return;
     }
     if (!allows(value)) {
       details::mismatch(
           "Dtype mismatch: expected " + details::describe_options<details::DTypeName>(m_options) + " but got " +
-          details::dtype_name(value));
+              details::dtype_name(value),
+          ErrorKind::TypeError);
     }
     m_value = value;
   }
@@ -454,7 +457,7 @@ class SymbolicDevice {
     try {
       match(value);
     } catch (const PanicError& error) {
-      details::fail("Runtime check failed", where, error.cause());
+      details::fail("Runtime check failed", error.kind(), where, error.cause());
     }
   }
 
@@ -623,7 +626,7 @@ class TensorMatcher {
       os << "Tensor" << sizes(view) << "[strides=" << strides(view) << ", dtype=" << details::dtype_name(view.dtype())
          << ", device=" << details::device_name(view.device()) << "] at " << where.file_basename() << ':'
          << where.line() << "\n- Root cause: " << error.cause();
-      throw PanicError(std::move(os).str(), error.cause());
+      throw PanicError(std::move(os).str(), error.cause(), error.kind());
     }
   }
 

@@ -197,7 +197,8 @@ inline void RuntimeDeviceCheck(cudaError_t error, DebugInfo where = {}) {
   if (error == cudaSuccess) [[likely]]
     return;
   cudaGetLastError();
-  details::fail("CUDA error", where, cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
+  details::fail(
+      "CUDA error", ErrorKind::RuntimeError, where, cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
 }
 
 /// \brief Checks (and clears) the last CUDA error, e.g. right after a `<<<...>>>` launch.

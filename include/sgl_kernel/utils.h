@@ -2,8 +2,10 @@
 /// \brief Host-side essentials for kernel launchers. Plain C++20: no CUDA needed.
 ///
 /// - `DebugInfo`: the caller's source location, captured by a default argument.
-/// - `PanicError`: the exception every check throws. It derives from
-///   `std::runtime_error`, so tvm-ffi hands it to Python as `RuntimeError`.
+/// - `PanicError`: the exception every check throws. It derives from `std::runtime_error` and
+///   carries an `ErrorKind`; exports made by `load_jit` (see `export.h`) raise it in Python as
+///   that kind: `RuntimeCheck` and `TensorMatcher` failures as `ValueError` (a dtype mismatch as
+///   `TypeError`), `Panic` / `CHECK_CUDA` as `RuntimeError`.
 /// - `panic` / `Panic`: throw unconditionally; `RuntimeCheck`: throw unless a condition holds.
 /// - `irange`, `div_ceil`, `pointer::offset`, `dtype_bytes`.
 ///
@@ -61,17 +63,34 @@ struct DebugInfo : public std::source_location {
 /// \brief Thrown by every failed check. `what()` is the full message;
 /// `cause()` is only the part that explains the failure (without the
 /// "... at file:line: " prefix), so callers can nest it in a larger report.
+/// \brief The Python exception a failure maps to: a bad argument (`ValueError`), an argument of
+/// the wrong type or dtype (`TypeError`), or a failure that is not the caller's (`RuntimeError`).
+enum class ErrorKind { RuntimeError, ValueError, TypeError };
+
+inline constexpr auto error_kind_name(ErrorKind kind) -> const char* {
+  switch (kind) {
+    case ErrorKind::ValueError: return "ValueError";
+    case ErrorKind::TypeError: return "TypeError";
+    default: return "RuntimeError";
+  }
+}
+
 class PanicError : public std::runtime_error {
  public:
-  PanicError(std::string message, std::string cause)
-      : std::runtime_error(std::move(message)), m_cause(std::move(cause)) {}
+  PanicError(std::string message, std::string cause, ErrorKind kind = ErrorKind::RuntimeError)
+      : std::runtime_error(std::move(message)), m_cause(std::move(cause)), m_kind(kind) {}
 
   auto cause() const noexcept -> const std::string& {
     return m_cause;
   }
 
+  auto kind() const noexcept -> ErrorKind {
+    return m_kind;
+  }
+
  private:
   std::string m_cause;
+  ErrorKind m_kind;
 };
 
 namespace details {
@@ -87,14 +106,14 @@ inline auto stream_to_string(Args&&... args) -> std::string {
   }
 }
 
-/// \brief Throws `PanicError("<headline> at <file>:<line>[: <args...>]")`.
+/// \brief Throws `PanicError("<headline> at <file>:<line>[: <args...>]", kind)`.
 template <typename... Args>
-[[noreturn]] inline void fail(std::string_view headline, const DebugInfo& where, Args&&... args) {
+[[noreturn]] inline void fail(std::string_view headline, ErrorKind kind, const DebugInfo& where, Args&&... args) {
   auto cause = stream_to_string(std::forward<Args>(args)...);
   std::ostringstream os;
   os << headline << " at " << where.file_basename() << ':' << where.line();
   if (!cause.empty()) os << ": " << cause;
-  throw PanicError(std::move(os).str(), std::move(cause));
+  throw PanicError(std::move(os).str(), std::move(cause), kind);
 }
 
 }  // namespace details
@@ -102,7 +121,7 @@ template <typename... Args>
 /// \brief Throws a `PanicError` ("Panic at <file>:<line>: <args...>").
 template <typename... Args>
 [[noreturn]] inline void panic(DebugInfo where, Args&&... args) {
-  details::fail("Panic", where, std::forward<Args>(args)...);
+  details::fail("Panic", ErrorKind::RuntimeError, where, std::forward<Args>(args)...);
 }
 
 /**
@@ -125,14 +144,14 @@ struct RuntimeCheck {
   explicit RuntimeCheck(Cond&& condition, Args&&... args, DebugInfo where = {}) {
     if (static_cast<bool>(condition)) [[likely]]
       return;
-    details::fail("Runtime check failed", where, std::forward<Args>(args)...);
+    details::fail("Runtime check failed", ErrorKind::ValueError, where, std::forward<Args>(args)...);
   }
 
   template <typename Cond>
   explicit RuntimeCheck(DebugInfo where, Cond&& condition, Args&&... args) {
     if (static_cast<bool>(condition)) [[likely]]
       return;
-    details::fail("Runtime check failed", where, std::forward<Args>(args)...);
+    details::fail("Runtime check failed", ErrorKind::ValueError, where, std::forward<Args>(args)...);
   }
 };
 
@@ -153,13 +172,13 @@ explicit RuntimeCheck(DebugInfo, Cond&&, Args&&...) -> RuntimeCheck<Args...>;
 template <typename... Args>
 struct Panic {
   [[noreturn]] explicit Panic(Args&&... args, DebugInfo where = {}) {
-    details::fail("Panic", where, std::forward<Args>(args)...);
+    details::fail("Panic", ErrorKind::RuntimeError, where, std::forward<Args>(args)...);
   }
 
   [[noreturn]] explicit Panic(DebugInfo where, Args&&... args)
     requires(sizeof...(Args) > 0)
   {
-    details::fail("Panic", where, std::forward<Args>(args)...);
+    details::fail("Panic", ErrorKind::RuntimeError, where, std::forward<Args>(args)...);
   }
 
   [[noreturn]] ~Panic() {
@@ -246,7 +265,7 @@ struct Error {
 
   // Throwing from a destructor is the point here: it must be allowed to leave.
   [[noreturn]] ~Error() noexcept(false) {
-    details::fail("Panic", m_where, std::move(stream).str());
+    details::fail("Panic", ErrorKind::RuntimeError, m_where, std::move(stream).str());
   }
 
  private:

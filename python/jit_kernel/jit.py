@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from jit_kernel import cache, deps, env, toolchain
 from jit_kernel.arch import Arch
+from jit_kernel.spec import EXPORT_HEADER, export_line
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +116,7 @@ def _wrapper(export: tuple[str, str]) -> str:
     export_name, expression = export
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", export_name):
         raise ValueError(f"load_jit: export name {export_name!r} is not a C identifier")
-    return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({export_name}, ({expression}));"
+    return export_line(export_name, expression)
 
 
 def _host_compiler_for_nvcc() -> tuple[str, ...]:
@@ -145,8 +146,10 @@ def make_build_request(
     description: str = "",
 ) -> cache.BuildRequest:
     """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the GPU's."""
-    cpp_paths = [_resolve_source(f) for f in cpp_files or ()]
-    cuda_paths = [_resolve_source(f) for f in cuda_files or ()]
+    # Wrappers export through host::ffi_export: its header goes first (and into the cache key).
+    export_header = [env.INCLUDE_DIR / EXPORT_HEADER]
+    cpp_paths = (export_header if cpp_wrappers else []) + [_resolve_source(f) for f in cpp_files or ()]
+    cuda_paths = (export_header if cuda_wrappers else []) + [_resolve_source(f) for f in cuda_files or ()]
     cpp_lines = [f'#include "{p}"' for p in cpp_paths] + [_wrapper(w) for w in cpp_wrappers or ()]
     cuda_lines = [f'#include "{p}"' for p in cuda_paths] + [_wrapper(w) for w in cuda_wrappers or ()]
     if not cpp_lines and not cuda_lines:

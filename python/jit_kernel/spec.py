@@ -138,11 +138,21 @@ def symbol_name(spec: KernelSpec, export: str, config: Config) -> str:
     return "__".join([spec.family, export, "_".join(parts)]) if parts else f"{spec.family}__{export}"
 
 
+# Every generated export goes through host::ffi_export, which raises a PanicError as the Python
+# exception its kind names (ValueError, TypeError); translation units include this header first.
+EXPORT_HEADER = "sgl_kernel/export.h"
+
+
+def export_line(symbol: str, expression: str) -> str:
+    """The C++ line that exports ``expression`` (a function or functor) as ``symbol``."""
+    return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, (::host::ffi_export({expression})));"
+
+
 def source_hash(spec: KernelSpec) -> str:
     """Hash of the text of every file the family's sources include, by path relative to the
     package data root. The prebuilt manifest records it; the dispatcher compares it with the
     installed files and uses a prebuilt symbol only when they match."""
-    roots = [env.CSRC_DIR / source for source in spec.sources]
+    roots = [env.INCLUDE_DIR / EXPORT_HEADER, *(env.CSRC_DIR / source for source in spec.sources)]
     files = included_files(roots, (env.INCLUDE_DIR, env.CSRC_DIR))
     digest = hashlib.sha256()
     for path, text in sorted(files.items(), key=lambda item: str(item[0].relative_to(env.DATA_ROOT))):
