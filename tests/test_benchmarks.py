@@ -440,3 +440,68 @@ def test_main_without_save_path_writes_nothing(
     assert "per_tensor_quant_fp8-bfloat16-D4096:" in printed  # triton's print_data table
     assert "empty-kernel CUDA-graph replay: n/a us" in printed
     assert len(calls) == 2 * 3 * len(SCRIPT_PROVIDERS["bench_quant"])
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_dispatch: its CPU section runs for real (the add_constant host family); the GPU sections
+# are skipped without CUDA.
+
+
+def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
+    from jit_kernel.benchmark import bench_dispatch
+
+    assert list(bench_dispatch.OPS) == [
+        "rmsnorm (out=)",
+        "fused_add_rmsnorm",
+        "fused_inplace_qknorm",
+        "qknorm_across_heads",
+        "per_tensor_quant_fp8 (outputs given)",
+        "scale (out=)",
+        "add_constant (out=)",
+        "transfer_hicache_one_layer",
+    ]
+    assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
+    assert bench_dispatch.hicache_config() == (2048, 1, 1024)  # a prebuilt hicache config
+    assert not torch.cuda.is_initialized()
+
+
+def test_bench_dispatch_cpu_section(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from jit_kernel.benchmark import bench_dispatch
+
+    # eager and raw compute the same thing on the benchmark's inputs
+    inputs = bench_dispatch.Inputs(1, "cpu")
+    eager, raw = bench_dispatch.OPS["add_constant (out=)"](inputs)
+    inputs.ints_out.zero_()
+    raw()
+    assert torch.equal(inputs.ints_out, inputs.ints + 1)
+    inputs.ints_out.zero_()
+    assert eager() is inputs.ints_out
+    assert torch.equal(inputs.ints_out, inputs.ints + 1)
+
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    bench_dispatch.main(["--cpu-only", "--calls", "20", "--repeats", "2", "--save-path", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert (
+        "command: `python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 20 --repeats 2 --save-path"
+        in printed
+    )
+    row = next(line for line in printed.splitlines() if line.startswith("| add_constant (out=) |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    eager_us, raw_us, diff = float(cells[1]), float(cells[2]), float(cells[3])
+    assert eager_us > 0 and raw_us > 0 and diff == pytest.approx(eager_us - raw_us, abs=0.011)
+    assert cells[4] in ("met", "**missed**")
+    assert (tmp_path / "bench_dispatch.md").read_text().strip() == printed.strip()
+
+
+def test_bench_dispatch_failing_op_is_an_error_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jit_kernel.benchmark import bench_dispatch
+
+    def broken(inputs: object) -> tuple[Callable[[], object], Callable[[], object]]:
+        raise RuntimeError("no kernel | here\nsecond line")
+
+    monkeypatch.setitem(bench_dispatch.OPS, "broken", broken)
+    rows = bench_dispatch.eager_rows(["broken", "add_constant (out=)"], "cpu", calls=5, repeats=1)
+    assert rows[0] == ["broken", "error: RuntimeError: no kernel \\| here", "", "", ""]
+    assert rows[1][0] == "add_constant (out=)" and float(rows[1][1]) > 0

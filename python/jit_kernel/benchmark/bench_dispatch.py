@@ -1,59 +1,379 @@
-"""Dispatch overhead: ``add_constant`` vs calling its tvm-ffi function directly vs ``torch.add``.
+"""Per-op dispatch overhead: each public op against the raw tvm-ffi call of its kernel, eagerly and
+in CUDA-graph replay (issue 15).
 
-Host-side cost of a call on a tiny tensor, timed with ``timeit`` (median of repeats), on the CPU
-and, where there is one, on the GPU (where it is launch overhead; the kernel itself is ~2 us).
+Every op runs on decode-like inputs: bf16 activations ``[tokens, 4096]`` (q/k norms: Hq=32, Hk=8,
+head_dim 128; hicache: one layer, rows of 8 x 128 bf16, caches on the GPU), every output
+preallocated (``out=``, or the op's in-place form). Three measurements:
+
+* **eager** (1 token): a host-bound loop of ``--calls`` back-to-back calls, timed on the host
+  (warm-up first, ``torch.cuda.synchronize()`` at the end of each repeat, inside the timing; the
+  median of ``--repeats``, eager and raw repeats interleaved). The op through its public API against
+  the raw call: the kernel's tvm-ffi function, from ``Dispatcher(families.<SPEC>).function(export,
+  config)``, called with its C++ launcher's exact arguments, all prepared beforehand (views,
+  workspace, the resolved ``enable_pdl``). Target: eager <= raw + 1 us.
+* **graph replay** (1 and 16 tokens): ``--graph-calls`` calls of the op captured in one CUDA graph
+  (after a warm-up on a side stream), replayed ``--replays`` times, timed with CUDA events; the median
+  per op call, against the same graph of an empty kernel (``x.add_(1)`` on a 1-element CUDA tensor).
+  Target: <= 1.3x the empty kernel.
+* **CPU** (runs anywhere, with no GPU): the ``add_constant`` host family, eager against raw, as above.
+
+One failing op prints an error row; the others still run. Markdown tables on stdout, headed by the
+device and the command line (also saved as ``bench_dispatch.md`` with ``--save-path DIR`` or
+``$JIT_KERNEL_BENCH_OUT``)::
 
     python -m jit_kernel.benchmark.bench_dispatch
+    python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 2000   # quick, no GPU needed
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import statistics
+import sys
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 import jit_kernel
-from jit_kernel.ops import add_constant as op
+from jit_kernel import families
+from jit_kernel.benchmark._tables import device_name, format_table, format_us, ratio_cell
+from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
+from jit_kernel.dispatch import Dispatcher
+
+if TYPE_CHECKING:
+    from jit_kernel.spec import Config, KernelSpec
+
+COMMAND = "python -m jit_kernel.benchmark.bench_dispatch"
+Call = Callable[[], object]
+
+HIDDEN = 4096
+HQ, HK, HEAD_DIM = 32, 8, 128
+DTYPE, CPP = torch.bfloat16, "bf16_t"  # the config value Dispatcher takes for bf16
+EPS = 1e-6
+FACTOR = 2.0
+HICACHE_ELEMENT_DIM = HK * HEAD_DIM  # one token's K (or V) of one layer: 2048 bytes in bf16
+HICACHE_ROWS = 4096  # rows in each cache
+HICACHE_BLOCK_QUOTA = 4  # passed to the op too, so both run the same launch
+GRAPH_TOKENS = (1, 16)
+EAGER_TOKENS = 1
+EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
+GRAPH_MAX_RATIO = 1.3  # target: graph replay <= 1.3x the empty kernel
 
 
-def _median_us(fn: Callable[[], object], number: int = 20000, repeats: int = 7) -> float:
-    fn()
-    return statistics.median(timeit.repeat(fn, number=number, repeat=repeats)) / number * 1e6
+def kernel(spec: KernelSpec, export: str, config: Config) -> Callable[..., object]:
+    """The tvm-ffi function of one kernel, as the ops get it (prebuilt, or JIT-compiled and cached)."""
+    return Dispatcher(spec).function(export, config)
 
 
-def measure(device: str) -> list[tuple[str, float]]:
-    x = torch.arange(16, dtype=torch.int32, device=device)
-    out = torch.empty_like(x)
-    dispatcher = op._CUDA if device == "cuda" else op._HOST
-    direct = dispatcher.function("run", (1,))
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+class Inputs:
+    """Every op's tensors for one token count, allocated once (nothing is allocated while timing)."""
 
-    def timed(fn: Callable[[], object]) -> float:
-        us = _median_us(fn)
-        sync()
-        return us
+    def __init__(self, tokens: int, device: str) -> None:
+        def act(*shape: int) -> torch.Tensor:
+            return torch.randn(shape, device=device).to(DTYPE)
 
-    return [
-        ("torch.add(x, 1)", timed(lambda: torch.add(x, 1))),
-        ("tvm-ffi function, direct", timed(lambda: direct(out, x))),
-        ("dispatcher lookup + call", timed(lambda: dispatcher.function("run", (1,))(out, x))),
-        ("jit_kernel.add_constant(x, 1, out=out)", timed(lambda: jit_kernel.add_constant(x, 1, out=out))),
-        ("jit_kernel.add_constant(x, 1)", timed(lambda: jit_kernel.add_constant(x, 1))),
+        def weight(n: int) -> torch.Tensor:  # near 1: the in-place ops stay finite over many calls
+            return (1 + 0.1 * torch.randn(n, device=device)).to(DTYPE)
+
+        self.tokens, self.device = tokens, device
+        # The ops' enable_pdl=None: on for sm_90+ (jit_kernel.ops._common.resolve_pdl); the raw calls pass it.
+        self.pdl = device == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
+        # rmsnorm
+        self.x, self.w, self.out = act(tokens, HIDDEN), weight(HIDDEN), act(tokens, HIDDEN)
+        # fused_add_rmsnorm (in place on both)
+        self.fa_x, self.fa_res = act(tokens, HIDDEN), act(tokens, HIDDEN)
+        # fused_inplace_qknorm: per head, q [T, Hq, D], k [T, Hk, D], weights [D]
+        self.q3, self.k3 = act(tokens, HQ, HEAD_DIM), act(tokens, HK, HEAD_DIM)
+        self.qw3, self.kw3 = weight(HEAD_DIM), weight(HEAD_DIM)
+        # qknorm_across_heads: whole rows, q [T, Hq*D], k [T, Hk*D], weights of those widths
+        self.q2, self.k2 = act(tokens, HQ * HEAD_DIM), act(tokens, HK * HEAD_DIM)
+        self.qw2, self.kw2 = weight(HQ * HEAD_DIM), weight(HK * HEAD_DIM)
+        # per_tensor_quant_fp8 (dynamic): preallocated outputs; the raw call also gets its workspace
+        # (the op allocates one per call: 1024 floats, jit_kernel/ops/quant.py) and flat views
+        self.fp8 = torch.empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn, device=device)
+        self.fp8_scale = torch.empty(1, dtype=torch.float32, device=device)
+        self.workspace = torch.empty(1024, dtype=torch.float32, device=device)
+        # scale and add_constant take flat tensors (the ops view them as such on every call)
+        self.scale_out = act(tokens, HIDDEN)
+        self.ints = torch.randint(-1000, 1000, (tokens, HIDDEN), dtype=torch.int32, device=device)
+        self.ints_out = torch.empty_like(self.ints)
+        # hicache one layer, device to device: k/v caches [rows, Hk*D], int64 indices [T]
+        self.k_dst, self.v_dst, self.k_src, self.v_src = (act(HICACHE_ROWS, HICACHE_ELEMENT_DIM) for _ in range(4))
+        self.idx_dst = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
+        self.idx_src = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
+
+
+def hicache_config() -> Config:
+    element_size = HICACHE_ELEMENT_DIM * torch.finfo(DTYPE).bits // 8
+    return (element_size, families.hicache_default_unroll(element_size), families.HICACHE_NUM_THREADS)
+
+
+# op -> inputs -> (the op through its public API, the raw tvm-ffi call of the kernel it launches).
+# Raw argument lists are the C++ launchers' (csrc/...): tensors, then scalars, then enable_pdl.
+# functools.partial for both, so neither pays for an extra Python frame.
+OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
+    # csrc/norm/rmsnorm.cuh RMSNorm::rmsnorm(out, input, weight, eps, enable_pdl)
+    "rmsnorm (out=)": lambda t: (
+        partial(jit_kernel.rmsnorm, t.x, t.w, EPS, out=t.out),
+        partial(kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)), t.out, t.x, t.w, EPS, t.pdl),
+    ),
+    # RMSNorm::fused_add(input, residual, weight, eps, enable_pdl), in place
+    "fused_add_rmsnorm": lambda t: (
+        partial(jit_kernel.fused_add_rmsnorm, t.fa_x, t.fa_res, t.w, EPS),
+        partial(kernel(families.RMSNORM, "fused_add", (HIDDEN, CPP)), t.fa_x, t.fa_res, t.w, EPS, t.pdl),
+    ),
+    # csrc/norm/qknorm.cuh QKNorm::run(q, k, q_weight, k_weight, eps, enable_pdl), in place
+    "fused_inplace_qknorm": lambda t: (
+        partial(jit_kernel.fused_inplace_qknorm, t.q3, t.k3, t.qw3, t.kw3, EPS),
+        partial(kernel(families.QKNORM, "run", (HEAD_DIM, CPP)), t.q3, t.k3, t.qw3, t.kw3, EPS, t.pdl),
+    ),
+    # RMSNorm::across_heads(q, k, q_weight, k_weight, eps, enable_pdl), in place. q and k differ in
+    # width, so the op launches the generic (hidden 0) kernel once at these token counts (<= 256).
+    "qknorm_across_heads": lambda t: (
+        partial(jit_kernel.qknorm_across_heads, t.q2, t.k2, t.qw2, t.kw2, EPS),
+        partial(kernel(families.RMSNORM, "across_heads", (0, CPP)), t.q2, t.k2, t.qw2, t.kw2, EPS, t.pdl),
+    ),
+    # csrc/quant/per_tensor_fp8.cuh PerTensorQuantFp8::dynamic(output_q, output_s, input, workspace, enable_pdl)
+    "per_tensor_quant_fp8 (outputs given)": lambda t: (
+        partial(jit_kernel.per_tensor_quant_fp8, t.x, t.fp8, t.fp8_scale),
+        partial(
+            kernel(families.PER_TENSOR_QUANT_FP8, "dynamic", (CPP,)),
+            t.fp8.view(-1),
+            t.fp8_scale.view(1),
+            t.x.view(-1),
+            t.workspace,
+            t.pdl,
+        ),
+    ),
+    # csrc/scale.cuh run(dst, src, factor): flat tensors, no enable_pdl
+    "scale (out=)": lambda t: (
+        partial(jit_kernel.scale, t.x, FACTOR, out=t.scale_out),
+        partial(kernel(families.SCALE, "run", (CPP,)), t.scale_out.view(-1), t.x.view(-1), FACTOR),
+    ),
+    # csrc/add_constant.cuh run_cuda(dst, src) / csrc/add_constant.h run_host(dst, src): flat int32
+    "add_constant (out=)": lambda t: (
+        partial(jit_kernel.add_constant, t.ints, 1, out=t.ints_out),
+        partial(
+            kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,)),
+            t.ints_out.view(-1),
+            t.ints.view(-1),
+        ),
+    ),
+    # csrc/hicache.cuh HiCache::run_one(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
+    "transfer_hicache_one_layer": lambda t: (
+        partial(
+            jit_kernel.transfer_hicache_one_layer,
+            t.k_dst,
+            t.v_dst,
+            t.idx_dst,
+            t.k_src,
+            t.v_src,
+            t.idx_src,
+            block_quota=HICACHE_BLOCK_QUOTA,
+        ),
+        partial(
+            kernel(families.HICACHE, "run_one", hicache_config()),
+            t.k_dst,
+            t.v_dst,
+            t.idx_dst,
+            t.k_src,
+            t.v_src,
+            t.idx_src,
+            HICACHE_BLOCK_QUOTA,
+        ),
+    ),
+}
+CPU_OPS = ("add_constant (out=)",)  # the ops with a host kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def _sync(device: str) -> Call:
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def host_us(fns: Sequence[Call], sync: Call, calls: int, repeats: int) -> list[float]:
+    """Host time per call of each of ``fns``: ``calls`` back-to-back calls then ``sync()``, timed
+    together; the median of ``repeats``, the functions' repeats interleaved (drift hits all alike)."""
+    samples: list[list[float]] = [[] for _ in fns]
+    for fn in fns:  # warm-up: first-call resolution, caches, the allocator
+        for _ in range(min(calls, 1000)):
+            fn()
+    sync()
+    for _ in range(repeats):
+        for fn, times in zip(fns, samples, strict=True):
+
+            def batch(fn: Call = fn) -> None:
+                for _ in range(calls):
+                    fn()
+                sync()
+
+            times.append(timeit.timeit(batch, number=1) / calls * 1e6)  # timeit turns the GC off
+    return [statistics.median(times) for times in samples]
+
+
+def graph_us(fn: Call, calls: int, replays: int) -> float:
+    """CUDA-graph replay time per call of ``fn``: ``calls`` calls captured in one graph, replayed
+    ``replays`` times, each replay timed with CUDA events; the median."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # torch wants the warm-up on a side stream before a capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def empty_kernel() -> Call:
+    """The empty-kernel reference: ``x.add_(1)`` on a 1-element CUDA tensor (one tiny kernel launch)."""
+    one = torch.zeros(1, device="cuda")
+    return partial(one.add_, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def _error_cell(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"error: {type(error).__name__}: {text[:160]}".replace("|", "\\|")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> list[list[object]]:
+    """One row per op: eager us, raw us, their difference and the target (eager <= raw + 1 us)."""
+    rows: list[list[object]] = []
+    sync = _sync(device)
+    inputs = Inputs(EAGER_TOKENS, device)
+    for name in names:
+        try:
+            eager, raw = OPS[name](inputs)
+            eager()  # one checked call each before timing
+            raw()
+            sync()
+            eager_us, raw_us = host_us([eager, raw], sync, calls, repeats)
+        except Exception as error:  # one op's failure is its row, not the run's end
+            rows.append([name, _error_cell(error), "", "", ""])
+            continue
+        rows.append(
+            [
+                name,
+                format_us(eager_us, 2),
+                format_us(raw_us, 2),
+                f"{eager_us - raw_us:+.2f}",
+                _met(eager_us <= raw_us + EAGER_SLACK_US),
+            ]
+        )
+    return rows
+
+
+EAGER_HEADER = ["op", "eager us", "raw tvm-ffi us", "eager - raw", f"eager <= raw + {EAGER_SLACK_US:g} us"]
+
+
+def graph_rows(names: Sequence[str], empty_us: float, calls: int, replays: int) -> list[list[object]]:
+    """One row per op: replay us per call, its ratio to the empty kernel and the target, per token count."""
+    rows: list[list[object]] = [[name] for name in names]
+    for tokens in GRAPH_TOKENS:
+        inputs = Inputs(tokens, "cuda")
+        for name, row in zip(names, rows, strict=True):
+            try:
+                us = graph_us(OPS[name](inputs)[0], calls, replays)
+            except Exception as error:
+                row += [_error_cell(error), "", ""]
+                continue
+            row += [format_us(us, 2), ratio_cell(us, empty_us), _met(us <= GRAPH_MAX_RATIO * empty_us)]
+    return rows
+
+
+def graph_header() -> list[str]:
+    header = ["op"]
+    for tokens in GRAPH_TOKENS:
+        header += [f"{tokens} tok us", f"{tokens} tok vs empty", f"{tokens} tok <= {GRAPH_MAX_RATIO:g}x"]
+    return header
+
+
+def report(args_line: str, calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool) -> str:
+    """Run every section this machine can, and return the markdown."""
+    cuda = torch.cuda.is_available() and not cpu_only
+    lines = [
+        f"command: `{args_line}`",
+        "",
+        f"device: {device_name() if cuda else 'no CUDA device (CPU section only)'}; torch {torch.__version__}; "
+        f"jit_kernel {jit_kernel.__version__}",
+        "",
     ]
+    sections = []
+    if cuda:
+        torch.manual_seed(0)
+        names = list(OPS)
+        sections.append(
+            format_table(
+                f"Eager, {EAGER_TOKENS} x {HIDDEN} bf16, outputs given: host us per call "
+                f"(median of {repeats} x {calls} calls)",
+                EAGER_HEADER,
+                eager_rows(names, "cuda", calls, repeats),
+            )
+        )
+        empty_us = graph_us(empty_kernel(), graph_calls, replays)
+        sections.append(
+            format_table(
+                f"CUDA-graph replay: us per op call ({graph_calls} calls per graph, median of {replays} replays); "
+                f"empty kernel (1-element x.add_(1)): {format_us(empty_us, 2)} us",
+                graph_header(),
+                graph_rows(names, empty_us, graph_calls, replays),
+            )
+        )
+    sections.append(
+        format_table(
+            f"CPU (host kernel), {EAGER_TOKENS} x {HIDDEN} int32: host us per call "
+            f"(median of {repeats} x {calls} calls)",
+            EAGER_HEADER,
+            eager_rows(CPU_OPS, "cpu", calls, repeats),
+        )
+    )
+    return "\n".join(lines) + "\n" + "\n".join(sections)
 
 
-def main() -> None:
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        rows = dict(measure(device))
-        print(f"\n{device}: 16-element int32 tensor, host time per call (median)")
-        print("| call | us | vs torch.add |\n|---|---:|---:|")
-        for name, us in rows.items():
-            print(f"| {name} | {us:.2f} | {us / rows['torch.add(x, 1)']:.2f}x |")
-        overhead = rows["dispatcher lookup + call"] - rows["tvm-ffi function, direct"]
-        print(f"dispatch overhead above the direct tvm-ffi call: {overhead:.2f} us")
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_arg_parser(__doc__)
+    parser.add_argument("--calls", type=int, default=20000, help="calls per eager repeat (default 20000)")
+    parser.add_argument("--repeats", type=int, default=7, help="eager repeats; the median is reported (default 7)")
+    parser.add_argument("--graph-calls", type=int, default=100, help="op calls per CUDA graph (default 100)")
+    parser.add_argument("--replays", type=int, default=50, help="timed replays of each graph (default 50)")
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU section, even with a GPU")
+    args = parser.parse_args(argv)
+    if min(args.calls, args.repeats, args.graph_calls, args.replays) < 1:
+        parser.error("--calls, --repeats, --graph-calls and --replays must be positive")
+    args_line = " ".join([COMMAND, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    text = report(args_line, args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only)
+    print(text)
+    write_summary(args.save_path or os.environ.get(SAVE_PATH_ENV) or None, "bench_dispatch.md", text)
 
 
 if __name__ == "__main__":
