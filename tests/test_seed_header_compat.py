@@ -197,7 +197,8 @@ def test_gpu_ffi_helpers(device):
     assert tail.data_ptr() == x.data_ptr() + 4 and tail.shape == x.shape
     assert torch.equal(tail[:-1], x[1:])
     before = mod.deleted_count()
-    owned = mod.blob_owned(6)
+    # No torch argument: tvm-ffi returns its own Tensor; torch takes it over through DLPack.
+    owned = torch.from_dlpack(mod.blob_owned(6))
     assert owned.tolist() == list(range(6))
     del owned
     assert mod.deleted_count() == before + 1
