@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 
 class _Recorder(logging.Handler):
@@ -52,3 +54,18 @@ def write_host_kernel(folder: Path, value: int = 1) -> Path:
         "}  // namespace user\n"
     )
     return source
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[tuple[int, int]], None]]:
+    """``fake_gpu((9, 0))`` makes :func:`jit_kernel.target.current` see one GPU of that compute
+    capability; the memoised targets are forgotten before and after."""
+    from jit_kernel import target
+
+    def install(capability: tuple[int, int]) -> None:
+        monkeypatch.setattr(target, "_current_device", lambda: 0)
+        monkeypatch.setattr(target, "device_properties", lambda index: (capability, 132, "Fake GPU"))
+        target.clear()
+
+    yield install
+    target.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 import jit_kernel
 from jit_helpers import recorded_logs, write_host_kernel
-from jit_kernel import cache, toolchain
+from jit_kernel import cache, target, toolchain
 from jit_kernel.jit import make_build_request
 
 # Subprocesses import the same jit_kernel as this process (installed, or the source checkout).
@@ -61,14 +62,19 @@ def test_edited_header_rebuilds(tmp_path: Path, edited: str) -> None:
     with recorded_logs() as logs:
         assert cache.load_or_build(_request(folder), root).value() == expected
     assert len(logs.compiles()) == 1
-    assert len(cache.list_entries(root)) == 2
+    assert len(cache.list_entries(root)) == 1  # rebuilt in place of the stale build
 
 
-def test_package_headers_are_part_of_the_key(tmp_path: Path) -> None:
-    request = _request(write_host_kernel(tmp_path).parent)
-    files = cache.included_files(request.source_files, request.include_search_path)
-    assert any(p.name == "utils.h" and p.parent.name == "sgl_kernel" for p in files)
-    assert any(p.name == "offset.h" for p in files)
+def test_package_headers_are_recorded_dependencies(tmp_path: Path) -> None:
+    """The compiler's own depfile names every header it read: the package's and the user's."""
+    folder = write_host_kernel(tmp_path / "src").parent
+    request = _request(folder)
+    cache.load_or_build(request, tmp_path / "cache")
+    meta = json.loads((cache.entry_path(request, tmp_path / "cache") / "meta.json").read_text())
+    recorded = [Path(p) for p in meta["dependencies"]]
+    assert any(p.name == "utils.h" and p.parent.name == "sgl_kernel" for p in recorded)
+    assert any(p.name == "offset.h" for p in recorded)
+    assert not any(p.name == "vector" for p in recorded)  # the compiler's own headers: keyed by its version
 
 
 def test_key_covers_flags_arch_and_wrappers(tmp_path: Path) -> None:
@@ -91,7 +97,7 @@ def test_corrupt_library_is_detected_rebuilt_and_loaded(tmp_path: Path) -> None:
     request = _request(folder)
     cache.load_or_build(request, root)
     (entry,) = cache.list_entries(root)
-    library = entry.path / f"{request.name}.so"
+    library = next(entry.path.glob("*.so"))
     _corrupt(library, library.read_bytes()[: library.stat().st_size // 3])  # truncated
     assert not cache.list_entries(root)[0].valid
     # A new process, as dlopen would hand this process its already-loaded copy.
@@ -118,7 +124,7 @@ def test_garbage_library_of_the_right_size_is_rebuilt(tmp_path: Path) -> None:
     request = _request(folder)
     cache.load_or_build(request, root)
     (entry,) = cache.list_entries(root)
-    library = entry.path / f"{request.name}.so"
+    library = next(entry.path.glob("*.so"))
     _corrupt(library, b"\0" * library.stat().st_size)
     assert cache.verified_library(entry.path) is None
 
@@ -201,7 +207,7 @@ def test_no_gpu_and_no_override_asks_for_the_arch(monkeypatch: pytest.MonkeyPatc
     [((8, 0), "8.0"), ((8, 9), "8.9"), ((9, 0), "9.0a"), ((10, 0), "10.0a"), ((10, 3), "10.3a"), ((12, 0), "12.0f")],
 )
 def test_arch_suffix_rules(capability: tuple[int, int], expected: str) -> None:
-    assert toolchain.arch_for_capability(*capability) == expected  # nvcc 13 here: family targets exist
+    assert str(target.arch_for_capability(*capability)) == expected  # nvcc 13 here: family targets exist
 
 
 def test_host_compiler_honours_cxx(monkeypatch: pytest.MonkeyPatch) -> None:

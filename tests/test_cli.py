@@ -56,7 +56,17 @@ def test_clangd_rejects_a_bad_arch(tmp_path: Path) -> None:
 def test_doctor_reports_and_passes(tmp_path: Path) -> None:
     result = run_cli("doctor", JIT_KERNEL_CACHE_DIR=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    for line in ("jit-kernel ", "torch ", "apache-tvm-ffi ", "nvcc ", "host compiler ", "GPU ", "prebuilt ", "cache "):
+    for line in (
+        "jit-kernel ",
+        "torch ",
+        "apache-tvm-ffi ",
+        "nvcc ",
+        "host compiler ",
+        "GPU ",
+        "prebuilt ",
+        "cache ",
+        "decisions ",
+    ):
         assert line in result.stdout
     assert "[ok]   host self-test" in result.stdout
     assert "healthy" in result.stdout
@@ -89,6 +99,21 @@ def test_warm_then_list_then_clear(tmp_path: Path) -> None:
     cleared = run_cli("cache", "clear", JIT_KERNEL_CACHE_DIR=str(tmp_path))
     assert "removed 2 modules" in cleared.stdout
     assert cache.list_entries(tmp_path) == []
+
+
+def test_list_explain_names_the_flags_and_the_reason(tmp_path: Path) -> None:
+    """One command answers "which flags compile this kernel, and why is it (not) prebuilt?"."""
+    listed = run_cli(
+        "list", "add_constant", "--config", "5", "--explain",
+        JIT_KERNEL_CACHE_DIR=str(tmp_path), JIT_KERNEL_CUDA_ARCH="9.0a",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert "target sm_90a from JIT_KERNEL_CUDA_ARCH" in listed.stdout
+    assert "add_constant<5>" in listed.stdout and "-> jit (" in listed.stdout
+    assert "flags    -std=c++20 -O3 --expt-relaxed-constexpr" in listed.stdout
+    assert "exports  add_constant__run__5" in listed.stdout
+    assert "digest   now " in listed.stdout
+    assert run_cli("list", "add_constant", "add_constant_host", "--config", "5").returncode == 2
 
 
 def test_warm_a_cuda_config_for_a_named_arch_without_a_gpu(tmp_path: Path) -> None:

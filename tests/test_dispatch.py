@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import jit_kernel
-from jit_helpers import recorded_logs
+from jit_helpers import fake_gpu, recorded_logs  # noqa: F401 (fake_gpu is a fixture)
 from jit_kernel import env, families, prebuilt
 from jit_kernel.arch import Arch, parse_arch_list, runs_on
 from jit_kernel.dispatch import Dispatcher, JitDisabledError
@@ -29,11 +29,11 @@ def host() -> Dispatcher:
 
 
 @pytest.fixture
-def cuda_at(monkeypatch: pytest.MonkeyPatch):
+def cuda_at(fake_gpu):  # noqa: F811 (a fixture from jit_helpers)
     """A CUDA dispatcher that believes the GPU has the given compute capability."""
 
     def make(capability: tuple[int, int]) -> Dispatcher:
-        monkeypatch.setattr("jit_kernel.dispatch.device_capability", lambda: capability)
+        fake_gpu(capability)
         return Dispatcher(families.ADD_CONSTANT_CUDA)
 
     return make
@@ -145,8 +145,8 @@ def test_prebuilt_for_another_arch_is_not_used(cuda_at, strict: None) -> None:
 def test_prebuilt_from_other_sources_is_not_used(
     host: Dispatcher, monkeypatch: pytest.MonkeyPatch, strict: None
 ) -> None:
-    monkeypatch.setattr(prebuilt, "installed_source_hash", lambda spec: "edited-sources")
-    with pytest.raises(JitDisabledError, match="sources differ"):
+    monkeypatch.setattr(prebuilt, "current_digest", lambda spec, config: "edited-sources")
+    with pytest.raises(JitDisabledError, match="another translation unit"):
         host.function("run", (3,))
 
 

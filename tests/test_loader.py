@@ -73,7 +73,7 @@ def test_build_directory_replaces_cache_root(tmp_path: Path) -> None:
         build_directory=str(tmp_path / "build"),
     )
     assert module.value() == 101
-    assert list((tmp_path / "build").glob("jit_kernel_own_build_dir-*/jit_kernel_own_build_dir.so"))
+    assert list((tmp_path / "build").glob("jit_kernel_own_build_dir-*/jit_kernel_own_build_dir.*.so"))
 
 
 def test_missing_source_names_the_file_and_the_lookup_folder() -> None:

@@ -16,7 +16,7 @@ import pytest
 import tvm_ffi
 
 from jit_kernel import aot, env, families, prebuilt
-from jit_kernel.spec import all_symbols, source_hash
+from jit_kernel.unit import TranslationUnit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 installed = pytest.mark.skipif(
@@ -38,23 +38,25 @@ def test_manifest_matches_freshly_generated_sources(tmp_path: Path) -> None:
     generated = aot.generate(tmp_path, archs, manifest.cuda_version, manifest.tvm_ffi_version)
     installed_manifest = json.loads((prebuilt.LIBRARY_DIR / prebuilt.MANIFEST_NAME).read_text())
     assert generated["symbols"] == installed_manifest["symbols"]
-    units = "\n".join(p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".cc", ".cu"))
+    units = "\n".join(p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".cpp", ".cu"))
     exported = set(re.findall(r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\((\w+),", units))
     assert exported == set(manifest.symbols)
 
 
 @installed
-def test_manifest_covers_every_family_grid_with_current_source_hashes() -> None:
+def test_manifest_covers_every_family_grid_with_current_unit_digests() -> None:
     manifest = _manifest()
     for spec in families.ALL_FAMILIES:
         if spec.target == "cuda" and manifest.cuda_version is None:
             continue
-        for export, config, symbol in all_symbols(spec):
-            entry = manifest.symbols[symbol]
-            assert (entry.family, entry.export, entry.config) == (spec.family, export, config)
-            assert entry.source_hash == source_hash(spec)
-            if spec.target == "cuda":
-                assert entry.machine_code, f"{symbol} has no machine code"
+        for config in spec.prebuilt:
+            unit = TranslationUnit.for_config(spec, config)
+            for export, (symbol, _) in zip(spec.exports, unit.exports, strict=True):
+                entry = manifest.symbols[symbol]
+                assert (entry.family, entry.export, entry.config) == (spec.family, export, config)
+                assert entry.unit_digest == unit.digest()
+                if spec.target == "cuda":
+                    assert entry.machine_code, f"{symbol} has no machine code"
 
 
 @installed

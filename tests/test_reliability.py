@@ -21,7 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import jit_kernel
 from jit_kernel import aot, cli, families
 from jit_kernel.dispatch import Dispatcher, jit_module
-from jit_kernel.spec import ConfigError, source_hash, symbol_name
+from jit_kernel.spec import ConfigError, symbol_name
+from jit_kernel.unit import TranslationUnit
 from jit_kernel.version import __version__
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "target": "host",
                 "machine_code": [],
                 "ptx": [],
-                "source_hash": source_hash(spec),
+                "unit_digest": TranslationUnit.for_config(spec, (1,)).digest(),
                 "cuda_version": None,
                 "tvm_ffi_version": tvm_ffi.__version__,
             }

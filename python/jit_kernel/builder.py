@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -32,12 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("jit_kernel")
 
-# What tvm-ffi's build_inline put ahead of every source: the export macro and the types wrappers use.
-_PRELUDE = "\n".join(
-    f"#include <tvm/ffi/{header}>"
-    for header in ("container/tensor.h", "dtype.h", "error.h", "extra/c_env_api.h", "function.h")
-)
-
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -50,44 +45,42 @@ def _words(*args: str | Path) -> str:
 
 
 def render(request: BuildRequest) -> tuple[str, dict[str, str]]:
-    """The build file and the sources (file name -> text) that build ``request``'s library."""
+    """The build file and the sources (file name -> text) that build ``request``'s library. Each
+    compile writes a depfile (``-MD -MF``): the cache records every file the compiler read."""
     import tvm_ffi.libinfo
 
-    for path in request.source_files:  # the sources are included by path: #include "<path>"
-        if '"' in str(path) or "\n" in str(path):
-            raise ValueError(f"jit_kernel: {str(path)!r} cannot be #included (a double quote or newline); rename it")
-
-    roots = [tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]
-    includes = [f"-I{folder}" for folder in dict.fromkeys(map(str, [*roots, *request.include_search_path]))]
+    tvm_ffi_includes = [f"-I{tvm_ffi.libinfo.find_include_path()}", f"-I{tvm_ffi.libinfo.find_dlpack_include_path()}"]
     tvm_ffi_library = Path(tvm_ffi.libinfo.find_libtvm_ffi())
     ldflags: list[str | Path] = ["-shared", f"-L{tvm_ffi_library.parent}", "-ltvm_ffi"]
-    variables = {
-        "cxx": _words(toolchain.host_compiler()),
-        "cxxflags": _words("-fPIC", *request.extra_cflags, *includes),
-    }
-    rules = {"compile": "$cxx $cxxflags -c $in -o $out", "link": "$cxx $in $ldflags -o $out"}
+    variables = {"cxx": _words(toolchain.host_compiler())}
+    rules = {"link": "$cxx $in $ldflags -o $out"}
     sources: dict[str, str] = {}
-    objects: dict[str, tuple[str, str]] = {}  # object file -> (rule, source file)
-    if request.cpp_source:
-        sources["main.cpp"] = f"{_PRELUDE}\n{request.cpp_source}\n"
-        objects["main.o"] = ("compile", "main.cpp")
-    if request.has_cuda:
-        assert request.arch is not None
-        cuda_lib = toolchain.cuda_home() / "lib64"
-        # The rpath lets the module load without LD_LIBRARY_PATH, also on a machine with no GPU.
-        ldflags += [f"-L{cuda_lib}", "-lcudart", f"-Wl,-rpath,{cuda_lib}"]
-        gencode = ArchTarget(Arch.parse(request.arch)).gencode()
-        variables["nvcc"] = _words(toolchain.nvcc_path())
-        variables["cuda_cflags"] = _words("-Xcompiler", "-fPIC", gencode, *request.extra_cuda_cflags, *includes)
-        rules["compile_cuda"] = "$nvcc $cuda_cflags -c $in -o $out"
-        sources["cuda.cu"] = f"{_PRELUDE}\n{request.cuda_source}\n"
-        objects["cuda.o"] = ("compile_cuda", "cuda.cu")
+    objects: list[str] = []
+    statements: list[str] = []
+    for unit in request.units:
+        stem = "cuda" if unit.language == "cuda" else "main"
+        if unit.language == "cuda":
+            assert request.arch is not None
+            cuda_lib = toolchain.cuda_home() / "lib64"
+            # The rpath lets the module load without LD_LIBRARY_PATH, also on a machine with no GPU.
+            ldflags += [f"-L{cuda_lib}", "-lcudart", f"-Wl,-rpath,{cuda_lib}"]
+            ccbin = ("-ccbin", toolchain.host_compiler()) if env.cxx() else ()  # one host compiler per module
+            gencode = ArchTarget(Arch.parse(request.arch)).gencode()
+            variables["nvcc"] = _words(toolchain.nvcc_path())
+            target_args: tuple[str | Path, ...] = ("-Xcompiler", "-fPIC", gencode, *ccbin)
+            command = "$nvcc"
+        else:
+            target_args, command = ("-fPIC",), "$cxx"
+        variables[f"{stem}_flags"] = _words(*target_args, *unit.compile_args(), *tvm_ffi_includes)
+        rules[f"compile_{stem}"] = f"{command} ${stem}_flags -MD -MF $out.d -c $in -o $out"
+        sources[f"{stem}{unit.suffix}"] = unit.text()
+        objects.append(f"{stem}.o")
+        statements.append(f"build {stem}.o: compile_{stem} {stem}{unit.suffix}")
     variables["ldflags"] = _words(*ldflags, *request.extra_ldflags)
     library = library_name(request)
     lines = ["ninja_required_version = 1.3", *(f"{name} = {value}" for name, value in variables.items())]
     lines += [f"rule {name}\n  command = {command}" for name, command in rules.items()]
-    lines += [f"build {obj}: {rule} {source}" for obj, (rule, source) in objects.items()]
-    lines += [f"build {library}: link {' '.join(objects)}", f"default {library}"]
+    lines += [*statements, f"build {library}: link {' '.join(objects)}", f"default {library}"]
     return "\n".join(lines) + "\n", sources
 
 
@@ -97,14 +90,30 @@ def library_name(request: BuildRequest) -> str:
     return f"{request.name}.so"
 
 
-def build(request: BuildRequest, folder: Path) -> Path:
-    """Compile ``request`` in ``folder`` (an empty, private folder) and return the library."""
+def build(request: BuildRequest, folder: Path) -> tuple[Path, list[Path]]:
+    """Compile ``request`` in ``folder`` (an empty, private folder): the library, and every file the
+    compilers read outside ``folder`` (from their depfiles)."""
     build_file, sources = render(request)
     for name, text in sources.items():
         (folder / name).write_text(text)
     (folder / "build.ninja").write_text(build_file)
     run_ninja(folder)
-    return folder / library_name(request)
+    read = {path for depfile in folder.glob("*.o.d") for path in depfile_inputs(depfile)}
+    return folder / library_name(request), sorted(p for p in read if not p.is_relative_to(folder))
+
+
+def depfile_inputs(depfile: Path) -> list[Path]:
+    """The prerequisites a Make-style depfile lists (``-MD -MF``), as absolute paths. g++ writes a
+    ``$`` as ``$$``, nvcc writes it as is: a name is taken as written unless only its unescaped
+    form exists."""
+    text = depfile.read_text().replace("\\\n", " ")
+    _, _, prerequisites = text.partition(": ")
+    paths = []
+    for word in re.findall(r"(?:\\.|[^\s\\])+", prerequisites):
+        written = (depfile.parent / re.sub(r"\\(.)", r"\1", word)).resolve()
+        unescaped = Path(str(written).replace("$$", "$"))
+        paths.append(unescaped if not written.exists() and unescaped.exists() else written)
+    return paths
 
 
 def _ninja() -> str:

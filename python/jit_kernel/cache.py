@@ -6,11 +6,13 @@ Layout under the cache root (``$JIT_KERNEL_CACHE_DIR``, default ``~/.cache/jit_k
     .staging/<entry>.<pid>.<rand>/     private build folders, renamed into place when complete
     .locks/<entry>.lock                one file lock per entry, taken only on a miss
 
-The key hashes everything that can change the binary: the text of every source and header the
-build includes (found by following ``#include`` lines through the package's and the user's
-include folders), the flags, the arch, the compiler versions, tvm-ffi's and this package's
-versions. A hit reads ``meta.json``, checks the library's size and hash, and loads it: no ninja,
-no lock, no write, so a read-only (baked) cache serves what it holds. A miss builds in a staging
+The key hashes the recipe: the translation units' text, flags and include folders, the arch, the
+compiler versions, tvm-ffi's and this package's versions. The headers are covered the way ninja
+covers them: each compile writes a depfile (``-MD``), and ``meta.json`` records the content hash
+of every file the compiler read, however it was reached (an ``-I`` in the flags, ``#include
+MACRO``). A hit reads ``meta.json``, checks the library's hash and that every recorded file still
+has its content, and loads it: no subprocess, no lock, no write, so a read-only (baked) cache
+serves what it holds. An entry whose files changed is rebuilt in its place. A miss builds in a staging
 folder under the lock and publishes with one ``rename``, which is atomic on local filesystems and
 on NFS, so no process ever sees a half-written library.
 
@@ -37,12 +39,13 @@ from typing import Any
 
 from jit_kernel import builder, env, toolchain
 from jit_kernel.arch import Arch
-from jit_kernel.sources import included_files, sha256_file
+from jit_kernel.sources import sha256_file
+from jit_kernel.unit import TranslationUnit
 from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")
 
-KEY_FORMAT = 2  # bump when the build recipe (builder.render) changes what a key's binary is
+KEY_FORMAT = 3  # bump when the build recipe (builder.render) changes what a key's binary is
 
 # Entries this process is building now. Another thread's staging folder must survive the sweep even
 # where its flock does not exclude us (NFS turns flock into per-process POSIX locks).
@@ -55,47 +58,32 @@ class CacheDirError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class BuildRequest:
-    """Everything that defines one module build. ``arch`` is None for a host-only module."""
+    """Everything that defines one module build: one unit per language. ``arch`` is None for a
+    host-only module."""
 
     name: str
-    cpp_source: str
-    cuda_source: str
-    source_files: tuple[Path, ...]
-    extra_cflags: tuple[str, ...] = ()
-    extra_cuda_cflags: tuple[str, ...] = ()
+    units: tuple[TranslationUnit, ...]
     extra_ldflags: tuple[str, ...] = ()
-    extra_include_paths: tuple[Path, ...] = ()
     arch: str | None = None
     # Human-readable origin, e.g. "add_constant<5>"; recorded in meta.json, not part of the key.
     description: str = dataclasses.field(default="", compare=False)
 
     @property
     def has_cuda(self) -> bool:
-        return bool(self.cuda_source)
-
-    @property
-    def include_search_path(self) -> tuple[Path, ...]:
-        return (*self.extra_include_paths, env.INCLUDE_DIR, env.CSRC_DIR)
-
-
-_sha256_file = sha256_file
+        return any(unit.language == "cuda" for unit in self.units)
 
 
 def cache_key(request: BuildRequest) -> str:
-    files = included_files(request.source_files, request.include_search_path)
+    """The entry's name: the recipe, not the headers' contents. Those are the entry's recorded
+    dependencies, checked on every load (:func:`stale_dependency`)."""
     material: dict[str, Any] = {
         "format": KEY_FORMAT,
         "jit_kernel": __version__,
         "tvm_ffi": _tvm_ffi_version(),
         "name": request.name,
-        "cpp_source": request.cpp_source,
-        "cuda_source": request.cuda_source,
-        "extra_cflags": request.extra_cflags,
-        "extra_cuda_cflags": request.extra_cuda_cflags,
+        "units": [[unit.language, unit.text(), unit.compile_args()] for unit in request.units],
         "extra_ldflags": request.extra_ldflags,
-        "extra_include_paths": [str(p) for p in request.extra_include_paths],
-        "files": {str(p): hashlib.sha256(text).hexdigest() for p, text in sorted(files.items())},
-        "cxx": toolchain.tool_version(toolchain.host_compiler()),
+        "cxx": [toolchain.tool_version(toolchain.host_compiler()), env.cxx()],
     }
     if request.has_cuda:
         material["nvcc"] = toolchain.tool_version(toolchain.nvcc_path())
@@ -115,16 +103,57 @@ def entry_name(request: BuildRequest, key: str) -> str:
     return f"{request.name}-{key}"
 
 
-def verified_library(entry: Path) -> Path | None:
-    """The entry's library if it is complete and matches its recorded hash, else None."""
+def _dependencies(request: BuildRequest, files: list[Path]) -> dict[str, list[Any]]:
+    """``path -> [size, sha256]`` for every file the compilers read, except the system's, the CUDA
+    toolkit's and tvm-ffi's own headers: the key holds their versions, and checking ~300 of them on
+    every load would cost more than the whole warm load (the entry's ``depends.txt`` lists them).
+    Files under the package, the sources' folders or an include folder we were given always count."""
+    import tvm_ffi.libinfo
+
+    prefix = toolchain.host_compiler().parent.parent
+    versioned = [prefix / "include", prefix / "lib", Path(tvm_ffi.libinfo.find_include_path()).parent]
+    versioned += [toolchain.cuda_home()] if request.has_cuda else []
+    ours = [
+        env.DATA_ROOT,
+        *(d for u in request.units for d in u.include_dirs),
+        *(p.parent for u in request.units for p in u.sources),
+    ]
+    return {
+        str(path): [path.stat().st_size, sha256_file(path)]
+        for path in files
+        if any(path.is_relative_to(root) for root in ours) or not any(path.is_relative_to(root) for root in versioned)
+    }
+
+
+def stale_dependency(meta: dict[str, Any]) -> str | None:
+    """The first recorded dependency whose content changed (or that is gone), else None."""
+    for name, (size, digest) in meta["dependencies"].items():
+        try:
+            if os.stat(name).st_size != size or sha256_file(Path(name)) != digest:
+                return name
+        except OSError:
+            return name
+    return None
+
+
+def _check_entry(entry: Path) -> tuple[Path | None, str | None]:
+    """(library, None) when the entry is complete, matches its recorded hash and was built from the
+    current content of every file its compilers read; else (None, the file that changed), or
+    (None, None) when it is missing, incomplete or corrupt."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
         library = entry / meta["library"]
-        if library.stat().st_size != meta["size"] or _sha256_file(library) != meta["sha256"]:
-            return None
-        return library
+        if library.stat().st_size != meta["size"] or sha256_file(library) != meta["sha256"]:
+            return None, None
+        changed = stale_dependency(meta)
+        return (None, changed) if changed is not None else (library, None)
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return None, None
+
+
+def verified_library(entry: Path) -> Path | None:
+    """The entry's library if it is complete, uncorrupted and up to date, else None."""
+    return _check_entry(entry)[0]
 
 
 def _unusable(root: Path, error: OSError) -> CacheDirError:
@@ -210,21 +239,26 @@ def _publish(request: BuildRequest, key: str, root: Path) -> Path:
     logger.info("compiling %s %s (first use; cached afterwards)", request.name, target)
     start = time.perf_counter()
     try:
-        library = builder.build(request, staging)
-        for leftover in staging.glob("*.o"):
+        built, read = builder.build(request, staging)
+        for leftover in [*staging.glob("*.o"), *staging.glob("*.o.d")]:
             leftover.unlink()
+        # A rebuild (a header changed) lands at the same entry: a new file name keeps dlopen from
+        # handing back the old build, which it still holds under the old name.
+        digest = sha256_file(built)
+        library = built.rename(built.with_name(f"{request.name}.{digest[:12]}.so"))
         meta = {
             "name": request.name,
             "description": request.description,
             "key": key,
             "library": library.name,
             "size": library.stat().st_size,
-            "sha256": _sha256_file(library),
+            "sha256": digest,
             "arch": request.arch,
             "jit_kernel": __version__,
             "created": time.time(),
-            "sources": [str(p) for p in request.source_files],
+            "dependencies": _dependencies(request, read),
         }
+        (staging / "depends.txt").write_text("".join(f"{path}\n" for path in read))
         (staging / "meta.json").write_text(json.dumps(meta, indent=1))
         os.rename(staging, entry)
     except BaseException:
@@ -242,9 +276,11 @@ def _load(library: Path) -> Any:
 
 def _load_entry(entry: Path, warn: bool = True) -> Any | None:
     """The entry's module, or None when it is missing, incomplete, corrupt or fails to load."""
-    library = verified_library(entry)
+    library, changed = _check_entry(entry)
     if library is None:
-        if warn and entry.exists():
+        if warn and changed is not None:
+            logger.info("%s changed since %s was built; rebuilding it", changed, entry.name)
+        elif warn and entry.exists():
             logger.warning("cached entry %s is incomplete or corrupt; not using it", entry)
         return None
     try:

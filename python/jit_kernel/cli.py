@@ -16,13 +16,15 @@ import platform
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jit_kernel import cache, env, families, prebuilt, toolchain
+from jit_kernel import cache, env, families, prebuilt, target, toolchain
 from jit_kernel.arch import Arch
 from jit_kernel.dispatch import jit_module
 from jit_kernel.spec import Config, ConfigValue, KernelSpec, symbol_name
+from jit_kernel.unit import TranslationUnit
 from jit_kernel.version import __version__
 
 DEFAULT_CLANGD_ARCH = "8.0"
@@ -43,7 +45,7 @@ def _clangd_arch(requested: str | None) -> str:
     if requested:
         return str(Arch.parse(requested))
     try:
-        return toolchain.current_cuda_arch()
+        return str(target.current().arch)
     except toolchain.ToolchainError:
         return DEFAULT_CLANGD_ARCH
 
@@ -93,16 +95,19 @@ def _probe(describe: Callable[[], str]) -> str:
         return f"unavailable ({error})"
 
 
-def _gpu_description() -> tuple[str, bool]:
-    import torch
+def _target() -> target.Target | None:
+    """This machine's target, or None when there is no GPU and no JIT_KERNEL_CUDA_ARCH."""
+    try:
+        return target.current()
+    except toolchain.ToolchainError:
+        return None
 
-    if not torch.cuda.is_available():
+
+def _gpu_description() -> tuple[str, bool]:
+    here = _target()
+    if here is None:
         return "none visible (CUDA kernels can be compiled but not run)", False
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    name = torch.cuda.get_device_name(index)
-    arch = toolchain.arch_for_capability(major, minor)
-    return f"{name} (cuda:{index}, compute capability {major}.{minor}, builds for {Arch.parse(arch).sm})", True
+    return here.describe(), here.device is not None
 
 
 def _check_add_constant(device: str, constant: int) -> str:
@@ -132,7 +137,8 @@ def _self_test_cuda(gpu: bool) -> str:
         prebuilt_decision = _check_add_constant("cuda", 1)
         jit_decision = _check_add_constant("cuda", 7)
         return f"add_constant<1>: {prebuilt_decision}; add_constant<7>: {jit_decision}; results correct on the GPU"
-    arch = env.cuda_arch_override() or "9.0a"
+    here = _target()
+    arch = str(here.arch) if here else "9.0a"
     jit_module(families.ADD_CONSTANT_CUDA, (7,), cuda_arch=arch)
     return f"add_constant<7> compiled and loaded for {Arch.parse(arch).sm} (not run: no GPU)"
 
@@ -164,7 +170,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     nvcc = _probe(lambda: f"{toolchain.tool_version(toolchain.nvcc_path())} ({toolchain.nvcc_path()})")
     print(f"nvcc           {nvcc}")
     gpu_text, gpu = _gpu_description()
-    print(f"GPU            {gpu_text}")
+    print(f"GPU / target   {gpu_text}")
     print(f"headers        {env.INCLUDE_DIR}")
     root = env.cache_dir()
     damaged = prebuilt.problem()
@@ -174,6 +180,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"prebuilt       {_probe(_prebuilt_description)}")
     print(f"cache          {root} ({len(cache.list_entries(root))} modules, {_format_size(cache.total_size(root))})")
+    print(f"decisions      {_probe(_decision_summary)}")
 
     checks: list[tuple[str, Callable[[], str]]] = [("host self-test", _self_test_host)]
     if nvcc.startswith("unavailable"):
@@ -218,38 +225,57 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def _current_capability() -> tuple[int, int] | None:
-    import torch
-
-    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-
-
-def _decision(spec: KernelSpec, config: Config, capability: tuple[int, int] | None) -> str:
-    if spec.target == "cuda" and capability is None:
-        return "no GPU visible"
-    reason = prebuilt.unusable_reason(spec, symbol_name(spec, next(iter(spec.exports)), config), capability)
+def _decision(spec: KernelSpec, config: Config, here: target.Target | None) -> str:
+    if spec.target == "cuda" and here is None:
+        return "no GPU visible and no JIT_KERNEL_CUDA_ARCH"
+    reason = prebuilt.unusable_reason(spec, config, here if spec.target == "cuda" else None)
     return "prebuilt" if reason is None else f"jit ({reason})"
+
+
+def _decision_summary() -> str:
+    """How every config of every prebuilt grid is served on this target, grouped by reason."""
+    here = _target()
+    decisions = Counter(_decision(spec, config, here) for spec in families.ALL_FAMILIES for config in spec.prebuilt)
+    grouped = "; ".join(f"{count} {decision}" for decision, count in decisions.most_common())
+    return f"{sum(decisions.values())} grid configs: {grouped} (`python -m jit_kernel list --explain` per config)"
+
+
+def _explain(spec: KernelSpec, config: Config, manifest: prebuilt.Manifest | None) -> list[str]:
+    """The unit that compiles this config (flags, include folders, digest), and the manifest's digest."""
+    unit = TranslationUnit.for_config(spec, config)
+    entry = manifest.symbols.get(symbol_name(spec, next(iter(spec.exports)), config)) if manifest else None
+    recorded = entry.unit_digest if entry else "-"
+    return [
+        f"      sources  {' '.join(str(p) for p in unit.sources)}",
+        f"      exports  {' '.join(symbol for symbol, _ in unit.exports)}",
+        f"      flags    {' '.join(unit.flags)}",
+        f"      includes {' '.join(str(p) for p in unit.include_dirs)}",
+        f"      digest   now {unit.digest()}, prebuilt {recorded}",
+    ]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     for name in args.family:
         _family(name)
-    capability = _current_capability()
+    if args.config and len(args.family) != 1:
+        raise UsageError("--config needs exactly one family")
+    here = _target()
     manifest = prebuilt.manifest()
-    running = f"sm_{capability[0]}{capability[1]}" if capability else "no GPU"
+    running = f"target {here.describe()}" if here else "no GPU, no JIT_KERNEL_CUDA_ARCH"
     if manifest is None and prebuilt.problem() is not None:
-        print(f"prebuilt library: DAMAGED, {prebuilt.problem()}; running on {running}")
+        print(f"prebuilt library: DAMAGED, {prebuilt.problem()}; {running}")
     elif manifest is None:
-        print(f"prebuilt library: none installed (every config is JIT-compiled); running on {running}")
+        print(f"prebuilt library: none installed (every config is JIT-compiled); {running}")
     else:
         print(f"prebuilt library: {manifest.library} (CUDA {manifest.cuda_version}, tvm-ffi "
-              f"{manifest.tvm_ffi_version}, {len(manifest.symbols)} symbols); running on {running}")  # fmt: skip
+              f"{manifest.tvm_ffi_version}, {len(manifest.symbols)} symbols); {running}")  # fmt: skip
     cached = cache.list_entries()
     for spec in families.ALL_FAMILIES:
         if args.family and spec.family not in args.family:
             continue
         print(f"\n{spec.family} ({spec.target}; {', '.join(spec.sources)}; params {', '.join(spec.params)})")
-        for config in spec.prebuilt:
+        configs = [_parse_config(spec, text) for text in args.config] or spec.prebuilt
+        for config in configs:
             symbol = symbol_name(spec, next(iter(spec.exports)), config)
             entry = manifest.symbols.get(symbol) if manifest else None
             if entry is None:
@@ -258,7 +284,10 @@ def cmd_list(args: argparse.Namespace) -> int:
                 built = "host"
             else:
                 built = " ".join([a.sm for a in entry.machine_code] + [f"{a.compute}(PTX)" for a in entry.ptx])
-            print(f"  prebuilt  {spec.describe(config):<40} {built:<36} -> {_decision(spec, config, capability)}")
+            label = "config  " if args.config else "prebuilt"
+            print(f"  {label}  {spec.describe(config):<40} {built:<36} -> {_decision(spec, config, here)}")
+            if args.explain:
+                print("\n".join(_explain(spec, config, manifest)))
         for entry in cached:
             if entry.description.startswith(f"{spec.family}<"):
                 arch = Arch.parse(entry.arch).sm if entry.arch else "host"
@@ -309,7 +338,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
             archs = [str(Arch.parse(a)) for a in args.arch]
         except ValueError as error:
             raise UsageError(f"--arch: {error}") from None
-        archs = archs or [toolchain.current_cuda_arch()]
+        archs = archs or [str(target.current().arch)]
     jobs = [(spec.family, config, arch) for config in configs for arch in archs]
     print(f"warming {len(jobs)} {spec.family} module(s) into {env.cache_dir()} with {args.jobs} worker(s)")
     failures = 0
@@ -342,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="prebuilt and cached configs per family, and the decision here")
     listing.add_argument("family", nargs="*", help="only these families")
+    listing.add_argument(
+        "--explain", action="store_true", help="per config: its sources, flags, include folders and unit digest"
+    )
+    listing.add_argument("--config", action="append", default=[], help="list this config instead of the grid")
     listing.set_defaults(handler=cmd_list)
 
     warm = commands.add_parser("warm", help="compile configs into the JIT cache ahead of time")

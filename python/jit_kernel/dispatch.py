@@ -1,4 +1,5 @@
-"""config -> callable: the prebuilt symbol when it fits this GPU and these sources, else JIT.
+"""config -> callable: the prebuilt symbol when it fits the :class:`~jit_kernel.target.Target` and its
+translation unit is the one JIT would compile now (same digest), else JIT.
 
 The first call of a config resolves it; every later call is one dict lookup. The decision is
 logged at INFO only when it leads to a compile, else at DEBUG: a process that finds everything
@@ -16,22 +17,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from jit_kernel import cache, env, prebuilt, toolchain
-from jit_kernel.jit import load_cached, load_request, make_build_request
+from jit_kernel import cache, env, prebuilt, target, toolchain
+from jit_kernel.jit import load_cached, load_request, module_name
 from jit_kernel.spec import Config, KernelSpec, cpp_literal, symbol_name
+from jit_kernel.unit import TranslationUnit
 
 logger = logging.getLogger("jit_kernel")
 
 
 class JitDisabledError(RuntimeError):
     """A config is neither prebuilt nor in the JIT cache, and ``JIT_KERNEL_DISABLE_JIT=1`` forbids compiling it."""
-
-
-def device_capability() -> tuple[int, int]:
-    """Compute capability of the current CUDA device (a seam for tests on GPU-less machines)."""
-    import torch
-
-    return torch.cuda.get_device_capability()
 
 
 class Dispatcher:
@@ -54,24 +49,24 @@ class Dispatcher:
         spec = self.spec
         spec.check_config(config)
         symbol = symbol_name(spec, export, config)
-        capability = device_capability() if spec.target == "cuda" else None
-        reason = prebuilt.unusable_reason(spec, symbol, capability)
+        device = target.current() if spec.target == "cuda" else None
+        reason = prebuilt.unusable_reason(spec, config, device)
         if reason is None:
             function = prebuilt.library().get_function(symbol)
             decision = "prebuilt"
             logger.debug("%s: prebuilt", spec.describe(config))
         else:
             decision = f"jit ({reason})"
-            function = self._jit_module(config, reason, capability).get_function(symbol)
+            function = self._jit_module(config, reason, device).get_function(symbol)
         self.decisions[config] = decision
         self._resolved[(export, config)] = function
         return function
 
-    def _jit_module(self, config: Config, reason: str, capability: tuple[int, int] | None) -> Any:
+    def _jit_module(self, config: Config, reason: str, device: target.Target | None) -> Any:
         """The config's module from the JIT cache, compiled on a miss unless JIT is disabled."""
         spec = self.spec
         try:
-            request = jit_request(spec, config, _device_arch(capability))
+            request = jit_request(spec, config, str(device.arch) if device else None)
             module = load_cached(request)
         except toolchain.ToolchainError as error:
             if not env.jit_disabled():
@@ -87,13 +82,6 @@ class Dispatcher:
             raise JitDisabledError(_not_cached_message(spec, config, reason, request))
         logger.info("%s: jit (%s)", spec.describe(config), reason)
         return load_request(request)
-
-
-def _device_arch(capability: tuple[int, int] | None) -> str | None:
-    """The arch to compile for the device the prebuilt check saw (``$JIT_KERNEL_CUDA_ARCH`` wins)."""
-    if capability is None:
-        return None
-    return env.cuda_arch_override() or toolchain.arch_for_capability(*capability)
 
 
 def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: cache.BuildRequest) -> str:
@@ -124,19 +112,10 @@ def jit_request(spec: KernelSpec, config: Config, cuda_arch: str | None = None) 
     """The JIT build of one config. Its module holds every export of the config under its
     :func:`symbol_name`, so resolving a second export is a hit in the in-process memo.
     ``cuda_arch`` overrides the current GPU's arch (``warm --arch``)."""
-    wrappers = [(symbol_name(spec, export, config), spec.wrapper(export, config)) for export in spec.exports]
-    on_gpu = spec.target == "cuda"
-    return make_build_request(
-        spec.family,
-        *(cpp_literal(value) for value in config),
-        cpp_files=None if on_gpu else spec.sources,
-        cuda_files=spec.sources if on_gpu else None,
-        cpp_wrappers=None if on_gpu else wrappers,
-        cuda_wrappers=wrappers if on_gpu else None,
-        extra_cuda_cflags=spec.extra_cuda_cflags,
-        cuda_arch=cuda_arch,
-        description=spec.describe(config),
-    )
+    arch = (cuda_arch or str(target.current().arch)) if spec.target == "cuda" else None
+    unit = TranslationUnit.for_config(spec, config)
+    name = module_name([spec.family, *(cpp_literal(value) for value in config)])
+    return cache.BuildRequest(name, (unit,), arch=arch, description=spec.describe(config))
 
 
 def jit_module(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> Any:

@@ -48,6 +48,20 @@ def max_jobs() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def cuda_home() -> tuple[str, Path] | None:
+    """``$CUDA_HOME``, else ``$CUDA_PATH``: (the variable's name, its value), if either is set."""
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(name)
+        if value:
+            return name, Path(value)
+    return None
+
+
+def cxx() -> str | None:
+    """``$CXX``: the host C++ compiler, for the host pass of nvcc too (tvm-ffi's builds read it as well)."""
+    return os.environ.get("CXX") or None
+
+
 def cuda_arch_override() -> str | None:
     """``$JIT_KERNEL_CUDA_ARCH`` (for example ``9.0`` or ``9.0a``), if set."""
     return os.environ.get("JIT_KERNEL_CUDA_ARCH") or None

@@ -5,23 +5,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from jit_kernel import cache, deps, env, toolchain
+from jit_kernel import cache, deps, env, target
 from jit_kernel.arch import Arch
-from jit_kernel.spec import EXPORT_HEADER, export_line
+from jit_kernel.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
 
 if TYPE_CHECKING:
     import torch
     from tvm_ffi import Module
 
-DEFAULT_CFLAGS = ("-std=c++20", "-O3")
-DEFAULT_CUDA_CFLAGS = ("-std=c++20", "-O3", "--expt-relaxed-constexpr")
+__all__ = ["DEFAULT_CFLAGS", "DEFAULT_CUDA_CFLAGS", "cache_once", "load_jit", "make_build_request", "make_cpp_args"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -112,20 +110,7 @@ def _resolve_source(name: str) -> Path:
     return path.resolve()
 
 
-def _wrapper(export: tuple[str, str]) -> str:
-    export_name, expression = export
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", export_name):
-        raise ValueError(f"load_jit: export name {export_name!r} is not a C identifier")
-    return export_line(export_name, expression)
-
-
-def _host_compiler_for_nvcc() -> tuple[str, ...]:
-    """``$CXX`` is honoured by the host compile (tvm-ffi's ninja uses it); make nvcc's host pass use
-    it too, so that one module is not built by two different host compilers."""
-    return ("-ccbin", str(toolchain.host_compiler())) if os.environ.get("CXX") else ()
-
-
-def _module_name(args: Sequence[object]) -> str:
+def module_name(args: Sequence[object]) -> str:
     name = "_".join(["jit_kernel", *(re.sub(r"[^A-Za-z0-9]+", "_", str(arg)).strip("_") for arg in args)])
     if len(name) > 96:  # file names have limits; the cache key still distinguishes modules
         name = f"{name[:80]}_{hashlib.sha256(name.encode()).hexdigest()[:12]}"
@@ -145,31 +130,21 @@ def make_build_request(
     cuda_arch: str | None = None,
     description: str = "",
 ) -> cache.BuildRequest:
-    """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the GPU's."""
-    # Wrappers export through host::ffi_export: its header goes first (and into the cache key).
-    export_header = [env.INCLUDE_DIR / EXPORT_HEADER]
-    cpp_paths = (export_header if cpp_wrappers else []) + [_resolve_source(f) for f in cpp_files or ()]
-    cuda_paths = (export_header if cuda_wrappers else []) + [_resolve_source(f) for f in cuda_files or ()]
-    cpp_lines = [f'#include "{p}"' for p in cpp_paths] + [_wrapper(w) for w in cpp_wrappers or ()]
-    cuda_lines = [f'#include "{p}"' for p in cuda_paths] + [_wrapper(w) for w in cuda_wrappers or ()]
-    if not cpp_lines and not cuda_lines:
+    """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the target's."""
+    includes = [Path(p) for p in extra_include_paths or ()]
+    units = [
+        TranslationUnit.make(language, map(_resolve_source, files or ()), wrappers or (), flags or (), includes)
+        for language, files, wrappers, flags in (
+            ("host", cpp_files, cpp_wrappers, extra_cflags),
+            ("cuda", cuda_files, cuda_wrappers, extra_cuda_cflags),
+        )
+        if files or wrappers
+    ]
+    if not units:
         raise ValueError("load_jit: give at least one of cpp_files, cuda_files, cpp_wrappers, cuda_wrappers")
-    has_cuda = bool(cuda_lines)
-    arch = None
-    if has_cuda:
-        arch = str(Arch.parse(cuda_arch)) if cuda_arch else toolchain.current_cuda_arch()
-    return cache.BuildRequest(
-        name=_module_name(args),
-        cpp_source="\n".join(cpp_lines),
-        cuda_source="\n".join(cuda_lines),
-        source_files=tuple(cpp_paths + cuda_paths),
-        extra_cflags=(*DEFAULT_CFLAGS, *(extra_cflags or ())),
-        extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *_host_compiler_for_nvcc(), *(extra_cuda_cflags or ())),
-        extra_ldflags=tuple(extra_ldflags or ()),
-        extra_include_paths=tuple(Path(p).resolve() for p in extra_include_paths or ()),
-        arch=arch,
-        description=description,
-    )
+    has_cuda = units[-1].language == "cuda"
+    arch = (str(Arch.parse(cuda_arch)) if cuda_arch else str(target.current().arch)) if has_cuda else None
+    return cache.BuildRequest(module_name(args), tuple(units), tuple(extra_ldflags or ()), arch, description)
 
 
 _loaded: dict[tuple[cache.BuildRequest, Path | None], Module] = {}

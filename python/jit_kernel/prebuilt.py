@@ -1,13 +1,13 @@
 """The prebuilt library shipped in the wheel, and its manifest.
 
 ``lib/prebuilt_manifest.json`` records, per exported symbol: its family, export and config, the
-archs with machine code and PTX, the CUDA version, the hash of the sources it was built from,
-and the tvm-ffi version; and for the library, its size and SHA-256. The library is loaded
-lazily, the first time a prebuilt symbol is chosen, and only after its size and hash match: a
-truncated library would crash the process with SIGBUS when mapped. A damaged install (an
-unreadable manifest, a library that does not match it) logs one warning naming the file and
-falls back to JIT; ``python -m jit_kernel doctor`` reports it. A source checkout without a build
-has neither file: every config then takes the JIT path.
+archs with machine code and PTX, the CUDA version, the digest of the translation unit it was
+compiled from (:mod:`jit_kernel.unit`: sources, headers, flags), and the tvm-ffi version; and for
+the library, its size and SHA-256. The library is loaded lazily, the first time a prebuilt symbol
+is chosen, and only after its size and hash match: a truncated library would crash the process with
+SIGBUS when mapped. A damaged install (an unreadable manifest, a library that does not match it)
+logs one warning naming the file and falls back to JIT; ``python -m jit_kernel doctor`` reports it.
+A source checkout without a build has neither file: every config then takes the JIT path.
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jit_kernel import env
 from jit_kernel.arch import Arch, runs_on
 from jit_kernel.sources import sha256_file
-from jit_kernel.spec import Config, KernelSpec, source_hash
+from jit_kernel.spec import Config, KernelSpec, symbol_name
+from jit_kernel.unit import MANIFEST_NAME, TranslationUnit
+
+if TYPE_CHECKING:
+    from jit_kernel.target import Target
 
 LIBRARY_DIR = env.PACKAGE_DIR / "lib"
-LIBRARY_NAME = "libjit_kernel_prebuilt.so"
-MANIFEST_NAME = "prebuilt_manifest.json"
 REPAIR_ADVICE = "reinstall jit-kernel (pip install --force-reinstall --no-deps jit-kernel)"
 
 logger = logging.getLogger("jit_kernel")
@@ -42,7 +44,7 @@ class PrebuiltSymbol:
     target: str
     machine_code: tuple[Arch, ...]
     ptx: tuple[Arch, ...]
-    source_hash: str
+    unit_digest: str  # TranslationUnit.digest() of the unit this symbol was compiled from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Manifest:
                 target=entry["target"],
                 machine_code=tuple(Arch.parse(a) for a in entry["machine_code"]),
                 ptx=tuple(Arch.parse(a) for a in entry["ptx"]),
-                source_hash=entry["source_hash"],
+                unit_digest=entry["unit_digest"],
             )
             for name, entry in data["symbols"].items()
         }
@@ -105,10 +107,6 @@ def manifest() -> Manifest | None:
     return _read_manifest()[0]
 
 
-def _sha256(path: Path) -> str:
-    return sha256_file(path)
-
-
 def _verified_memo_path() -> Path:
     return env.cache_dir() / "prebuilt-verified.json"
 
@@ -134,7 +132,7 @@ def _library_mismatch(found: Manifest) -> str | None:
     except (OSError, ValueError, AttributeError):
         pass
     try:
-        digest = _sha256(path)
+        digest = sha256_file(path)
     except OSError as error:
         return f"prebuilt library {path} is unreadable ({error.strerror})"
     if digest != found.library_sha256:
@@ -176,31 +174,35 @@ def library() -> Any:
 
 
 @functools.cache
-def installed_source_hash(spec: KernelSpec) -> str:
-    return source_hash(spec)
+def current_digest(spec: KernelSpec, config: Config) -> str:
+    """The digest of the unit JIT would compile for this config now."""
+    return TranslationUnit.for_config(spec, config).digest()
 
 
-def unusable_reason(spec: KernelSpec, symbol: str, capability: tuple[int, int] | None) -> str | None:
-    """Why the prebuilt ``symbol`` cannot serve this call, or None when it can.
+def unusable_reason(spec: KernelSpec, config: Config, target: Target | None) -> str | None:
+    """Why the prebuilt symbol of this config cannot serve a call on ``target``, or None when it can.
 
-    ``capability`` is the running GPU's compute capability (None for host families).
+    ``target`` is None for host families. Every export of a config comes from one unit, so the
+    first export's entry speaks for all of them.
     """
     if env.prebuilt_disabled():
         return "prebuilt disabled by JIT_KERNEL_DISABLE_PREBUILT=1"
     found = manifest()
     if found is None:
         return "no prebuilt library installed" if problem() is None else "prebuilt install damaged (see the warning)"
-    entry = found.symbols.get(symbol)
+    entry = found.symbols.get(symbol_name(spec, next(iter(spec.exports)), config))
     if entry is None:
         return "config not in the prebuilt grid"
-    if entry.target == "cuda":
-        assert capability is not None
-        if not runs_on(list(entry.machine_code), list(entry.ptx), capability):
-            running = Arch(*capability)
-            built = ", ".join([a.sm for a in entry.machine_code] + [f"{a.compute} PTX" for a in entry.ptx])
-            return f"no prebuilt for sm_{running.major}{running.minor} (built for {built or 'no GPU arch'})"
-    if entry.source_hash != installed_source_hash(spec):
-        return "installed kernel sources differ from the ones the prebuilt library was built from"
+    if target is not None and not runs_on(list(entry.machine_code), list(entry.ptx), target.capability):
+        built = ", ".join([a.sm for a in entry.machine_code] + [f"{a.compute} PTX" for a in entry.ptx])
+        why = " (JIT_KERNEL_CUDA_ARCH)" if target.from_override else ""
+        return f"no prebuilt for {target.arch.sm}{why} (built for {built or 'no GPU arch'})"
+    digest = current_digest(spec, config)
+    if entry.unit_digest != digest:
+        return (
+            f"prebuilt from another translation unit (digest {entry.unit_digest[:12]}, JIT would compile "
+            f"{digest[:12]}): the sources, headers or flags changed since the library was built"
+        )
     if problem() is not None:
         return "prebuilt library damaged (see the warning)"
     return None

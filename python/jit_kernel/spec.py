@@ -12,13 +12,9 @@ This module must not import torch: CMake runs it at configure time in a bare bui
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Literal
-
-from jit_kernel import env
-from jit_kernel.sources import included_files
 
 ConfigValue = int | bool | str
 Config = tuple[ConfigValue, ...]
@@ -146,22 +142,3 @@ EXPORT_HEADER = "sgl_kernel/export.h"
 def export_line(symbol: str, expression: str) -> str:
     """The C++ line that exports ``expression`` (a function or functor) as ``symbol``."""
     return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, (::host::ffi_export({expression})));"
-
-
-def source_hash(spec: KernelSpec) -> str:
-    """Hash of the text of every file the family's sources include, by path relative to the
-    package data root. The prebuilt manifest records it; the dispatcher compares it with the
-    installed files and uses a prebuilt symbol only when they match."""
-    roots = [env.INCLUDE_DIR / EXPORT_HEADER, *(env.CSRC_DIR / source for source in spec.sources)]
-    files = included_files(roots, (env.INCLUDE_DIR, env.CSRC_DIR))
-    digest = hashlib.sha256()
-    for path, text in sorted(files.items(), key=lambda item: str(item[0].relative_to(env.DATA_ROOT))):
-        digest.update(str(path.relative_to(env.DATA_ROOT)).encode() + b"\0")
-        digest.update(hashlib.sha256(text).digest())
-    return digest.hexdigest()[:24]
-
-
-def all_symbols(spec: KernelSpec, configs: Sequence[Config] | None = None) -> list[tuple[str, Config, str]]:
-    """``(export, config, symbol)`` for every export of every (prebuilt) config."""
-    configs = spec.prebuilt if configs is None else configs
-    return [(export, config, symbol_name(spec, export, config)) for config in configs for export in spec.exports]

@@ -1,4 +1,4 @@
-"""Compilers and the CUDA arch: where they are, what version they are, and what to build for.
+"""Compilers: where they are and what version they are (the arch is :mod:`jit_kernel.target`'s).
 
 Versions enter the cache key. Asking a compiler for its version costs 5-50 ms, too much for a
 warm load, so each answer is remembered in the cache folder, keyed by the binary's path, size
@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 from jit_kernel import env
-from jit_kernel.arch import Arch
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 
@@ -32,13 +31,12 @@ def cuda_home() -> Path:
     The ``nvcc`` on PATH may be a wrapper script (as ``/usr/local/bin/nvcc`` is on our dev
     machines), so its parent is not the toolkit. nvcc's dry run prints the real ``TOP``.
     """
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        configured = os.environ.get(var)
-        if configured:
-            home = Path(configured)
-            if not (home / "bin" / "nvcc").is_file():
-                raise ToolchainError(f"${var}={configured} has no bin/nvcc; point it at a CUDA toolkit")
-            return home.resolve()
+    configured = env.cuda_home()
+    if configured is not None:
+        var, home = configured
+        if not (home / "bin" / "nvcc").is_file():
+            raise ToolchainError(f"${var}={home} has no bin/nvcc; point it at a CUDA toolkit")
+        return home.resolve()
     nvcc_on_path = shutil.which("nvcc")
     if nvcc_on_path is not None:
         real = Path(nvcc_on_path).resolve()
@@ -68,7 +66,7 @@ def nvcc_path() -> Path:
 
 def host_compiler() -> Path:
     """The host C++ compiler: ``$CXX`` (as tvm-ffi's build honours it), else ``c++``."""
-    name = os.environ.get("CXX", "c++")
+    name = env.cxx() or "c++"
     found = shutil.which(name)
     if found is None:
         raise ToolchainError(f"host C++ compiler {name!r} not found: install g++ (or clang++) or set CXX")
@@ -111,30 +109,8 @@ def nvcc_release() -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def arch_for_capability(major: int, minor: int) -> str:
-    """The arch to compile for a device of this compute capability.
-
-    Hopper and datacenter Blackwell get their arch-specific ``a`` targets (wgmma, tcgen05).
-    For 12.x the family target ``f`` needs CUDA 12.9+; older toolkits get ``a``.
-    """
-    if major in (9, 10):
-        return f"{major}.{minor}a"
-    if major == 12:
-        return f"{major}.{minor}{'f' if nvcc_release() >= (12, 9) else 'a'}"
-    return f"{major}.{minor}"
-
-
 def current_cuda_arch() -> str:
-    """``$JIT_KERNEL_CUDA_ARCH``, else the current GPU's arch via torch."""
-    override = env.cuda_arch_override()
-    if override:
-        return str(Arch.parse(override))
-    import torch
+    """The arch JIT compiles for here (seed API; :func:`jit_kernel.target.current` owns the rule)."""
+    from jit_kernel import target
 
-    if not torch.cuda.is_available():
-        raise ToolchainError(
-            "no CUDA GPU is visible, so the CUDA arch to compile for is unknown; "
-            "set JIT_KERNEL_CUDA_ARCH (for example JIT_KERNEL_CUDA_ARCH=9.0a for an H100) to compile anyway"
-        )
-    major, minor = torch.cuda.get_device_capability()
-    return arch_for_capability(major, minor)
+    return str(target.current().arch)

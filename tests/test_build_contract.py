@@ -1,0 +1,236 @@
+"""One build contract (issue 16): one Target per device, one TranslationUnit for JIT and the
+prebuilt build, and a cache key that covers every file the compiler read."""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import tvm_ffi
+
+from jit_helpers import fake_gpu, recorded_logs  # noqa: F401 (fake_gpu is a fixture)
+from jit_kernel import aot, builder, cache, families, jit, prebuilt, target
+from jit_kernel.arch import Arch
+from jit_kernel.dispatch import jit_request
+from jit_kernel.jit import make_build_request
+from jit_kernel.spec import IntRange, KernelSpec, symbol_name
+from jit_kernel.unit import TranslationUnit
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --- Target ---------------------------------------------------------------------------------------
+
+
+def test_target_is_memoised_per_device_and_carries_sm_count_and_pdl(fake_gpu, monkeypatch) -> None:  # noqa: F811
+    fake_gpu((9, 0))
+    here = target.current()
+    assert here is target.current()
+    assert (str(here.arch), here.sm_count, here.pdl, here.arch_list) == ("9.0a", 132, True, "9.0a")
+    monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "8.0")
+    overridden = target.current()
+    assert (str(overridden.arch), overridden.pdl, overridden.from_override) == ("8.0", False, True)
+    assert overridden.sm_count == 132  # still the device's
+
+
+def test_override_without_gpu_is_a_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(target, "_current_device", lambda: None)
+    monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "10.0a")
+    assert target.current().arch == Arch(10, 0, "a")
+    assert target.current().device is None
+
+
+def _fake_manifest(monkeypatch: pytest.MonkeyPatch, spec: KernelSpec, config: tuple, built_for: str, digest: str):
+    entry = prebuilt.PrebuiltSymbol(
+        symbol=symbol_name(spec, "run", config),
+        family=spec.family,
+        export="run",
+        config=config,
+        target=spec.target,
+        machine_code=(Arch.parse(built_for),),
+        ptx=(),
+        unit_digest=digest,
+    )
+    found = prebuilt.Manifest(Path("/nonexistent/lib.so"), "13.0", tvm_ffi.__version__, "0", {entry.symbol: entry})
+    monkeypatch.setattr(prebuilt, "manifest", lambda: found)
+    monkeypatch.setattr(prebuilt, "problem", lambda: None)
+    monkeypatch.delenv("JIT_KERNEL_DISABLE_PREBUILT", raising=False)
+
+
+def test_override_changes_the_prebuilt_decision(fake_gpu, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    spec = families.ADD_CONSTANT_CUDA
+    _fake_manifest(monkeypatch, spec, (1,), "8.0", prebuilt.current_digest(spec, (1,)))
+    fake_gpu((8, 0))
+    assert prebuilt.unusable_reason(spec, (1,), target.current()) is None
+    monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0a")
+    reason = prebuilt.unusable_reason(spec, (1,), target.current())
+    assert reason is not None and "sm_90a (JIT_KERNEL_CUDA_ARCH)" in reason
+
+
+def test_prebuilt_of_another_unit_is_not_used(fake_gpu, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    spec = families.ADD_CONSTANT_CUDA
+    _fake_manifest(monkeypatch, spec, (1,), "8.0", "0" * 24)
+    fake_gpu((8, 0))
+    reason = prebuilt.unusable_reason(spec, (1,), target.current())
+    assert reason is not None and "another translation unit" in reason
+
+
+# --- TranslationUnit: one description, rendered for JIT and for CMake ------------------------------
+
+
+def _cmake_unquote(argument: str) -> list[str]:
+    words = re.split(r"(?<!\\);", argument)
+    return [re.sub(r"\\(.)", r"\1", word) for word in words]
+
+
+def _generated_options(sources_cmake: Path) -> dict[Path, list[str]]:
+    pattern = re.compile(r'^set_source_files_properties\("([^"]+)" PROPERTIES COMPILE_OPTIONS "((?:\\.|[^"\\])*)"\)$')
+    options = {}
+    for line in sources_cmake.read_text().splitlines():
+        match = pattern.match(line)
+        if match:
+            options[Path(match.group(1))] = _cmake_unquote(match.group(2))
+    return options
+
+
+def test_generated_cmake_inputs_equal_the_jit_description_for_every_grid_entry(tmp_path: Path) -> None:
+    manifest = aot.generate(tmp_path, "9.0a", "13.0", tvm_ffi.__version__)
+    options = _generated_options(tmp_path / "sources.cmake")
+    symbols = manifest["symbols"]
+    assert isinstance(symbols, dict)
+    checked = 0
+    for spec in families.ALL_FAMILIES:
+        for index, config in enumerate(spec.prebuilt):
+            (jit_unit,) = jit_request(spec, config, "9.0a").units
+            path = tmp_path / spec.target / f"{spec.family}_{index:03d}{jit_unit.suffix}"
+            assert path.read_text() == jit_unit.text()
+            assert options.pop(path) == list(jit_unit.compile_args())
+            for symbol, _ in jit_unit.exports:
+                assert symbols.pop(symbol)["unit_digest"] == jit_unit.digest()
+            checked += 1
+    assert checked == sum(len(spec.prebuilt) for spec in families.ALL_FAMILIES) > 40
+    assert not options and not symbols  # nothing generated that JIT does not describe
+
+
+def test_a_flag_only_the_prebuilt_build_would_use_is_impossible(tmp_path: Path, monkeypatch) -> None:
+    """CMakeLists.txt adds no compile flag or include folder of its own; a spec's extra flag reaches
+    both builds, and changes the digest the dispatcher compares."""
+    cmake = (REPO / "CMakeLists.txt").read_text()
+    assert "target_include_directories" not in cmake
+    assert re.findall(r"target_compile_options\([^)]*\)", cmake) == [
+        "target_compile_options(jit_kernel_prebuilt PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JIT_KERNEL_AOT_GENCODE}>)"
+    ]
+    assert not re.search(r"(?<![\w-])-O[0-3s]|expt-relaxed|-std=", cmake)
+    base = families.ADD_CONSTANT_CUDA
+    flagged = KernelSpec(
+        family="flagged",
+        sources=base.sources,
+        params=base.params,
+        exports=base.exports,
+        domains={"constant": IntRange(-8, 8)},
+        prebuilt=((1,),),
+        extra_cuda_cflags=("-DJIT_KERNEL_ONLY_HERE=1",),
+    )
+    monkeypatch.setattr(aot, "ALL_FAMILIES", (flagged,))
+    aot.generate(tmp_path, "9.0a", "13.0", tvm_ffi.__version__)
+    (generated,) = _generated_options(tmp_path / "sources.cmake").values()
+    (jit_unit,) = jit_request(flagged, (1,), "9.0a").units
+    assert "-DJIT_KERNEL_ONLY_HERE=1" in generated and generated == list(jit_unit.compile_args())
+    assert jit_unit.digest() != TranslationUnit.for_config(base, (1,)).digest()
+
+
+def test_unit_digest_does_not_depend_on_where_the_package_lives(tmp_path: Path, monkeypatch) -> None:
+    """CMake builds from the source tree, the wheel installs elsewhere: the digests must agree."""
+    import shutil
+
+    from jit_kernel import env, unit
+
+    spec = families.ADD_CONSTANT_HOST
+    here = TranslationUnit.for_config(spec, (1,)).digest()
+    for folder in ("include", "csrc"):
+        shutil.copytree(env.DATA_ROOT / folder, tmp_path / folder)
+    monkeypatch.setattr(env, "DATA_ROOT", tmp_path)
+    monkeypatch.setattr(env, "INCLUDE_DIR", tmp_path / "include")
+    monkeypatch.setattr(env, "CSRC_DIR", tmp_path / "csrc")
+    monkeypatch.setattr(unit, "_closure_digest", functools.cache(unit._closure_digest.__wrapped__))
+    moved = TranslationUnit.for_config(spec, (1,))
+    assert str(tmp_path) in moved.text() and moved.digest() == here
+    (tmp_path / "include" / "sgl_kernel" / "utils.h").write_text("// edited\n")
+    monkeypatch.setattr(unit, "_closure_digest", functools.cache(unit._closure_digest.__wrapped__))
+    assert TranslationUnit.for_config(spec, (1,)).digest() != here
+
+
+# --- The cache key covers every file the compiler read -------------------------------------------
+
+
+def _write_hidden_kernel(folder: Path) -> None:
+    """A header reached only through an ``-I`` in extra_cflags, and one through ``#include MACRO``."""
+    (folder / "hidden").mkdir(parents=True, exist_ok=True)
+    (folder / "hidden" / "h.h").write_text("#pragma once\nconstexpr int kHidden = 10;\n")
+    (folder / "macro.h").write_text("#pragma once\nconstexpr int kMacro = 1;\n")
+    (folder / "kernel.cc").write_text(
+        '#define MACRO_HEADER "macro.h"\n#include MACRO_HEADER\n#include <hidden/h.h>\n'
+        "namespace user { inline int value() { return kHidden + kMacro; } }\n"
+    )
+
+
+def _hidden_request(folder: Path) -> cache.BuildRequest:
+    return make_build_request(
+        "hidden_headers",
+        cpp_files=[str(folder / "kernel.cc")],
+        cpp_wrappers=[("value", "user::value")],
+        extra_cflags=[f"-I{folder}"],
+    )
+
+
+@pytest.mark.parametrize(("edited", "before", "after", "expected"), [
+    ("hidden/h.h", "= 10;", "= 20;", 21),
+    ("macro.h", "= 1;", "= 5;", 15),
+])  # fmt: skip
+def test_headers_reached_through_flags_or_macros_rebuild(
+    tmp_path: Path, edited: str, before: str, after: str, expected: int
+) -> None:
+    folder, root = tmp_path / "src", tmp_path / "cache"
+    _write_hidden_kernel(folder)
+    assert cache.load_or_build(_hidden_request(folder), root).value() == 11
+    header = folder / edited
+    header.write_text(header.read_text().replace(before, after))
+    with recorded_logs() as logs:
+        assert cache.load_or_build(_hidden_request(folder), root).value() == expected
+        assert cache.load_or_build(_hidden_request(folder), root).value() == expected
+    assert len(logs.compiles()) == 1
+    header.touch()  # a new mtime, the same content: no rebuild
+    with recorded_logs() as logs:
+        assert cache.load_or_build(_hidden_request(folder), root).value() == expected
+    assert not logs.compiles()
+
+
+def test_warm_hit_runs_no_subprocess(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, root = tmp_path / "src", tmp_path / "cache"
+    _write_hidden_kernel(folder)
+    cache.load_or_build(_hidden_request(folder), root)
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a warm hit started a subprocess: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    monkeypatch.setattr(subprocess, "run", forbidden)
+    monkeypatch.setattr(jit, "_loaded", {})
+    assert jit.load_request(_hidden_request(folder), root).value() == 11
+
+
+def test_depfile_parsing(tmp_path: Path) -> None:
+    """Escaped spaces and continuations; ``$`` doubled (g++) or not (nvcc)."""
+    for name in ("with space.h", "g$x.h", "nv$$y.h"):
+        (tmp_path / name).write_text("")
+    depfile = tmp_path / "main.o.d"
+    depfile.write_text(f"main.o: main.cpp {tmp_path}/with\\ space.h \\\n {tmp_path}/g$$x.h\n  {tmp_path}/nv$$y.h\n")
+    assert builder.depfile_inputs(depfile) == [
+        tmp_path / "main.cpp",
+        tmp_path / "with space.h",
+        tmp_path / "g$x.h",
+        tmp_path / "nv$$y.h",
+    ]
