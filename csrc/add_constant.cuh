@@ -52,8 +52,8 @@ void run_cuda(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   TensorMatcher({num_elements})  //
       .with_dtype<int32_t>()
       .with_device<kDLCUDA>(device)
-      .verify(dst, "out")
-      .verify(src, "src");
+      .verify(src, "src")
+      .verify(dst, "out");
   const auto n = static_cast<std::size_t>(num_elements.unwrap());
   if (n == 0) return;
   const bool aligned = reinterpret_cast<std::uintptr_t>(dst.data_ptr()) % 16 == 0 &&

@@ -20,8 +20,8 @@ void run_host(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   TensorMatcher({num_elements})  //
       .with_dtype<int32_t>()
       .with_device<kDLCPU>()
-      .verify(dst, "out")
-      .verify(src, "src");
+      .verify(src, "src")
+      .verify(dst, "out");
   auto* out = static_cast<int32_t*>(dst.data_ptr());
   const auto* in = static_cast<const int32_t*>(src.data_ptr());
   for (const auto i : irange(num_elements.unwrap())) {

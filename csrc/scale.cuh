@@ -45,7 +45,7 @@ void run(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   using namespace host;
   auto n = SymbolicSize{"num_elements"};
   auto device = SymbolicDevice{};
-  TensorMatcher({n}).with_device<kDLCUDA>(device).with_dtype<T>().verify(dst, "out").verify(src, "src");
+  TensorMatcher({n}).with_device<kDLCUDA>(device).with_dtype<T>().verify(src, "src").verify(dst, "out");
   const int64_t num = n.unwrap();
   if (num == 0) return;
   constexpr int kN = 16 / sizeof(T);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <sgl_kernel/cta.cuh>
+#include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/type.cuh>
 #include <sgl_kernel/utils.cuh>
@@ -24,6 +25,7 @@
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -329,6 +331,16 @@ void launch_generic(const Params& p, DLDevice device, bool enable_pdl) {
   } else {
     host::LaunchKernel(grid, threads, device).enable_pdl(enable_pdl)(generic_kernel<T, 1, kCast>, p);
   }
+}
+
+// The widest row the kernels take (one block per row; the two-pass kernel streams it).
+inline constexpr int64_t kMaxDim = int64_t{1} << 20;
+
+// The scalar rules of every norm entry, checked before anything is launched.
+inline void check_eps_and_dim(double eps, int64_t dim, const char* tensor, host::DebugInfo where = {}) {
+  host::RuntimeCheck(where, eps >= 0, "eps must be >= 0, got ", eps);
+  host::RuntimeCheck(
+      where, dim >= 1 && dim <= kMaxDim, "the last dimension of ", tensor, " must be in [1, ", kMaxDim, "], got ", dim);
 }
 
 // Fills a row set from a [rows, dim] (inner = 1) or [outer, inner, dim] view.

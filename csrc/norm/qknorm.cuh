@@ -65,7 +65,7 @@ struct QKNorm {
       tvm::ffi::TensorView q_weight,
       tvm::ffi::TensorView k_weight,
       double eps,
-      bool enable_pdl) {
+      tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"head_dim"};
@@ -74,6 +74,9 @@ struct QKNorm {
     TensorMatcher({N, -1, D}).with_strides({-1, -1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k, "k");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(q_weight, "q_weight");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k_weight, "k_weight");
+    check_eps_and_dim(eps, D.unwrap(), "q");
+    const auto dev = device.unwrap();
+    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     Params p{};
     p.num_sets = 2;
     p.eps = static_cast<float>(eps);
@@ -86,12 +89,11 @@ struct QKNorm {
         using K = HeadKernel<T, kHeadDim>;
         const int64_t blocks = div_ceil(heads, static_cast<int64_t>(K::kHeadsPerBlock));
         RuntimeCheck(blocks < (int64_t{1} << 31), "qknorm: too many heads: ", heads);
-        LaunchKernel(static_cast<uint32_t>(blocks), K::kThreads, device.unwrap())
-            .enable_pdl(enable_pdl)(head_kernel<T, kHeadDim>, p);
+        LaunchKernel(static_cast<uint32_t>(blocks), K::kThreads, dev).enable_pdl(pdl)(head_kernel<T, kHeadDim>, p);
         return;
       }
     }
-    launch_generic<T>(p, device.unwrap(), enable_pdl);
+    launch_generic<T>(p, dev, pdl);
   }
 };
 

@@ -140,7 +140,11 @@ struct RMSNorm {
   // launch with programmatic dependent launch (sm_90+; the kernels wait for their predecessor
   // before their first memory access, so it is safe whatever runs before or after).
   static void rmsnorm(
-      tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::TensorView weight, double eps, bool enable_pdl) {
+      tvm::ffi::TensorView out,
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView weight,
+      double eps,
+      tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
@@ -148,11 +152,13 @@ struct RMSNorm {
     TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
     TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(out, "out");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
+    check_eps_and_dim(eps, D.unwrap(), "input");
     Params p{};
     p.num_sets = 1;
     p.eps = static_cast<float>(eps);
     p.set[0] = make_rows(out, input, weight.data_ptr());
-    launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
+    const auto dev = device.unwrap();
+    launch_rows<T, kHidden>(p, dev, runtime::resolve_pdl(enable_pdl, dev.device_id));
   }
 
   // residual = T(input + residual); input = rmsnorm(residual) * weight.
@@ -161,7 +167,7 @@ struct RMSNorm {
       tvm::ffi::TensorView residual,
       tvm::ffi::TensorView weight,
       double eps,
-      bool enable_pdl) {
+      tvm::ffi::Optional<bool> enable_pdl) {
     fused_add_impl<false>(input, residual, weight, eps, enable_pdl);
   }
 
@@ -175,7 +181,7 @@ struct RMSNorm {
       tvm::ffi::TensorView residual,
       tvm::ffi::TensorView weight,
       double eps,
-      bool enable_pdl) {
+      tvm::ffi::Optional<bool> enable_pdl) {
     fused_add_impl<!std::is_same_v<T, fp32_t>>(input, residual, weight, eps, enable_pdl);
   }
 
@@ -186,7 +192,7 @@ struct RMSNorm {
       tvm::ffi::TensorView q_weight,
       tvm::ffi::TensorView k_weight,
       double eps,
-      bool enable_pdl) {
+      tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto Dq = SymbolicSize{"q_hidden"};
@@ -196,12 +202,15 @@ struct RMSNorm {
     TensorMatcher({N, Dk}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k, "k");
     TensorMatcher({Dq}).with_device<kDLCUDA>(device).with_dtype<T>().verify(q_weight, "q_weight");
     TensorMatcher({Dk}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k_weight, "k_weight");
+    check_eps_and_dim(eps, Dq.unwrap(), "q");
+    check_eps_and_dim(eps, Dk.unwrap(), "k");
     Params p{};
     p.num_sets = 2;
     p.eps = static_cast<float>(eps);
     p.set[0] = make_rows(q, q, q_weight.data_ptr());
     p.set[1] = make_rows(k, k, k_weight.data_ptr());
-    launch_rows<T, kHidden>(p, device.unwrap(), enable_pdl);
+    const auto dev = device.unwrap();
+    launch_rows<T, kHidden>(p, dev, runtime::resolve_pdl(enable_pdl, dev.device_id));
   }
 
  private:
@@ -211,7 +220,7 @@ struct RMSNorm {
       tvm::ffi::TensorView residual,
       tvm::ffi::TensorView weight,
       double eps,
-      bool enable_pdl) {
+      tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
@@ -220,13 +229,15 @@ struct RMSNorm {
     TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(
         residual, "residual");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
+    check_eps_and_dim(eps, D.unwrap(), "input");
     Params p{};
     p.num_sets = 1;
     p.eps = static_cast<float>(eps);
     p.set[0] = make_rows(input, input, weight.data_ptr());
     p.set[0].residual = residual.data_ptr();
     p.set[0].res_s0 = residual.stride(0);
-    launch_rows<T, kHidden, kCast>(p, device.unwrap(), enable_pdl);
+    const auto dev = device.unwrap();
+    launch_rows<T, kHidden, kCast>(p, dev, runtime::resolve_pdl(enable_pdl, dev.device_id));
   }
 };
 

@@ -4,7 +4,7 @@
 // - small inputs (<= kSmallElems; on sm_90+ up to kClusterElems with a cluster of blocks): one
 //   launch does the absmax, writes the scale and quantises, with 32 elements per thread in flight;
 // - large inputs: one cooperative launch that reads HBM once for what fits on chip
-//   (one_pass_dynamic_kernel below), with the per-block maxima in a caller-given workspace.
+//   (one_pass_dynamic_kernel below), with the per-block maxima in a workspace from the caller's allocator.
 // Static mode reads the given scale. A zero scale quantises everything to 0.
 // The single-block and static kernels may be launched with PDL (`enable_pdl`); the cooperative one
 // is not (every block must be resident at once).
@@ -12,6 +12,7 @@
 
 #include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
+#include <sgl_kernel/ffi.h>
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/type.cuh>
@@ -21,6 +22,7 @@
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
 
 #include <algorithm>
 #include <array>
@@ -280,42 +282,34 @@ struct PerTensorQuantFp8 {
     return static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(units, int64_t{kThreads}), 1, num_sm * 8));
   }
 
-  // `workspace` holds one float per block of the one-pass kernel (its size caps the grid).
-  // `enable_pdl` applies to the single-block path only (see the top of this file).
+  // `enable_pdl` applies to the single-block path only (see the top of this file). The one-pass
+  // kernel's workspace (one float per block) comes from the caller's allocator, only when used.
   static void dynamic(
       tvm::ffi::TensorView output_q,
       tvm::ffi::TensorView output_s,
       tvm::ffi::TensorView input,
-      tvm::ffi::TensorView workspace,
-      bool enable_pdl) {
+      tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
     DLDevice dev;
     verify(output_q, output_s, input, dev);
-    auto workspace_size = SymbolicSize{"workspace_size"};
-    auto workspace_device = SymbolicDevice{};
-    workspace_device.set_value(dev);
-    TensorMatcher({workspace_size})
-        .with_device<kDLCUDA>(workspace_device)
-        .with_dtype<fp32_t>()
-        .verify(workspace, "workspace");
-    RuntimeCheck(workspace.size(0) > 0, "per_tensor_quant_fp8: the workspace is empty");
     const int64_t n = input.size(0);
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     auto* s = static_cast<float*>(output_s.data_ptr());
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = aligned(x, q);
+    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     if (n <= kSmallElems) {
-      vec ? launch_small<kVec<T>, 1>(q, s, x, n, dev, enable_pdl) : launch_small<1, 1>(q, s, x, n, dev, enable_pdl);
+      vec ? launch_small<kVec<T>, 1>(q, s, x, n, dev, pdl) : launch_small<1, 1>(q, s, x, n, dev, pdl);
       return;
     }
     if (vec && n <= kClusterElems && runtime::has_clusters(dev.device_id)) {
-      launch_small<kVec<T>, kSmallCluster>(q, s, x, n, dev, enable_pdl);
+      launch_small<kVec<T>, kSmallCluster>(q, s, x, n, dev, pdl);
       return;
     }
     if (vec) {
-      launch_one_pass<kVec<T>>(q, s, workspace, x, n, dev);
+      launch_one_pass<kVec<T>>(q, s, x, n, dev);
     } else {
-      launch_one_pass<1>(q, s, workspace, x, n, dev);
+      launch_one_pass<1>(q, s, x, n, dev);
     }
   }
 
@@ -371,13 +365,13 @@ struct PerTensorQuantFp8 {
   }
 
   template <int kN>
-  static void launch_one_pass(
-      fp8_e4m3_t* q, float* s, tvm::ffi::TensorView workspace, const T* x, int64_t n, DLDevice dev) {
+  static void launch_one_pass(fp8_e4m3_t* q, float* s, const T* x, int64_t n, DLDevice dev) {
     using namespace host;
     const OnePassFit fit = one_pass_fit<kN>(dev.device_id);
     const int64_t units = n / kN;
-    const int64_t grid =
-        std::clamp<int64_t>(div_ceil(units, int64_t{kThreads}), 1, std::min(fit.resident_blocks, workspace.size(0)));
+    const int64_t grid = std::clamp<int64_t>(div_ceil(units, int64_t{kThreads}), 1, fit.resident_blocks);
+    // Freed when the call returns, reused by the caching allocator in stream order.
+    const auto workspace = ffi::empty({grid}, dl_dtype_v<fp32_t>, dev);
     const int64_t iters = div_ceil(units, grid * kThreads);
     const int64_t stash = std::clamp<int64_t>(iters - kHeldVecs, 0, fit.stash_slots);
     // Always the full stash size: the launch then matches the occupancy that sized the grid.
@@ -389,9 +383,13 @@ struct PerTensorQuantFp8 {
   }
 
   static void static_scale(
-      tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, tvm::ffi::TensorView input, bool enable_pdl) {
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      tvm::ffi::Optional<bool> enable_pdl) {
     DLDevice dev;
     verify(output_q, output_s, input, dev);
+    const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
     const int64_t n = input.size(0);
     if (n == 0) return;
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
@@ -400,7 +398,7 @@ struct PerTensorQuantFp8 {
     const bool vec = aligned(x, q);
     const auto blocks = grid(vec ? n / kVec<T> : n, dev.device_id);
     host::LaunchKernel(blocks, kThreads, dev)
-        .enable_pdl(enable_pdl)(vec ? quant_kernel<T, kVec<T>> : quant_kernel<T, 1>, q, s, x, n);
+        .enable_pdl(pdl)(vec ? quant_kernel<T, kVec<T>> : quant_kernel<T, 1>, q, s, x, n);
   }
 };
 

@@ -53,6 +53,19 @@ inline auto has_clusters(int device_id, DebugInfo where = {}) -> bool {
   return known == 2;
 }
 
+/// \brief Whether device `device_id` has programmatic dependent launch (sm_90+, as clusters).
+inline auto supports_pdl(int device_id, DebugInfo where = {}) -> bool {
+  return has_clusters(device_id, where);
+}
+
+/// \brief An op's `enable_pdl` argument (`Optional<bool>`, `std::optional<bool>`): the caller's
+/// choice, or, when unset, on where the device has it. Decided here, per device and cached, so
+/// that the Python call path does not look the device up.
+template <typename OptionalBool>
+inline auto resolve_pdl(const OptionalBool& requested, int device_id, DebugInfo where = {}) -> bool {
+  return requested.has_value() ? *requested : supports_pdl(device_id, where);
+}
+
 /// \brief CUDA runtime version, e.g. 13000 for 13.0.
 inline auto get_runtime_version(DebugInfo where = {}) -> int {
   int version = 0;

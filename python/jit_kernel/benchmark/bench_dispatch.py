@@ -9,8 +9,8 @@ preallocated (``out=``, or the op's in-place form). Three measurements:
   (warm-up first, ``torch.cuda.synchronize()`` at the end of each repeat, inside the timing; the
   median of ``--repeats``, eager and raw repeats interleaved). The op through its public API against
   the raw call: the kernel's tvm-ffi function, from ``Dispatcher(families.<SPEC>).function(export,
-  config)``, called with its C++ launcher's exact arguments, all prepared beforehand (views,
-  workspace, the resolved ``enable_pdl``). Target: eager <= raw + 1 us.
+  config)``, called with its C++ launcher's exact arguments, all prepared beforehand (views, the
+  resolved ``enable_pdl``). Target: eager <= raw + 1 us.
 * **graph replay** (1 and 16 tokens): ``--graph-calls`` calls of the op captured in one CUDA graph
   (after a warm-up on a side stream), replayed ``--replays`` times, timed with CUDA events; the median
   per op call, against the same graph of an empty kernel (``x.add_(1)`` on a 1-element CUDA tensor).
@@ -92,11 +92,9 @@ class Inputs:
         # qknorm_across_heads: whole rows, q [T, Hq*D], k [T, Hk*D], weights of those widths
         self.q2, self.k2 = act(tokens, HQ * HEAD_DIM), act(tokens, HK * HEAD_DIM)
         self.qw2, self.kw2 = weight(HQ * HEAD_DIM), weight(HK * HEAD_DIM)
-        # per_tensor_quant_fp8 (dynamic): preallocated outputs; the raw call also gets its workspace
-        # (the op allocates one per call: 1024 floats, jit_kernel/ops/quant.py) and flat views
+        # per_tensor_quant_fp8 (dynamic): preallocated outputs; the raw call gets flat views
         self.fp8 = torch.empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn, device=device)
         self.fp8_scale = torch.empty(1, dtype=torch.float32, device=device)
-        self.workspace = torch.empty(1024, dtype=torch.float32, device=device)
         # scale and add_constant take flat tensors (the ops view them as such on every call)
         self.scale_out = act(tokens, HIDDEN)
         self.ints = torch.randint(-1000, 1000, (tokens, HIDDEN), dtype=torch.int32, device=device)
@@ -137,7 +135,7 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
         partial(jit_kernel.qknorm_across_heads, t.q2, t.k2, t.qw2, t.kw2, EPS),
         partial(kernel(families.RMSNORM, "across_heads", (0, CPP)), t.q2, t.k2, t.qw2, t.kw2, EPS, t.pdl),
     ),
-    # csrc/quant/per_tensor_fp8.cuh PerTensorQuantFp8::dynamic(output_q, output_s, input, workspace, enable_pdl)
+    # csrc/quant/per_tensor_fp8.cuh PerTensorQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
     "per_tensor_quant_fp8 (outputs given)": lambda t: (
         partial(jit_kernel.per_tensor_quant_fp8, t.x, t.fp8, t.fp8_scale),
         partial(
@@ -145,7 +143,6 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
             t.fp8.view(-1),
             t.fp8_scale.view(1),
             t.x.view(-1),
-            t.workspace,
             t.pdl,
         ),
     ),

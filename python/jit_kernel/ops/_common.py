@@ -1,22 +1,101 @@
-"""Argument checks shared by the norm, quant and scale ops: cheap, and naming the argument."""
+"""What every op shares: the kernel tables of the eager path, error explanations, registration.
+
+Division of labour (DESIGN.md, "one owner for every rule"): the C++ launcher checks every tensor
+rule (shape, dtype, device, strides, alignment, scalar ranges) and raises ``ValueError`` /
+``TypeError`` naming the argument (``host::ffi_export``). Python only picks the kernel
+configuration from a call's dtype and sizes, allocates outputs and reshapes; it repeats no C++
+check. When a call fails, :func:`explain` turns what C++ cannot see (a non-tensor, a sparse or
+meta tensor, a value of the wrong Python type) into an error that names the argument.
+"""
 
 from __future__ import annotations
 
-import functools
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import torch
 
+from jit_kernel.dispatch import Dispatcher
 from jit_kernel.jit import make_cpp_args
+from jit_kernel.spec import Config
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Config values name dtypes as C++ types; make_cpp_args owns that table.
 CPP_DTYPE = {dtype: make_cpp_args(dtype)[0] for dtype in FLOAT_DTYPES}
 
 
-def check_dense(op: str, name: str, t: object) -> torch.Tensor:
-    """``t`` is a tensor with data: not some other object, not sparse, not on the meta device."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def float_dtype(op: str, name: str, dtype: torch.dtype) -> str:
+    """The C++ type of a float dtype, for a config; a ``TypeError`` naming ``name`` otherwise."""
+    cpp = CPP_DTYPE.get(dtype)
+    if cpp is None:
+        names = ", ".join(map(_dtype_name, FLOAT_DTYPES))
+        raise TypeError(f"{op}: {name} must be one of ({names}), got {_dtype_name(dtype)}")
+    return cpp
+
+
+class KernelTable(dict[Any, Callable[..., Any]]):
+    """``table[key]`` -> the tvm-ffi function of one export for a call's ``key`` (its dtype and
+    sizes). A hit is one dict lookup; a miss asks ``select`` for the config (which raises for a key
+    no kernel serves) and the dispatcher for the function (prebuilt or JIT)."""
+
+    def __init__(self, dispatcher: Dispatcher, export: str, select: Callable[..., Config]) -> None:
+        super().__init__()
+        self._dispatcher = dispatcher
+        self._export = export
+        self._select = select
+
+    def config(self, key: Any) -> Config:
+        """The config for ``key`` without loading its kernel (fake implementations, tracing)."""
+        return self._select(*key) if isinstance(key, tuple) else self._select(key)
+
+    def __missing__(self, key: Any) -> Callable[..., Any]:
+        function = self._dispatcher.function(self._export, self.config(key))
+        self[key] = function
+        return function
+
+    def get_kernel(self, key: Any, run: bool) -> Callable[..., Any] | None:
+        """``self[key]`` for a call that launches; for one that does not (``run=False``), only the
+        config choice, which raises for a key no kernel serves."""
+        if run:
+            return self[key]
+        self.config(key)
+        return None
+
+
+_MISMATCHED_ARGUMENT = re.compile(r"Mismatched type on argument #(\d+) when calling: `[^`]*`\. Expected `([^`]+)`")
+
+
+def explain(
+    op: str, error: BaseException, kernel_args: Sequence[str], values: dict[str, object], tensors: Sequence[str]
+) -> None:
+    """Raise a clearer error than ``error`` for what C++ cannot report, naming the argument; return
+    (and let the caller re-raise ``error``) when ``error`` already says it.
+
+    ``values`` are the op's arguments by name; ``tensors`` names those that must be tensors (or
+    None, for optional outputs); ``kernel_args`` names the kernel's arguments in its C++ order
+    (tvm-ffi reports a conversion failure by position)."""
+    for name in tensors:
+        value = values[name]
+        if isinstance(value, torch.Tensor):
+            _dense(op, name, value)
+        elif value is not None:
+            not_a_tensor(op, name, value)
+    match = _MISMATCHED_ARGUMENT.match(str(error)) if isinstance(error, TypeError) else None
+    if match is not None:
+        index, expected = int(match.group(1)), match.group(2)
+        name = kernel_args[index] if index < len(kernel_args) else f"argument #{index}"
+        value = values.get(name)
+        wanted = "a torch.Tensor" if "DLTensor" in expected or "Tensor" in expected else f"a {expected}"
+        raise TypeError(f"{op}: {name} must be {wanted}, got {type(value).__name__}") from None
+
+
+def _dense(op: str, name: str, t: torch.Tensor) -> None:
     if t.layout != torch.strided:
         raise ValueError(
             f"{op}: {name} is a sparse tensor ({str(t.layout).removeprefix('torch.')}); "
@@ -27,55 +106,55 @@ def check_dense(op: str, name: str, t: object) -> torch.Tensor:
             f"{op}: {name} is on the meta device, which holds no data; pass a real tensor "
             "(torch.compile traces jit_kernel ops through their fake implementations, not meta tensors)"
         )
-    return t
 
 
-def check_cuda(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+def check_dense(op: str, name: str, t: object) -> torch.Tensor:
+    """``t`` is a tensor with data: not some other object, not sparse, not on the meta device.
+    For ops whose rules stay in Python (hicache's index checks, stream_wait's flags)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
-        check_dense(op, name, t)  # a meta or sparse tensor gets its own message
-        raise ValueError(f"{op}: {name} must be a CUDA tensor, got a tensor on {t.device}")
-    if t.layout != torch.strided:
-        check_dense(op, name, t)
-    if t.dtype not in dtypes:
-        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{op}: {name} must be one of ({names}), got {str(t.dtype).removeprefix('torch.')}")
+    _dense(op, name, t)
     return t
 
 
-def check_like(op: str, name: str, t: object, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
-    """``t`` must be a tensor on ``ref``'s device with ``ref``'s dtype."""
-    check_cuda(op, name, t, (ref.dtype,))
-    if t.device != ref.device:
-        raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
-    return t
+def not_a_tensor(op: str, name: str, value: object) -> NoReturn:
+    raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
-def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dim() > 0 and t.stride(-1) != 1 and t.shape[-1] > 1:
-        raise ValueError(f"{op}: {name} must have a unit stride in its last dimension, got strides {t.stride()}")
+def rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """``[..., D]`` -> ``[rows, D]`` without copying, for kernels that take rows (C++ checks them)."""
+    if t.dim() == 2:
+        return t
+    if t.dim() == 0:
+        raise ValueError(f"{op}: {name} must have at least one dimension")
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: the leading dimensions of {name} must collapse into rows with one stride, "
+            f"got shape {tuple(t.shape)} strides {t.stride()}"
+        ) from None
 
 
-def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f"{op}: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+def register(name: str, impl: Callable[..., Any], mutates: tuple[str, ...] = ()) -> Any:
+    """Register ``impl`` as ``torch.ops.jit_kernel.<name>``, declared once: ``impl`` takes the op's
+    arguments plus ``run: bool``; the op calls it with ``run=True`` and the fake implementation
+    (torch.compile's tracing) with ``run=False``, which picks the config and allocates the outputs
+    the same way but launches nothing. The schema comes from ``impl``'s signature without ``run``."""
+    signature = inspect.signature(impl)
+    public = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "run"])
 
+    def bound(run: bool) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return impl(*args, **kwargs, run=run)
 
-def check_pdl(op: str, enable_pdl: object) -> None:
-    if enable_pdl is not None and not isinstance(enable_pdl, bool):
-        raise TypeError(f"{op}: enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+        call.__signature__ = public  # type: ignore[attr-defined]
+        call.__annotations__ = {p.name: p.annotation for p in public.parameters.values()} | {
+            "return": public.return_annotation
+        }
+        call.__name__ = name
+        return call
 
-
-@functools.cache
-def _supports_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
-
-
-def resolve_pdl(enable_pdl: bool | None, device: torch.device) -> bool:
-    """``enable_pdl=None`` means: on where the device has programmatic dependent launch (sm_90+).
-    The kernels wait for their predecessor before their first memory access, so it is always safe;
-    it lets a kernel's launch overlap the tail of the one before it."""
-    if enable_pdl is None:
-        return _supports_pdl(device.index if device.index is not None else torch.cuda.current_device())
-    return enable_pdl
+    op = torch.library.custom_op(f"jit_kernel::{name}", bound(True), mutates_args=mutates)
+    op.register_fake(bound(False))
+    return op

@@ -11,40 +11,36 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
-from jit_kernel.ops._common import check_dense
+from jit_kernel.ops._common import KernelTable, explain
 
 _CUDA = Dispatcher(ADD_CONSTANT_CUDA)
 _HOST = Dispatcher(ADD_CONSTANT_HOST)
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# constant -> kernel; the dispatcher checks the constant against the family's domain (int32).
+_KERNELS = {True: KernelTable(_CUDA, "run", lambda c: (c,)), False: KernelTable(_HOST, "run", lambda c: (c,))}
+_KERNEL_ARGS = ("out", "src")
 
 
 def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return ``src + constant`` for a contiguous int32 tensor on CUDA or the CPU."""
     if type(constant) is not int:
         raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
-    if not _INT32_MIN <= constant <= _INT32_MAX:
-        raise ValueError(f"add_constant: constant {constant} does not fit in int32")
-    check_dense("add_constant", "src", src)
-    if src.dtype != torch.int32:
-        raise TypeError(f"add_constant: src must be int32, got {src.dtype}")
-    if not src.is_contiguous():
-        raise ValueError("add_constant: src must be contiguous")
-    if out is None:
-        out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    elif (
-        check_dense("add_constant", "out", out).dtype != torch.int32
-        or out.shape != src.shape
-        or out.device != src.device
-    ):
-        raise ValueError(
-            f"add_constant: out must be an int32 tensor of shape {tuple(src.shape)} on {src.device}, "
-            f"got {out.dtype} {tuple(out.shape)} on {out.device}"
-        )
-    elif not out.is_contiguous():
-        raise ValueError("add_constant: out must be contiguous")
-    run = (_CUDA if src.is_cuda else _HOST).function("run", (constant,))
-    if src.dim() == 1:
-        run(out, src)
-    else:  # the kernels take flat tensors; a view costs ~0.5 us, so only when needed
-        run(out.view(-1), src.view(-1))
+    try:
+        kernel = _KERNELS[src.is_cuda][constant]
+        if out is None:
+            out = torch.empty_like(src, memory_format=torch.contiguous_format)
+        elif out.shape != src.shape:
+            raise ValueError(f"add_constant: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
+        if src.dim() == 1:
+            kernel(out, src)
+        else:  # the kernels take flat tensors; a view costs ~0.5 us, so only when needed
+            kernel(_flat("out", out), _flat("src", src))
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain("add_constant", error, _KERNEL_ARGS, {"src": src, "out": out}, ("src", "out"))
+        raise
     return out
+
+
+def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError(f"add_constant: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+    return t.view(-1)

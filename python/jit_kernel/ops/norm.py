@@ -26,65 +26,61 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
-from jit_kernel.ops._common import CPP_DTYPE, check_cuda, check_last_stride, check_like, check_pdl, resolve_pdl
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
 
 _RMSNORM = Dispatcher(RMSNORM)
 _QKNORM = Dispatcher(QKNORM)
-MAX_HIDDEN = 1 << 20
 _FAST_HIDDEN = frozenset(NORM_HIDDEN_SIZES)
+# The widest row the kernels take: C++ enforces it (kMaxDim, csrc/norm/common.cuh); the seed's
+# capability queries (jit_kernel.norm.can_use_*) answer from it without a call.
+MAX_HIDDEN = 1 << 20
+_FAST_HEAD_DIM = frozenset(QKNORM_HEAD_DIMS)
 # qknorm_across_heads with q and k of different widths: one generic launch up to this many tokens
 # (latency-bound), two specialised launches above (H100, (4096, 1024) bf16: the same time at 256
 # tokens; at 1024 / 4096 / 16384 tokens one launch takes 7.4 / 36.0 / 144.1 us, two 7.1 / 30.6 /
 # 121.6 us).
 _ONE_LAUNCH_MAX_TOKENS = 256
-_FAST_HEAD_DIM = frozenset(QKNORM_HEAD_DIMS)
 
 
-def _eps(op: str, eps: object) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, int | float):
-        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
-    if not eps >= 0:
-        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
-    return float(eps)
+def _selector(op: str, name: str, fast: frozenset[int]) -> Callable[[torch.dtype, int], tuple[int, str]]:
+    """(dtype, D) -> config: the kernel specialised for D in fp16/bf16 where there is one, else the
+    generic kernel (0), which takes D at run time. C++ checks D itself."""
+
+    def select(dtype: torch.dtype, d: int) -> tuple[int, str]:
+        cpp = float_dtype(op, name, dtype)
+        return (d if d in fast and dtype != torch.float32 else 0, cpp)
+
+    return select
 
 
-def _rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
-    """``[..., D]`` -> ``[rows, D]`` without copying (rows may be strided)."""
-    check_last_stride(op, name, t)
-    if t.dim() == 2:
-        return t
-    if t.dim() == 0:
-        raise ValueError(f"{op}: {name} must have at least one dimension")
+# The eager path: (dtype, D) -> kernel, one dict lookup per call.
+_RMSNORM_KERNELS = KernelTable(_RMSNORM, "rmsnorm", _selector("rmsnorm", "input", _FAST_HIDDEN))
+_FUSED_ADD_KERNELS = {
+    False: KernelTable(_RMSNORM, "fused_add", _selector("fused_add_rmsnorm", "input", _FAST_HIDDEN)),
+    True: KernelTable(_RMSNORM, "fused_add_cast", _selector("fused_add_rmsnorm", "input", _FAST_HIDDEN)),
+}
+_ACROSS_HEADS_KERNELS = KernelTable(_RMSNORM, "across_heads", _selector("qknorm_across_heads", "q", _FAST_HIDDEN))
+_ACROSS_HEADS_ONE_BY_ONE = KernelTable(_RMSNORM, "rmsnorm", _selector("qknorm_across_heads", "q", _FAST_HIDDEN))
+_QKNORM_KERNELS = KernelTable(_QKNORM, "run", _selector("fused_inplace_qknorm", "q", _FAST_HEAD_DIM))
+
+# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
+_ROWS_ARGS = ("out", "input", "weight", "eps", "enable_pdl")
+_FUSED_ARGS = ("input", "residual", "weight", "eps", "enable_pdl")
+_QK_ARGS = ("q", "k", "q_weight", "k_weight", "eps", "enable_pdl")
+
+
+def _key(op: str, name: str, t: object, d_dim: int = -1) -> tuple[torch.dtype, int]:
     try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        raise ValueError(
-            f"{op}: the leading dimensions of {name} must collapse into rows with one stride, "
-            f"got shape {tuple(t.shape)} strides {t.stride()}"
-        ) from None
-
-
-def _hidden(op: str, name: str, d: int) -> int:
-    if not 1 <= d <= MAX_HIDDEN:
-        raise ValueError(f"{op}: the last dimension of {name} must be in [1, {MAX_HIDDEN}], got {d}")
-    return d
-
-
-def _weight(op: str, name: str, weight: object, ref: torch.Tensor, d: int, ref_name: str) -> None:
-    check_like(op, name, weight, ref, ref_name)
-    if weight.shape != (d,):
-        raise ValueError(f"{op}: {name} must have shape ({d},) to match {ref_name}, got {tuple(weight.shape)}")
-    # A [D] tensor with a non-unit stride: the kernels read it as contiguous.
-    if d > 1 and weight.stride(0) != 1:
-        raise ValueError(f"{op}: {name} must be contiguous, got stride {weight.stride()}")
-
-
-def _config(d: int, dtype: torch.dtype, fast: frozenset[int]) -> tuple[int, str]:
-    return (d if d in fast and dtype != torch.float32 else 0, CPP_DTYPE[dtype])
+        return t.dtype, t.shape[d_dim]  # type: ignore[attr-defined]
+    except AttributeError:
+        not_a_tensor(op, name, t)
+    except IndexError:
+        raise ValueError(f"{op}: {name} must have at least {-d_dim} dimension(s), got shape {tuple(t.shape)}") from None  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------
-# Direct implementations (validate, then call the kernel).
+# Implementations: pick the kernel, allocate, reshape, call. C++ checks every tensor rule.
+# ``run=False`` (torch.compile's fake implementations) does all of that but the call.
 
 
 def _rmsnorm(
@@ -95,24 +91,29 @@ def _rmsnorm(
     enable_pdl: bool | None,
     run: bool = True,
 ) -> torch.Tensor:
-    op = "rmsnorm"
-    check_pdl(op, enable_pdl)
-    check_cuda(op, "input", input)
-    eps = _eps(op, eps)
-    rows = _rows(op, "input", input)
-    d = _hidden(op, "input", input.shape[-1])
-    _weight(op, "weight", weight, input, d, "input")
-    if out is None:
-        out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
-        out_rows = out.view(rows.shape)
-    else:
-        check_like(op, "out", out, input, "input")
-        if out.shape != input.shape:
-            raise ValueError(f"{op}: out must have the shape of input {tuple(input.shape)}, got {tuple(out.shape)}")
-        out_rows = _rows(op, "out", out)
-    if run:
-        pdl = resolve_pdl(enable_pdl, input.device)
-        _RMSNORM.function("rmsnorm", _config(d, input.dtype, _FAST_HIDDEN))(out_rows, rows, weight, eps, pdl)
+    try:
+        kernel = _RMSNORM_KERNELS.get_kernel(_key("rmsnorm", "input", input), run)
+        in_rows = rows("rmsnorm", "input", input)
+        if out is None:
+            out = input.new_empty(input.shape)
+            out_rows = out.view(in_rows.shape)
+        else:
+            if out.shape != input.shape:
+                raise ValueError(
+                    f"rmsnorm: out must have the shape of input {tuple(input.shape)}, got {tuple(out.shape)}"
+                )
+            out_rows = rows("rmsnorm", "out", out)
+        if run:
+            kernel(out_rows, in_rows, weight, eps, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain(
+            "rmsnorm",
+            error,
+            _ROWS_ARGS,
+            {"input": input, "weight": weight, "out": out, "eps": eps, "enable_pdl": enable_pdl},
+            ("input", "weight", "out"),
+        )
+        raise
     return out
 
 
@@ -126,28 +127,29 @@ def _fused_add_rmsnorm(
     run: bool = True,
 ) -> None:
     op = "fused_add_rmsnorm"
-    check_pdl(op, enable_pdl)
-    # Identity tests: the default costs one comparison; anything but a bool is refused.
-    if cast_x_before_out_mul is False:
-        export = "fused_add"
-    elif cast_x_before_out_mul is True:
-        export = "fused_add_cast"
-    else:
+    # Identity lookup: the flag must be a bool (1 or None would pick a rounding silently).
+    kernels = _FUSED_ADD_KERNELS.get(cast_x_before_out_mul) if type(cast_x_before_out_mul) is bool else None
+    if kernels is None:
         raise TypeError(f"{op}: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}")
-    check_cuda(op, "input", input)
-    eps = _eps(op, eps)
-    check_like(op, "residual", residual, input, "input")
-    if residual.shape != input.shape:
-        raise ValueError(
-            f"{op}: residual must have the shape of input {tuple(input.shape)}, got {tuple(residual.shape)}"
+    try:
+        kernel = kernels.get_kernel(_key(op, "input", input), run)
+        if isinstance(residual, torch.Tensor) and residual.shape != input.shape:
+            raise ValueError(
+                f"{op}: residual must have the shape of input {tuple(input.shape)}, got {tuple(residual.shape)}"
+            )
+        in_rows = rows(op, "input", input)
+        res_rows = rows(op, "residual", residual)
+        if run:
+            kernel(in_rows, res_rows, weight, eps, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain(
+            op,
+            error,
+            _FUSED_ARGS,
+            {"input": input, "residual": residual, "weight": weight, "eps": eps, "enable_pdl": enable_pdl},
+            ("input", "residual", "weight"),
         )
-    rows = _rows(op, "input", input)
-    res_rows = _rows(op, "residual", residual)
-    d = _hidden(op, "input", input.shape[-1])
-    _weight(op, "weight", weight, input, d, "input")
-    if run:
-        pdl = resolve_pdl(enable_pdl, input.device)
-        _RMSNORM.function(export, _config(d, input.dtype, _FAST_HIDDEN))(rows, res_rows, weight, eps, pdl)
+        raise
 
 
 def _qknorm_across_heads(
@@ -160,32 +162,37 @@ def _qknorm_across_heads(
     run: bool = True,
 ) -> None:
     op = "qknorm_across_heads"
-    check_pdl(op, enable_pdl)
-    check_cuda(op, "q", q)
-    eps = _eps(op, eps)
-    check_like(op, "k", k, q, "q")
-    if q.dim() != 2 or k.dim() != 2:
-        raise ValueError(f"{op}: q and k must be [N, H*D], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
-    check_last_stride(op, "q", q)
-    check_last_stride(op, "k", k)
-    dq = _hidden(op, "q", q.shape[1])
-    dk = _hidden(op, "k", k.shape[1])
-    _weight(op, "q_weight", q_weight, q, dq, "q")
-    _weight(op, "k_weight", k_weight, q, dk, "k")
-    if not run:
-        return
-    pdl = resolve_pdl(enable_pdl, q.device)
-    if dq == dk or q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
-        config = _config(dq, q.dtype, _FAST_HIDDEN) if dq == dk else (0, CPP_DTYPE[q.dtype])
-        _RMSNORM.function("across_heads", config)(q, k, q_weight, k_weight, eps, pdl)
-    else:
-        # Different widths (e.g. GQA's q and k) share no specialised kernel; with many tokens, two
-        # specialised in-place launches beat one generic launch (H100, 1024 x (4096, 1024): 9.6 us
-        # generic, against 4.9 + 2.4 us for the two rmsnorm launches).
-        _RMSNORM.function("rmsnorm", _config(dq, q.dtype, _FAST_HIDDEN))(q, q, q_weight, eps, pdl)
-        _RMSNORM.function("rmsnorm", _config(dk, k.dtype, _FAST_HIDDEN))(k, k, k_weight, eps, pdl)
+    try:
+        key = _key(op, "q", q)
+        dk = _key(op, "k", k)[1]
+        if q.dim() != 2 or k.dim() != 2:
+            raise ValueError(f"{op}: q and k must be [N, H*D], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+        if key[1] == dk or q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
+            # Different widths share no specialised kernel: the generic one (0) takes both.
+            kernel = _ACROSS_HEADS_KERNELS.get_kernel(key if key[1] == dk else (key[0], 0), run)
+            if run:
+                kernel(q, k, q_weight, k_weight, eps, enable_pdl)
+        else:
+            # With many tokens, two specialised in-place launches beat one generic launch (H100,
+            # 1024 x (4096, 1024): 9.6 us generic, against 4.9 + 2.4 us for the two rmsnorm launches).
+            q_kernel = _ACROSS_HEADS_ONE_BY_ONE.get_kernel(key, run)
+            k_kernel = _ACROSS_HEADS_ONE_BY_ONE.get_kernel((k.dtype, dk), run)
+            if q.shape[0] != k.shape[0]:
+                raise ValueError(
+                    f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}"
+                )
+            if run:
+                q_kernel(q, q, q_weight, eps, enable_pdl)
+                k_kernel(k, k, k_weight, eps, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain(
+            op,
+            error,
+            _QK_ARGS,
+            {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": eps, "enable_pdl": enable_pdl},
+            ("q", "k", "q_weight", "k_weight"),
+        )
+        raise
 
 
 def _fused_inplace_qknorm(
@@ -198,56 +205,42 @@ def _fused_inplace_qknorm(
     run: bool = True,
 ) -> None:
     op = "fused_inplace_qknorm"
-    check_pdl(op, enable_pdl)
-    check_cuda(op, "q", q)
-    eps = _eps(op, eps)
-    check_like(op, "k", k, q, "q")
-    if q.dim() != 3 or k.dim() != 3:
-        raise ValueError(f"{op}: q and k must be [N, H, D], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"{op}: q and k must have the same head_dim, got {q.shape[2]} and {k.shape[2]}")
-    check_last_stride(op, "q", q)
-    check_last_stride(op, "k", k)
-    d = _hidden(op, "q", q.shape[2])
-    _weight(op, "q_weight", q_weight, q, d, "q")
-    _weight(op, "k_weight", k_weight, q, d, "q")
-    if not run:
-        return
-    pdl = resolve_pdl(enable_pdl, q.device)
-    _QKNORM.function("run", _config(d, q.dtype, _FAST_HEAD_DIM))(q, k, q_weight, k_weight, eps, pdl)
+    try:
+        kernel = _QKNORM_KERNELS.get_kernel(_key(op, "q", q), run)
+        if run:
+            kernel(q, k, q_weight, k_weight, eps, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain(
+            op,
+            error,
+            _QK_ARGS,
+            {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": eps, "enable_pdl": enable_pdl},
+            ("q", "k", "q_weight", "k_weight"),
+        )
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
 # torch.library registration: torch.ops.jit_kernel.*
 
 
-@torch.library.custom_op("jit_kernel::rmsnorm", mutates_args=())
-def _rmsnorm_op(input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None) -> torch.Tensor:
-    return _rmsnorm(input, weight, eps, None, enable_pdl)
+def _rmsnorm_functional(
+    input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None, run: bool = True
+) -> torch.Tensor:
+    return _rmsnorm(input, weight, eps, None, enable_pdl, run)
 
 
-# The fake implementations run the real op's checks (run=False: no kernel), so torch.compile
-# rejects at trace time what the eager op rejects, with the same message.
-@_rmsnorm_op.register_fake
-def _(input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None) -> torch.Tensor:
-    return _rmsnorm(input, weight, eps, None, enable_pdl, run=False)
-
-
-@torch.library.custom_op("jit_kernel::rmsnorm_out", mutates_args=("out",))
-def _rmsnorm_out_op(
-    out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None
+def _rmsnorm_out(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    enable_pdl: bool | None = None,
+    run: bool = True,
 ) -> None:
-    _rmsnorm(input, weight, eps, out, enable_pdl)
+    _rmsnorm(input, weight, eps, out, enable_pdl, run)
 
 
-@_rmsnorm_out_op.register_fake
-def _(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None) -> None:
-    _rmsnorm(input, weight, eps, out, enable_pdl, run=False)
-
-
-@torch.library.custom_op("jit_kernel::fused_add_rmsnorm", mutates_args=("input", "residual"))
 def _fused_add_rmsnorm_op(
     input: torch.Tensor,
     residual: torch.Tensor,
@@ -255,52 +248,36 @@ def _fused_add_rmsnorm_op(
     eps: float,
     enable_pdl: bool | None = None,
     cast_x_before_out_mul: bool = False,
+    run: bool = True,
 ) -> None:
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul, run)
 
 
-@_fused_add_rmsnorm_op.register_fake
-def _(
-    input: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None = None,
-    cast_x_before_out_mul: bool = False,
-) -> None:
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul, run=False)
+def _qk(impl: Callable[..., None]) -> Callable[..., None]:
+    def call(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        enable_pdl: bool | None = None,
+        run: bool = True,
+    ) -> None:
+        impl(q, k, q_weight, k_weight, eps, enable_pdl, run)
+
+    return call
 
 
-def _qk_op(name: str, impl: Callable[..., None]) -> torch.library.CustomOpDef:
-    """Register an in-place q/k norm (both take the same arguments and mutate q and k)."""
-
-    def bound(run: bool) -> Callable[..., None]:
-        # One signature for both: torch.library reads the schema from it. The fake runs the checks only.
-        def call(
-            q: torch.Tensor,
-            k: torch.Tensor,
-            q_weight: torch.Tensor,
-            k_weight: torch.Tensor,
-            eps: float,
-            enable_pdl: bool | None = None,
-        ) -> None:
-            impl(q, k, q_weight, k_weight, eps, enable_pdl, run=run)
-
-        return call
-
-    op, fake = bound(True), bound(False)
-    registered = torch.library.custom_op(f"jit_kernel::{name}", op, mutates_args=("q", "k"))
-    registered.register_fake(fake)
-    return registered
-
-
-_qk_op("fused_inplace_qknorm", _fused_inplace_qknorm)
-_qk_op("qknorm_across_heads", _qknorm_across_heads)
+register("rmsnorm", _rmsnorm_functional)
+register("rmsnorm_out", _rmsnorm_out, mutates=("out",))
+register("fused_add_rmsnorm", _fused_add_rmsnorm_op, mutates=("input", "residual"))
+register("fused_inplace_qknorm", _qk(_fused_inplace_qknorm), mutates=("q", "k"))
+register("qknorm_across_heads", _qk(_qknorm_across_heads), mutates=("q", "k"))
 
 
 # ---------------------------------------------------------------------------------------------
 # Public API. ``enable_pdl``: launch with programmatic dependent launch; ``None`` (the default)
-# turns it on for sm_90+ devices (see ``jit_kernel.ops._common.resolve_pdl``).
+# turns it on for sm_90+ devices (decided in C++ per device: ``host::runtime::resolve_pdl``).
 
 
 def rmsnorm(
@@ -364,7 +341,7 @@ def fused_inplace_qknorm(
 def resolve_qknorm_kernel(head_dim: int, dtype: torch.dtype) -> Callable[..., None]:
     """Load the kernel :func:`fused_inplace_qknorm` uses for ``head_dim`` and ``dtype`` (prebuilt or
     JIT-compiled); raises if it cannot be had. For ``jit_kernel.norm.can_use_fused_inplace_qknorm``."""
-    return _QKNORM.function("run", _config(head_dim, dtype, _FAST_HEAD_DIM))
+    return _QKNORM_KERNELS[dtype, head_dim]
 
 
 def qknorm_across_heads(

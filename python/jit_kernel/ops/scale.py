@@ -11,48 +11,47 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import SCALE
-from jit_kernel.ops._common import CPP_DTYPE, check_contiguous, check_cuda, check_like
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, register
 
 _SCALE = Dispatcher(SCALE)
+_KERNELS = KernelTable(_SCALE, "run", lambda dtype: (float_dtype("scale", "src", dtype),))
+_KERNEL_ARGS = ("out", "src", "factor")
+
+
+def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The kernel takes flat tensors: a contiguous tensor of any shape is viewed as one."""
+    if t.dim() == 1:
+        return t
+    if not t.is_contiguous():
+        raise ValueError(f"scale: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+    return t.view(-1)
 
 
 def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None, run: bool = True) -> torch.Tensor:
-    op = "scale"
-    if isinstance(factor, bool) or not isinstance(factor, int | float):
-        raise TypeError(f"{op}: factor must be a float, got {type(factor).__name__}")
-    check_cuda(op, "src", src)
-    check_contiguous(op, "src", src)
-    if out is None:
-        out = torch.empty(src.shape, dtype=src.dtype, device=src.device)
-    else:
-        check_like(op, "out", out, src, "src")
-        if out.shape != src.shape:
-            raise ValueError(f"{op}: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
-        check_contiguous(op, "out", out)
-    if run:
-        _SCALE.function("run", (CPP_DTYPE[src.dtype],))(out.view(-1), src.view(-1), float(factor))
+    try:
+        kernel = _KERNELS.get_kernel(src.dtype, run)
+        if out is None:
+            out = src.new_empty(src.shape)
+        elif out.shape != src.shape:
+            raise ValueError(f"scale: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
+        if run:
+            kernel(_flat("out", out), _flat("src", src), factor)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain("scale", error, _KERNEL_ARGS, {"src": src, "out": out, "factor": factor}, ("src", "out"))
+        raise
     return out
 
 
-@torch.library.custom_op("jit_kernel::scale", mutates_args=())
-def _scale_op(src: torch.Tensor, factor: float) -> torch.Tensor:
-    return _scale(src, factor, None)
+def _scale_functional(src: torch.Tensor, factor: float, run: bool = True) -> torch.Tensor:
+    return _scale(src, factor, None, run)
 
 
-# The fakes run the real op's checks (run=False), so torch.compile rejects what eager rejects.
-@_scale_op.register_fake
-def _(src: torch.Tensor, factor: float) -> torch.Tensor:
-    return _scale(src, factor, None, run=False)
+def _scale_out(out: torch.Tensor, src: torch.Tensor, factor: float, run: bool = True) -> None:
+    _scale(src, factor, out, run)
 
 
-@torch.library.custom_op("jit_kernel::scale_out", mutates_args=("out",))
-def _scale_out_op(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
-    _scale(src, factor, out)
-
-
-@_scale_out_op.register_fake
-def _(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
-    _scale(src, factor, out, run=False)
+register("scale", _scale_functional)
+register("scale_out", _scale_out, mutates=("out",))
 
 
 def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
