@@ -63,10 +63,10 @@ def test_add_constant_cpu_results() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "pattern"),
     [
-        (lambda: jit_kernel.add_constant(torch.zeros(4), 1), TypeError, "src must be int32"),
+        (lambda: jit_kernel.add_constant(torch.zeros(4), 1), TypeError, "(?s)'src'.*expected int32"),
         (lambda: jit_kernel.add_constant([1, 2], 1), TypeError, "src must be a torch.Tensor"),
         (lambda: jit_kernel.add_constant(_i32(4), 1.5), TypeError, "constant must be an int"),
-        (lambda: jit_kernel.add_constant(_i32(4), 2**31), ValueError, "int32"),
+        (lambda: jit_kernel.add_constant(_i32(4), 2**31), ValueError, "constant must be an integer in"),
         (
             lambda: jit_kernel.add_constant(_i32(4, 4).t(), 1),
             ValueError,
@@ -75,7 +75,7 @@ def test_add_constant_cpu_results() -> None:
         (
             lambda: jit_kernel.add_constant(_i32(4), 1, out=_i32(5)),
             ValueError,
-            "out must be",
+            "out must have the shape of src",
         ),
     ],
 )

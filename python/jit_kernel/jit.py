@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from jit_kernel import cache, deps, env, target
 from jit_kernel.arch import Arch
+from jit_kernel.spec import name_part
 from jit_kernel.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _resolve_source(name: str) -> Path:
 
 
 def module_name(args: Sequence[object]) -> str:
-    name = "_".join(["jit_kernel", *(re.sub(r"[^A-Za-z0-9]+", "_", str(arg)).strip("_") for arg in args)])
+    name = "_".join(["jit_kernel", *(name_part(str(arg)) for arg in args)])
     if len(name) > 96:  # file names have limits; the cache key still distinguishes modules
         name = f"{name[:80]}_{hashlib.sha256(name.encode()).hexdigest()[:12]}"
     return name

@@ -123,6 +123,12 @@ def cpp_literal(value: ConfigValue) -> str:
     return str(value)
 
 
+def name_part(text: str) -> str:
+    """``text`` as a piece of a C identifier or file name (symbols, JIT module names): ``-`` as ``m``,
+    so that ``-4`` and ``4`` differ, any other run of non-alphanumerics as one ``_``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", text.replace("-", "m")).strip("_")
+
+
 def symbol_name(spec: KernelSpec, export: str, config: Config) -> str:
     """The exported symbol of one (family, export, config): a C identifier, unique per input.
 
@@ -130,7 +136,7 @@ def symbol_name(spec: KernelSpec, export: str, config: Config) -> str:
     """
     if export not in spec.exports:
         raise KeyError(f"{spec.family} has no export {export!r}; exports: {list(spec.exports)}")
-    parts = [re.sub(r"[^A-Za-z0-9]+", "_", cpp_literal(v).replace("-", "m")).strip("_") for v in config]
+    parts = [name_part(cpp_literal(v)) for v in config]
     return "__".join([spec.family, export, "_".join(parts)]) if parts else f"{spec.family}__{export}"
 
 
