@@ -198,10 +198,15 @@ def test_headers_reached_through_flags_or_macros_rebuild(
     assert cache.load_or_build(_hidden_request(folder), root).value() == 11
     header = folder / edited
     header.write_text(header.read_text().replace(before, after))
+    (stale,) = cache.list_entries(root)
+    assert not stale.valid and stale.state == f"STALE ({header} changed)"
     with recorded_logs() as logs:
         assert cache.load_or_build(_hidden_request(folder), root).value() == expected
         assert cache.load_or_build(_hidden_request(folder), root).value() == expected
     assert len(logs.compiles()) == 1
+    assert [m for m in logs.messages if m.endswith("rebuilding it")] == [
+        f"{header} changed since {stale.path.name} was built; rebuilding it"
+    ]
     header.touch()  # a new mtime, the same content: no rebuild
     with recorded_logs() as logs:
         assert cache.load_or_build(_hidden_request(folder), root).value() == expected

@@ -169,6 +169,9 @@ def test_cuda_home_resolves_through_a_wrapper_script(tmp_path: Path, monkeypatch
     toolchain.cuda_home.cache_clear()
     try:
         assert toolchain.cuda_home() == real
+        toolchain.cuda_home.cache_clear()  # a new process: the dry run's answer is memoised on disk
+        monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("nvcc was asked again"))
+        assert toolchain.cuda_home() == real
     finally:
         toolchain.cuda_home.cache_clear()
 

@@ -278,8 +278,8 @@ def _load_entry(entry: Path, warn: bool = True) -> Any | None:
     """The entry's module, or None when it is missing, incomplete, corrupt or fails to load."""
     library, changed = _check_entry(entry)
     if library is None:
-        if warn and changed is not None:
-            logger.info("%s changed since %s was built; rebuilding it", changed, entry.name)
+        if changed is not None:  # not a fault: load_or_build says so once when it rebuilds
+            logger.debug("%s changed since %s was built; not using that build", changed, entry.name)
         elif warn and entry.exists():
             logger.warning("cached entry %s is incomplete or corrupt; not using it", entry)
         return None
@@ -319,6 +319,9 @@ def load_or_build(request: BuildRequest, root: Path | None = None) -> Any:
         try:
             sweep_staging(root, held=entry.name)
             if entry.exists():
+                changed = _check_entry(entry)[1]
+                if changed is not None:
+                    logger.info("%s changed since %s was built; rebuilding it", changed, entry.name)
                 _discard(entry, root)
             library = _publish(request, key, root)
         finally:
@@ -335,6 +338,13 @@ class CacheEntry:
     size_bytes: int
     created: float
     valid: bool
+    changed: str | None = None  # a file the build read that has changed since (the entry is stale)
+
+    @property
+    def state(self) -> str:
+        if self.valid:
+            return "ok"
+        return f"STALE ({self.changed} changed)" if self.changed else "CORRUPT"
 
 
 def list_entries(root: Path | None = None) -> list[CacheEntry]:
@@ -350,6 +360,7 @@ def list_entries(root: Path | None = None) -> list[CacheEntry]:
         except (OSError, ValueError):
             meta = {}
         size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+        library, changed = _check_entry(entry)
         entries.append(
             CacheEntry(
                 path=entry,
@@ -358,7 +369,8 @@ def list_entries(root: Path | None = None) -> list[CacheEntry]:
                 arch=meta.get("arch"),
                 size_bytes=size,
                 created=float(meta.get("created", 0.0)),
-                valid=verified_library(entry) is not None,
+                valid=library is not None,
+                changed=changed,
             )
         )
     return entries

@@ -213,7 +213,7 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
     print(f"{root}: {len(entries)} modules, {_format_size(cache.total_size(root))}")
     for entry in entries:
         arch = Arch.parse(entry.arch).sm if entry.arch else "host"
-        state = "ok" if entry.valid else "CORRUPT (rebuilt on next use)"
+        state = entry.state if entry.valid else f"{entry.state}, rebuilt on next use"
         print(f"  {entry.name:<48} {arch:<8} {_format_size(entry.size_bytes):>10}  {state}  {entry.path.name}")
     return 0
 
@@ -291,7 +291,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for entry in cached:
             if entry.description.startswith(f"{spec.family}<"):
                 arch = Arch.parse(entry.arch).sm if entry.arch else "host"
-                print(f"  jit-cache {entry.description:<40} {arch:<36} {'ok' if entry.valid else 'CORRUPT'}")
+                print(f"  jit-cache {entry.description:<40} {arch:<36} {entry.state}")
     return 0
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from jit_kernel import env
@@ -42,15 +43,9 @@ def cuda_home() -> Path:
         real = Path(nvcc_on_path).resolve()
         if (real.parent.parent / "include" / "cuda_runtime.h").is_file():
             return real.parent.parent
-        dry_run = subprocess.run(
-            [nvcc_on_path, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        match = re.search(r"^#\$ TOP=(.+)$", dry_run.stdout + dry_run.stderr, re.MULTILINE)
-        if match and (Path(match.group(1)) / "bin" / "nvcc").is_file():
-            return Path(match.group(1)).resolve()
+        top = _memoised(Path(nvcc_on_path), "TOP", lambda: _toolkit_of_wrapper(nvcc_on_path))
+        if top and (Path(top) / "bin" / "nvcc").is_file():
+            return Path(top).resolve()
     if (DEFAULT_CUDA_HOME / "bin" / "nvcc").is_file():
         return DEFAULT_CUDA_HOME.resolve()
     raise ToolchainError(
@@ -77,10 +72,20 @@ def _version_memo_path() -> Path:
     return env.cache_dir() / "toolchain-versions.json"
 
 
-def tool_version(binary: Path) -> str:
-    """The first meaningful lines of ``binary --version``, memoised on disk by binary identity."""
+def _toolkit_of_wrapper(nvcc: str) -> str:
+    """The toolkit root behind an nvcc wrapper script: nvcc's dry run prints it as ``TOP``."""
+    dry_run = subprocess.run(
+        [nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull], capture_output=True, text=True, check=False
+    )
+    match = re.search(r"^#\$ TOP=(.+)$", dry_run.stdout + dry_run.stderr, re.MULTILINE)
+    return match.group(1) if match else ""
+
+
+def _memoised(binary: Path, question: str, ask: Callable[[], str]) -> str:
+    """``ask()`` about ``binary``, memoised on disk by the binary's identity (path, size, mtime):
+    a warm load starts no subprocess, and a new or upgraded binary is asked again."""
     stat = binary.stat()
-    identity = f"{binary}:{stat.st_size}:{stat.st_mtime_ns}"
+    identity = f"{binary}:{stat.st_size}:{stat.st_mtime_ns}" + (f":{question}" if question else "")
     memo_path = _version_memo_path()
     try:
         memo: dict[str, str] = json.loads(memo_path.read_text())
@@ -88,10 +93,7 @@ def tool_version(binary: Path) -> str:
         memo = {}
     if identity in memo:
         return memo[identity]
-    result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
-    lines = [line for line in result.stdout.splitlines() if line.strip() and "Copyright" not in line]
-    version = " | ".join(lines[-2:] if "nvcc" in binary.name else lines[:1])
-    memo[identity] = version
+    memo[identity] = answer = ask()
     try:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         staging = memo_path.with_name(f"{memo_path.name}.{os.getpid()}.tmp")
@@ -99,7 +101,18 @@ def tool_version(binary: Path) -> str:
         os.replace(staging, memo_path)
     except OSError:
         pass  # A read-only cache folder only costs the next process one more probe.
-    return version
+    return answer
+
+
+def tool_version(binary: Path) -> str:
+    """The first meaningful lines of ``binary --version``, memoised on disk by binary identity."""
+
+    def ask() -> str:
+        result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
+        lines = [line for line in result.stdout.splitlines() if line.strip() and "Copyright" not in line]
+        return " | ".join(lines[-2:] if "nvcc" in binary.name else lines[:1])
+
+    return _memoised(binary, "", ask)
 
 
 def nvcc_release() -> tuple[int, int]:
