@@ -136,6 +136,15 @@ def rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
         ) from None
 
 
+def flat(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of any shape as the flat one the elementwise kernels take."""
+    if t.dim() == 1:
+        return t
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+    return t.view(-1)
+
+
 def register(name: str, impl: Callable[..., Any], mutates: tuple[str, ...] = ()) -> Any:
     """Register ``impl`` as ``torch.ops.jit_kernel.<name>``, declared once: ``impl`` takes the op's
     arguments plus ``run: bool``; the op calls it with ``run=True`` and the fake implementation

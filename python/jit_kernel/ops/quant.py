@@ -12,7 +12,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import PER_TENSOR_QUANT_FP8
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register
+from jit_kernel.ops._common import KernelTable, explain, flat, float_dtype, not_a_tensor, register
 
 _QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
 FP8_E4M3_MAX = 448.0
@@ -23,15 +23,6 @@ _KERNELS = {
 }
 # The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
 _KERNEL_ARGS = ("output_q", "output_s", "input", "enable_pdl")
-
-
-def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
-    """The kernels take flat tensors: a contiguous tensor of any shape is viewed as one."""
-    if t.dim() == 1:
-        return t
-    if not t.is_contiguous():
-        raise ValueError(f"{_OP}: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    return t.view(-1)
 
 
 def _quant(
@@ -55,7 +46,7 @@ def _quant(
             raise ValueError(f"{_OP}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
         scale = output_s if output_s.dim() == 1 else output_s.view(1)
         if run:
-            kernel(_flat("output_q", output_q), scale, _flat("input", input), enable_pdl)
+            kernel(flat(_OP, "output_q", output_q), scale, flat(_OP, "input", input), enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:
         values = {"input": input, "output_q": output_q, "output_s": output_s, "enable_pdl": enable_pdl}
         explain(_OP, error, _KERNEL_ARGS, values, ("input", "output_q", "output_s"))

@@ -11,20 +11,11 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import SCALE
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, register
+from jit_kernel.ops._common import KernelTable, explain, flat, float_dtype, register
 
 _SCALE = Dispatcher(SCALE)
 _KERNELS = KernelTable(_SCALE, "run", lambda dtype: (float_dtype("scale", "src", dtype),))
 _KERNEL_ARGS = ("out", "src", "factor")
-
-
-def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
-    """The kernel takes flat tensors: a contiguous tensor of any shape is viewed as one."""
-    if t.dim() == 1:
-        return t
-    if not t.is_contiguous():
-        raise ValueError(f"scale: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    return t.view(-1)
 
 
 def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None, run: bool = True) -> torch.Tensor:
@@ -35,7 +26,7 @@ def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None, run: bool
         elif out.shape != src.shape:
             raise ValueError(f"scale: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
         if run:
-            kernel(_flat("out", out), _flat("src", src), factor)
+            kernel(flat("scale", "out", out), flat("scale", "src", src), factor)
     except (TypeError, RuntimeError, AttributeError) as error:
         explain("scale", error, _KERNEL_ARGS, {"src": src, "out": out, "factor": factor}, ("src", "out"))
         raise
