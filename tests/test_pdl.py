@@ -135,12 +135,13 @@ def _bf16(*shape: int) -> torch.Tensor:
     "call",
     [
         lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), enable_pdl="yes"),
-        lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8), _bf16(8), enable_pdl=1),
+        lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8), _bf16(8), enable_pdl=[True]),
         lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(4, 2, 8), _bf16(8), _bf16(8), enable_pdl=1.0),
         lambda: jit_kernel.qknorm_across_heads(_bf16(4, 8), _bf16(4, 8), _bf16(8), _bf16(8), enable_pdl="on"),
-        lambda: jit_kernel.per_tensor_quant_fp8(_bf16(8), enable_pdl=0),
+        lambda: jit_kernel.per_tensor_quant_fp8(_bf16(8), enable_pdl=object()),
     ],
 )
 def test_bad_enable_pdl_is_rejected(call) -> None:
+    # An int converts to bool (tvm-ffi's rule, as in Python), so 0 and 1 are not bad values.
     with fake_cuda(), pytest.raises(TypeError, match="enable_pdl must be a bool or None"):
         call()

@@ -69,6 +69,8 @@ class KernelTable(dict[Any, Callable[..., Any]]):
 
 
 _MISMATCHED_ARGUMENT = re.compile(r"Mismatched type on argument #(\d+) when calling: `[^`]*`\. Expected `([^`]+)`")
+# tvm-ffi's names for the kernels' scalar argument types, as a Python user reads them.
+_PYTHON_TYPE = {"Optional<bool>": "a bool or None", "bool": "a bool", "int": "an int", "float": "a float"}
 
 
 def explain(
@@ -91,7 +93,7 @@ def explain(
         index, expected = int(match.group(1)), match.group(2)
         name = kernel_args[index] if index < len(kernel_args) else f"argument #{index}"
         value = values.get(name)
-        wanted = "a torch.Tensor" if "DLTensor" in expected or "Tensor" in expected else f"a {expected}"
+        wanted = "a torch.Tensor" if "Tensor" in expected else _PYTHON_TYPE.get(expected, f"a {expected}")
         raise TypeError(f"{op}: {name} must be {wanted}, got {type(value).__name__}") from None
 
 
