@@ -59,7 +59,7 @@ void run_cuda(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(dst.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<std::uintptr_t>(src.data_ptr()) % 16 == 0;
   if (aligned && n >= kVecThreshold) {
-    static const uint32_t num_sm = runtime::get_sm_count(device.unwrap().device_id);
+    const uint32_t num_sm = runtime::sm_count(device.unwrap().device_id);
     const auto blocks = std::min<std::size_t>(div_ceil(n / 4, kBlockSize), std::size_t{num_sm} * 32);
     LaunchKernel(blocks, kBlockSize, device.unwrap())(
         add_constant_vec_kernel<kConstant>,

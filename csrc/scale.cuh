@@ -52,7 +52,7 @@ void run(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   const bool vec =
       reinterpret_cast<uint64_t>(dst.data_ptr()) % 16 == 0 && reinterpret_cast<uint64_t>(src.data_ptr()) % 16 == 0;
   const DLDevice dev = device.unwrap();
-  static const uint32_t num_sm = runtime::get_sm_count(dev.device_id);
+  const uint32_t num_sm = runtime::sm_count(dev.device_id);
   const int64_t units = vec ? num / kN : num;
   const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(units, int64_t{kThreads}), 1, num_sm * 32));
   LaunchKernel(blocks, kThreads, dev)(

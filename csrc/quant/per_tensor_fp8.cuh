@@ -278,7 +278,7 @@ struct PerTensorQuantFp8 {
   }
 
   static uint32_t grid(int64_t units, int device_id) {
-    static const uint32_t num_sm = host::runtime::get_sm_count(device_id);
+    const uint32_t num_sm = host::runtime::sm_count(device_id);
     return static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(units, int64_t{kThreads}), 1, num_sm * 8));
   }
 

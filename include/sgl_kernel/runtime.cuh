@@ -2,8 +2,9 @@
 /// \brief Host-side queries of the CUDA runtime (occupancy, device
 /// properties), each checked with `RuntimeDeviceCheck`.
 ///
-/// They cost a driver call each: cache results that cannot change, e.g.
-/// `static const auto num_sm = runtime::get_sm_count(device_id);`.
+/// They cost a driver call each. Results that cannot change are cached per device
+/// (`sm_count`, `has_clusters`): a function-local `static` would keep the first
+/// device's answer for every device of the process.
 
 #pragma once
 
@@ -33,6 +34,32 @@ inline auto get_sm_count(int device_id, DebugInfo where = {}) -> uint32_t {
   return static_cast<uint32_t>(count);
 }
 
+namespace detail {
+
+inline constexpr int kMaxDevices = 64;
+
+/// One answer per device, asked once: `ask(device_id)` must return a value > 0.
+template <typename Tag, typename Ask>
+inline auto per_device(int device_id, DebugInfo where, Ask&& ask) -> int {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0: not asked yet
+  RuntimeCheck(where, device_id >= 0 && device_id < kMaxDevices, "device id ", device_id, " out of range");
+  int known = cache[device_id].load(std::memory_order_relaxed);
+  if (known == 0) {
+    known = ask(device_id);
+    cache[device_id].store(known, std::memory_order_relaxed);
+  }
+  return known;
+}
+
+}  // namespace detail
+
+/// \brief Number of SMs of device `device_id`, cached per device: cheap enough to ask on every launch.
+inline auto sm_count(int device_id, DebugInfo where = {}) -> uint32_t {
+  struct Tag;
+  return static_cast<uint32_t>(
+      detail::per_device<Tag>(device_id, where, [&](int id) { return static_cast<int>(get_sm_count(id, where)); }));
+}
+
 /// \brief Major compute capability of device `device_id` (9 on H100).
 inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
   int major = 0;
@@ -43,14 +70,8 @@ inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
 /// \brief Whether device `device_id` runs thread-block clusters (sm_90+), cached
 /// per device: cheap enough to ask on every launch.
 inline auto has_clusters(int device_id, DebugInfo where = {}) -> bool {
-  static std::array<std::atomic<int>, 64> cache{};  // 0: not asked yet, 1: no, 2: yes
-  RuntimeCheck(where, device_id >= 0 && device_id < 64, "has_clusters: device id ", device_id, " out of range");
-  int known = cache[device_id].load(std::memory_order_relaxed);
-  if (known == 0) {
-    known = get_cc_major(device_id, where) >= 9 ? 2 : 1;
-    cache[device_id].store(known, std::memory_order_relaxed);
-  }
-  return known == 2;
+  struct Tag;
+  return detail::per_device<Tag>(device_id, where, [&](int id) { return get_cc_major(id, where) >= 9 ? 2 : 1; }) == 2;
 }
 
 /// \brief Whether device `device_id` has programmatic dependent launch (sm_90+, as clusters).
