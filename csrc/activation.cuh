@@ -1,0 +1,191 @@
+// Gated activations: out[t, c] = act(input[t, c]) * input[t, d + c] over rows `[N, 2d] -> [N, d]`
+// (gate = first half of a row, up = second half), with act one of
+//   silu:       x * sigmoid(x)
+//   gelu:       x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))            (exact GELU)
+//   gelu_tanh:  0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3)
+// computed in fp32 and rounded once to T (fp16_t, bf16_t, fp32_t). Rows may be strided (unit last
+// stride); the three activations are three exports of one translation unit per dtype.
+//
+// Work split: one thread per 16-byte vector of out (kN elements: 2 loads of 16 bytes, 1 store) when
+// d, both row strides and both pointers allow it, else one thread per element. A block is 128
+// threads shaped tx x ty (tx = min(128, pow2 >= vectors per row)): a row of d = 14336 bf16 (1792
+// vectors) spreads over 14 blocks, so a decode step (1-16 tokens) is one short launch over many
+// SMs rather than one block per token; short rows put several tokens in one block. Blocks loop
+// over tokens (two per iteration, both loads issued before either store) when there are more
+// token groups than about 4 waves of blocks; the iterations are balanced over the grid's rows.
+#pragma once
+
+#include <sgl_kernel/runtime.cuh>
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/type.cuh>
+#include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/utils.h>
+#include <sgl_kernel/vec.cuh>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace jit_kernel::activation {
+
+inline constexpr uint32_t kThreads = 128;
+// Blocks in flight per SM at full occupancy (2048 threads), and the grid's cap in such waves.
+inline constexpr int64_t kBlocksPerSm = 2048 / kThreads;
+inline constexpr int64_t kWaves = 4;
+inline constexpr int64_t kMaxGridY = 65535;
+
+// x * sigmoid(x) = x / (1 + e^-x). __expf overflows to inf for x < -88 and __fdividef then gives
+// -0 (the exact value is below 1e-36 in magnitude).
+struct Silu {
+  SGL_DEVICE static float apply(float x) {
+    return __fdividef(x, 1.f + __expf(-x));
+  }
+};
+
+struct Gelu {
+  SGL_DEVICE static float apply(float x) {
+    constexpr float kRsqrt2 = 0.70710678118654752440f;
+    return 0.5f * x * (1.f + erff(x * kRsqrt2));
+  }
+};
+
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same form as silu, no tanh and no cancellation.
+struct GeluTanh {
+  SGL_DEVICE static float apply(float x) {
+    constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
+    constexpr float kKappa = 0.044715f;
+    const float u = kBeta * fmaf(kKappa * x, x * x, x);
+    return __fdividef(x, 1.f + __expf(-2.f * u));
+  }
+};
+
+template <typename Act, typename T, std::size_t kN>
+SGL_DEVICE device::AlignedVector<T, kN> act_mul(
+    const device::AlignedVector<T, kN>& gate, const device::AlignedVector<T, kN>& up) {
+  device::AlignedVector<T, kN> y;
+#pragma unroll
+  for (std::size_t j = 0; j < kN; ++j) {
+    const float g = dtype_trait<fp32_t>::from(gate[j]);
+    const float u = dtype_trait<fp32_t>::from(up[j]);
+    y[j] = dtype_trait<T>::from(Act::apply(g) * u);
+  }
+  return y;
+}
+
+// `cols`: vectors of kN elements per output row (d / kN); the up half of an input row starts
+// `cols` vectors after its gate half. Strides count elements (multiples of kN).
+template <typename Act, typename T, int kN>
+__global__ void __launch_bounds__(kThreads) act_and_mul_kernel(
+    T* __restrict__ out,
+    const T* __restrict__ in,
+    int64_t out_stride,
+    int64_t in_stride,
+    int64_t tokens,
+    int64_t cols) {
+  using Vec = device::AlignedVector<T, kN>;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  if (col >= cols) return;
+  for (int64_t t = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; t < tokens; t += 2 * step) {
+    const bool second = t + step < tokens;
+    const T* row0 = in + t * in_stride;
+    const T* row1 = in + (t + step) * in_stride;
+    Vec g0, u0, g1, u1;
+    g0.load_evict_first(row0, col);
+    u0.load_evict_first(row0, cols + col);
+    if (second) {
+      g1.load_evict_first(row1, col);
+      u1.load_evict_first(row1, cols + col);
+    }
+    act_mul<Act>(g0, u0).store(out + t * out_stride, col);
+    if (second) act_mul<Act>(g1, u1).store(out + (t + step) * out_stride, col);
+  }
+}
+
+inline int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+template <typename T>
+struct Activation {
+  static constexpr int kVec = 16 / sizeof(T);
+
+  static void silu_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Optional<bool> enable_pdl) {
+    run<Silu>(out, input, enable_pdl);
+  }
+
+  static void gelu_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Optional<bool> enable_pdl) {
+    run<Gelu>(out, input, enable_pdl);
+  }
+
+  static void gelu_tanh_and_mul(
+      tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Optional<bool> enable_pdl) {
+    run<GeluTanh>(out, input, enable_pdl);
+  }
+
+  // input [N, 2d] and out [N, d], rows strided, unit last stride, same dtype and device.
+  template <typename Act>
+  static void run(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    auto N = SymbolicSize{"num_tokens"};
+    auto W = SymbolicSize{"2 * d"};
+    auto D = SymbolicSize{"d"};
+    auto device = SymbolicDevice{};
+    TensorMatcher({N, W}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    const int64_t width = W.unwrap();
+    RuntimeCheck(
+        width % 2 == 0, "input: the last dimension holds the gate and up halves and must be even, got ", width);
+    D.set_value(width / 2);
+    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(out, "out");
+    const int64_t tokens = N.unwrap();
+    const int64_t d = D.unwrap();
+    const int64_t out_stride = out.stride(0);
+    const int64_t in_stride = input.stride(0);
+    RuntimeCheck(
+        tokens <= 1 || out_stride >= d,
+        "out: rows must not overlap (row stride >= d = ",
+        d,
+        "), got row stride ",
+        out_stride);
+    // Nothing to do, or FakeTensors (no data: torch.compile's fake implementations may call the
+    // launcher for its checks alone): return after the checks, before any CUDA call.
+    if (tokens == 0 || d == 0 || out.data_ptr() == nullptr) return;
+    const DLDevice dev = device.unwrap();
+    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
+    auto* o = static_cast<T*>(out.data_ptr());
+    const auto* x = static_cast<const T*>(input.data_ptr());
+    const bool vec = reinterpret_cast<uint64_t>(o) % 16 == 0 && reinterpret_cast<uint64_t>(x) % 16 == 0 &&
+                     d % kVec == 0 && (tokens == 1 || (out_stride % kVec == 0 && in_stride % kVec == 0));
+    const int64_t cols = vec ? d / kVec : d;
+    const int64_t tx = std::min<int64_t>(kThreads, pow2_at_least(cols));
+    const int64_t ty = kThreads / tx;
+    const int64_t grid_x = div_ceil(cols, tx);
+    RuntimeCheck(grid_x < (int64_t{1} << 31), "input: last dimension too large, got ", width);
+    const int64_t groups = div_ceil(tokens, ty);
+    const int64_t cap_y =
+        std::clamp<int64_t>(int64_t{runtime::sm_count(dev.device_id)} * kBlocksPerSm * kWaves / grid_x, 1, kMaxGridY);
+    const int64_t iterations = div_ceil(groups, cap_y);
+    const int64_t grid_y = div_ceil(groups, iterations);
+    const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
+    const dim3 block(static_cast<uint32_t>(tx), static_cast<uint32_t>(ty));
+    LaunchKernel(grid, block, dev)
+        .enable_pdl(pdl)(
+            vec ? act_and_mul_kernel<Act, T, kVec> : act_and_mul_kernel<Act, T, 1>,
+            o,
+            x,
+            out_stride,
+            in_stride,
+            tokens,
+            cols);
+  }
+};
+
+}  // namespace jit_kernel::activation

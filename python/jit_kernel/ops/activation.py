@@ -1,0 +1,120 @@
+"""Gated activations: ``silu_and_mul``, ``gelu_and_mul`` (exact erf GELU), ``gelu_tanh_and_mul``.
+
+``input [..., 2 * d] -> out [..., d]`` with ``out = act(input[..., :d]) * input[..., d:]`` (the gate
+is the first half of the last dimension, the up projection the second half, as in sgl-kernel,
+FlashInfer and vLLM), computed in fp32 and rounded once to the dtype (fp16, bf16 or fp32).
+
+Any ``d`` works: rows of whole, aligned 16-byte vectors use vector loads, every other shape a scalar
+path. Rows may be strided (unit last stride): ``input`` may be a slice of a wider tensor. Zero
+tokens is a no-op. One translation unit per dtype holds the three kernels (prebuilt).
+
+Every op is also ``torch.ops.jit_kernel.<name>`` (``<name>_out`` with ``out``), with a fake
+implementation, so ``torch.compile(fullgraph=True)`` traces it without a graph break.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jit_kernel.dispatch import Dispatcher
+from jit_kernel.families import ACTIVATION
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
+
+_ACTIVATION = Dispatcher(ACTIVATION)
+_NAMES = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+# name -> (dtype -> kernel): one dict lookup per call on the eager path.
+_KERNELS = {
+    name: KernelTable(_ACTIVATION, name, lambda dtype, op=name: (float_dtype(op, "input", dtype),)) for name in _NAMES
+}
+# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
+_KERNEL_ARGS = ("out", "input", "enable_pdl")
+
+
+def _act_and_mul(
+    op: str, input: torch.Tensor, out: torch.Tensor | None, enable_pdl: bool | None, run: bool = True
+) -> torch.Tensor:
+    try:
+        try:
+            dtype, shape = input.dtype, input.shape
+        except AttributeError:
+            not_a_tensor(op, "input", input)
+        kernel = _KERNELS[op].get_kernel(dtype, run)
+        in_rows = rows(op, "input", input)
+        # An odd last dimension gets an out of half of it, rounded down; C++ then rejects the input.
+        out_shape = (*shape[:-1], shape[-1] // 2)
+        if out is None:
+            out = input.new_empty(out_shape)
+            out_rows = out.view(in_rows.shape[0], out_shape[-1])
+        else:
+            if not isinstance(out, torch.Tensor):
+                not_a_tensor(op, "out", out)
+            if out.shape != out_shape:
+                raise ValueError(
+                    f"{op}: out must have shape {tuple(out_shape)} (input {tuple(shape)} with the last "
+                    f"dimension halved), got {tuple(out.shape)}"
+                )
+            out_rows = rows(op, "out", out)
+        if run:
+            kernel(out_rows, in_rows, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        explain(op, error, _KERNEL_ARGS, {"input": input, "out": out, "enable_pdl": enable_pdl}, ("input", "out"))
+        raise
+    return out
+
+
+def _register(name: str) -> None:
+    """``torch.ops.jit_kernel.<name>(input, enable_pdl)`` and ``<name>_out(out, input, enable_pdl)``."""
+
+    def functional(input: torch.Tensor, enable_pdl: bool | None = None, run: bool = True) -> torch.Tensor:
+        return _act_and_mul(name, input, None, enable_pdl, run)
+
+    def with_out(out: torch.Tensor, input: torch.Tensor, enable_pdl: bool | None = None, run: bool = True) -> None:
+        _act_and_mul(name, input, out, enable_pdl, run)
+
+    register(name, functional)
+    register(f"{name}_out", with_out, mutates=("out",))
+
+
+for _name in _NAMES:
+    _register(_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API. ``enable_pdl``: launch with programmatic dependent launch; ``None`` (the default)
+# turns it on for sm_90+ devices (decided in C++ per device).
+
+
+def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    """``silu(input[..., :d]) * input[..., d:]`` for ``input [..., 2 * d]``; returns ``out [..., d]``.
+
+    fp16, bf16 or fp32 on a CUDA device, unit last stride (rows may be strided); ``out``, when
+    given, has the dtype of ``input`` and shape ``[..., d]``."""
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.jit_kernel.silu_and_mul(input, enable_pdl)
+        torch.ops.jit_kernel.silu_and_mul_out(out, input, enable_pdl)
+        return out
+    return _act_and_mul("silu_and_mul", input, out, enable_pdl)
+
+
+def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU; as :func:`silu_and_mul`."""
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.jit_kernel.gelu_and_mul(input, enable_pdl)
+        torch.ops.jit_kernel.gelu_and_mul_out(out, input, enable_pdl)
+        return out
+    return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
+
+
+def gelu_tanh_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
+    """``gelu_tanh(input[..., :d]) * input[..., d:]`` with the tanh approximation of GELU
+    (``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``); as :func:`silu_and_mul`."""
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.jit_kernel.gelu_tanh_and_mul(input, enable_pdl)
+        torch.ops.jit_kernel.gelu_tanh_and_mul_out(out, input, enable_pdl)
+        return out
+    return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)
