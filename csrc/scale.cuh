@@ -47,7 +47,7 @@ void run(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   auto device = SymbolicDevice{};
   TensorMatcher({n}).with_device<kDLCUDA>(device).with_dtype<T>().verify(src, "src").verify(dst, "out");
   const int64_t num = n.unwrap();
-  if (num == 0) return;
+  if (num == 0 || has_no_data(dst)) return;
   constexpr int kN = 16 / sizeof(T);
   const bool vec =
       reinterpret_cast<uint64_t>(dst.data_ptr()) % 16 == 0 && reinterpret_cast<uint64_t>(src.data_ptr()) % 16 == 0;

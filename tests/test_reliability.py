@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import jit_kernel
 from jit_kernel import aot, cli, families
 from jit_kernel.dispatch import Dispatcher, jit_module
+from jit_kernel.ops import _common
 from jit_kernel.spec import ConfigError, symbol_name
 from jit_kernel.unit import TranslationUnit
 from jit_kernel.version import __version__
@@ -217,22 +218,14 @@ def _fake_cases() -> list[tuple[str, Callable[[], object], Callable[[], object]]
     ]
 
 
-# Since issue 15 the tensor rules live in the C++ launchers only; the fakes pick the config and shape
-# the outputs but do not run the launchers' checks yet (a check-only export per launcher is the open
-# part of issue 15), so these cases are refused when the compiled graph runs, not at trace time.
-_FAKE_SKIPS_CPP_CHECKS = pytest.mark.xfail(
-    strict=True, reason="issue 15 (open): the fakes do not yet run the C++ launchers' checks"
-)
-
-
-@pytest.mark.parametrize(
-    "index", [pytest.param(i, marks=_FAKE_SKIPS_CPP_CHECKS) if i in (0, 2, 3, 4, 6) else i for i in range(7)]
-)
+@pytest.mark.parametrize("index", range(7))  # len(_fake_cases()): built inside FakeTensorMode only
 def test_fake_implementations_reject_what_the_op_rejects(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():  # the launchers' checks run on the CPU: kernels built for sm_90
         monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", os.environ.get("JIT_KERNEL_CUDA_ARCH", "9.0"))
     with FakeTensorMode():
-        name, fake_call, eager_call = _fake_cases()[index]
+        cases = _fake_cases()
+        assert len(cases) == 7
+        name, fake_call, eager_call = cases[index]
         with pytest.raises((ValueError, TypeError)) as from_eager:
             eager_call()
         with pytest.raises((ValueError, TypeError)) as from_fake:
@@ -245,6 +238,52 @@ def test_fake_implementation_accepts_a_valid_call_and_shapes_its_output() -> Non
     with FakeTensorMode():
         out = torch.ops.jit_kernel.rmsnorm(_cuda(4, 4096), _cuda(4096), 1e-6)
     assert out.shape == (4, 4096) and out.dtype == torch.bfloat16
+
+
+def _valid_fake_calls() -> list[Callable[[], object]]:
+    x, w, q3, w128 = _cuda(4, 4096), _cuda(4096), _cuda(4, 32, 128), _cuda(128)
+    return [
+        lambda: torch.ops.jit_kernel.rmsnorm(x, w, 1e-6),
+        lambda: torch.ops.jit_kernel.rmsnorm_out(_cuda(4, 4096), x, w, 1e-6),
+        lambda: torch.ops.jit_kernel.rmsnorm(_cuda(3, 100), _cuda(100), 1e-6),  # the generic kernel
+        lambda: torch.ops.jit_kernel.fused_add_rmsnorm(x, _cuda(4, 4096), w, 1e-6),
+        lambda: torch.ops.jit_kernel.fused_inplace_qknorm(q3, _cuda(4, 8, 128), w128, w128, 1e-6),
+        lambda: torch.ops.jit_kernel.qknorm_across_heads(x, _cuda(4, 1024), w, _cuda(1024), 1e-6),
+        lambda: torch.ops.jit_kernel.scale(x, 2.0),
+        lambda: torch.ops.jit_kernel.scale_out(_cuda(4, 4096), x, 2.0),
+        lambda: torch.ops.jit_kernel.per_tensor_quant_fp8(
+            x, _cuda(4, 4096, dtype=torch.float8_e4m3fn), _cuda(1, dtype=torch.float32), False
+        ),
+        lambda: torch.ops.jit_kernel.per_tensor_quant_fp8(
+            _cuda(1 << 20), _cuda(1 << 20, dtype=torch.float8_e4m3fn), _cuda(1, dtype=torch.float32), False
+        ),  # the cooperative path's sizes
+        lambda: torch.ops.jit_kernel.per_tensor_quant_fp8(
+            x, _cuda(4, 4096, dtype=torch.float8_e4m3fn), _cuda(1, dtype=torch.float32), True
+        ),
+    ]
+
+
+@pytest.mark.parametrize("index", range(11))  # len(_valid_fake_calls())
+def test_fake_implementation_runs_the_launchers_checks_and_launches_nothing(
+    index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A valid call in fake mode reaches its launcher, which returns on tensors without data before
+    any CUDA call: on this CPU machine any CUDA call would fail, on a GPU it would fault."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", os.environ.get("JIT_KERNEL_CUDA_ARCH", "9.0"))
+    calls: list[str] = []
+    real = _common.KernelTable.get_kernel
+
+    def recording(self: _common.KernelTable, key: object, run: bool) -> object:
+        calls.append(f"{self._export}:{run}")
+        return real(self, key, run)
+
+    monkeypatch.setattr(_common.KernelTable, "get_kernel", recording)
+    with FakeTensorMode():
+        valid_calls = _valid_fake_calls()
+        assert len(valid_calls) == 11
+        valid_calls[index]()
+    assert calls and all(call.endswith(":True") for call in calls), calls
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ struct QKNorm {
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(q_weight, "q_weight");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k_weight, "k_weight");
     check_eps_and_dim(eps, D.unwrap(), "q");
+    if (has_no_data(q)) return;
     const auto dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     Params p{};

@@ -153,6 +153,7 @@ struct RMSNorm {
     TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(out, "out");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
     check_eps_and_dim(eps, D.unwrap(), "input");
+    if (has_no_data(out)) return;
     Params p{};
     p.num_sets = 1;
     p.eps = static_cast<float>(eps);
@@ -204,6 +205,7 @@ struct RMSNorm {
     TensorMatcher({Dk}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k_weight, "k_weight");
     check_eps_and_dim(eps, Dq.unwrap(), "q");
     check_eps_and_dim(eps, Dk.unwrap(), "k");
+    if (has_no_data(q)) return;
     Params p{};
     p.num_sets = 2;
     p.eps = static_cast<float>(eps);
@@ -230,6 +232,7 @@ struct RMSNorm {
         residual, "residual");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
     check_eps_and_dim(eps, D.unwrap(), "input");
+    if (has_no_data(input)) return;
     Params p{};
     p.num_sets = 1;
     p.eps = static_cast<float>(eps);

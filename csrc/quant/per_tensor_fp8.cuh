@@ -292,6 +292,7 @@ struct PerTensorQuantFp8 {
     using namespace host;
     DLDevice dev;
     verify(output_q, output_s, input, dev);
+    if (has_no_data(output_s)) return;
     const int64_t n = input.size(0);
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     auto* s = static_cast<float*>(output_s.data_ptr());
@@ -389,6 +390,7 @@ struct PerTensorQuantFp8 {
       tvm::ffi::Optional<bool> enable_pdl) {
     DLDevice dev;
     verify(output_q, output_s, input, dev);
+    if (host::has_no_data(output_s)) return;
     const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
     const int64_t n = input.size(0);
     if (n == 0) return;

@@ -72,6 +72,13 @@
 
 namespace host {
 
+/// \brief Whether `t` has no data behind it: an empty tensor, or a FakeTensor. torch.compile's
+/// fake implementations call the launchers on FakeTensors for their checks alone, so a launcher
+/// returns when its output has no data, after its checks and before any CUDA call.
+inline auto has_no_data(const tvm::ffi::TensorView& t) -> bool {
+  return t.data_ptr() == nullptr;
+}
+
 namespace details {
 
 /// \brief Device id meaning "any device of this type" in an allowed-device list.

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.jit import make_cpp_args
 from jit_kernel.spec import Config
@@ -147,16 +148,33 @@ def flat(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     return t.view(-1)
 
 
-def register(name: str, impl: Callable[..., Any], mutates: tuple[str, ...] = ()) -> Any:
+def _launchers_can_check(args: Sequence[object]) -> bool:
+    """Whether a fake call can hand its FakeTensors to the C++ launcher: their sizes are concrete
+    (tvm-ffi cannot pass symbolic ones) and a kernel can be loaded (a GPU, or an arch override)."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and not all(type(n) is int for n in arg.shape):
+            return False
+    return torch.cuda.is_available() or env.cuda_arch_override() is not None
+
+
+def register(name: str, impl: Callable[..., Any], mutates: tuple[str, ...] = (), fake_checks: bool = False) -> Any:
     """Register ``impl`` as ``torch.ops.jit_kernel.<name>``, declared once: ``impl`` takes the op's
-    arguments plus ``run: bool``; the op calls it with ``run=True`` and the fake implementation
-    (torch.compile's tracing) with ``run=False``, which picks the config and allocates the outputs
-    the same way but launches nothing. The schema comes from ``impl``'s signature without ``run``."""
+    arguments plus ``run: bool``; the op calls it with ``run=True``. The schema comes from
+    ``impl``'s signature without ``run``.
+
+    The fake implementation (torch.compile's tracing) calls ``impl`` too. With ``fake_checks`` it
+    passes ``run=True``: the kernel's launcher gets the FakeTensors, runs its checks (the one copy of
+    the tensor rules, so tracing rejects what the op rejects, with the same error) and returns
+    without launching, since they hold no data (``host::has_no_data``; only for launchers that
+    return there before any CUDA call). Otherwise, or when the launcher cannot be reached (symbolic
+    sizes, no GPU), ``run=False``: the config is picked and the outputs allocated, nothing is called."""
     signature = inspect.signature(impl)
     public = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "run"])
 
     def bound(run: bool) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
+            if not run and fake_checks:
+                return impl(*args, **kwargs, run=_launchers_can_check((*args, *kwargs.values())))
             return impl(*args, **kwargs, run=run)
 
         call.__signature__ = public  # type: ignore[attr-defined]

@@ -268,11 +268,11 @@ def _qk(impl: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
-register("rmsnorm", _rmsnorm_functional)
-register("rmsnorm_out", _rmsnorm_out, mutates=("out",))
-register("fused_add_rmsnorm", _fused_add_rmsnorm_op, mutates=("input", "residual"))
-register("fused_inplace_qknorm", _qk(_fused_inplace_qknorm), mutates=("q", "k"))
-register("qknorm_across_heads", _qk(_qknorm_across_heads), mutates=("q", "k"))
+register("rmsnorm", _rmsnorm_functional, fake_checks=True)
+register("rmsnorm_out", _rmsnorm_out, mutates=("out",), fake_checks=True)
+register("fused_add_rmsnorm", _fused_add_rmsnorm_op, mutates=("input", "residual"), fake_checks=True)
+register("fused_inplace_qknorm", _qk(_fused_inplace_qknorm), mutates=("q", "k"), fake_checks=True)
+register("qknorm_across_heads", _qk(_qknorm_across_heads), mutates=("q", "k"), fake_checks=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,8 +41,8 @@ def _scale_out(out: torch.Tensor, src: torch.Tensor, factor: float, run: bool = 
     _scale(src, factor, out, run)
 
 
-register("scale", _scale_functional)
-register("scale_out", _scale_out, mutates=("out",))
+register("scale", _scale_functional, fake_checks=True)
+register("scale_out", _scale_out, mutates=("out",), fake_checks=True)
 
 
 def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
