@@ -80,7 +80,7 @@ class Inputs:
             return (1 + 0.1 * torch.randn(n, device=device)).to(DTYPE)
 
         self.tokens, self.device = tokens, device
-        # The ops' enable_pdl=None: on for sm_90+ (jit_kernel.ops._common.resolve_pdl); the raw calls pass it.
+        # The ops' enable_pdl=None: on for sm_90+ (host::runtime::resolve_pdl, in C++); the raw calls pass it.
         self.pdl = device == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
         # rmsnorm
         self.x, self.w, self.out = act(tokens, HIDDEN), weight(HIDDEN), act(tokens, HIDDEN)
