@@ -1,0 +1,347 @@
+// kv_store: write new tokens' K/V rows into a paged KV cache at given slots.
+//
+//   store:  k_cache[loc[i]] = q(k[i]), v_cache[loc[i]] = q(v[i])          (SGLang set_kv_buffer,
+//                                                                            vLLM reshape_and_cache_flash)
+//   mla:    kv_buffer[loc[i], :Dn] = q(nope[i]), kv_buffer[loc[i], Dn:] = q(rope[i])  (SGLang set_mla_kv_buffer)
+//
+// q is a plain copy when the cache has the activation dtype, and fp8_e4m3(clamp(x / scale, -448, 448))
+// for a float8_e4m3fn cache (the scale from a float32 device tensor of one element, or a host float).
+//
+// Layout: every tensor is seen as rows (rank 2 [rows, width] or rank 3 [rows, heads, head_dim]) whose
+// elements are contiguous inside a row; the row stride is arbitrary (k/v may be views of a fused qkv
+// tensor, a cache a view of a [layers, slots, ...] buffer). Config = (activation dtype, cache dtype);
+// row widths, strides and the index dtype are run-time, so one translation unit serves every model.
+//
+// Work split: one warp per (token, stream) row task, stream 0 = K (or MLA's nope part), stream 1 = V
+// (or the rope part, written into the same buffer row at offset Dn). Each lane moves 16-byte input
+// vectors, kUnroll of them in flight before any store. A row that is not made of aligned vectors (width,
+// pointer or stride not a multiple of the vector) takes the scalar instance of the same kernel.
+//
+// Indices: a slot outside [0, num_slots) is skipped in the kernel (no fault, nothing written for that
+// row); the Python layer raises IndexError for it first under JIT_KERNEL_CHECK_INDICES=1. Duplicate
+// slots: the writers race; which one wins is undefined, per vector (16 bytes of input, or one element
+// on the scalar path): every vector of the row comes whole from one of the writers, but a row may mix
+// writers.
+#pragma once
+
+#include <sgl_kernel/runtime.cuh>
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/type.cuh>
+#include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/utils.h>
+#include <sgl_kernel/vec.cuh>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace jit_kernel::kv_store {
+
+inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
+inline constexpr uint32_t kTasksPerBlock = kThreads / 32;
+inline constexpr int kUnroll = 4;  // vectors per lane in flight
+inline constexpr float kFp8Max = 448.f;
+
+// One stream of rows: source row `i` goes to destination row `loc[i]`.
+struct Stream {
+  const void* src;
+  int64_t src_stride;  // elements of the activation dtype
+  void* dst;
+  int64_t dst_stride;  // elements of the cache dtype
+  int64_t width;       // elements per row
+  int64_t num_slots;   // destination rows
+  const float* scale;  // fp8 caches: the scale tensor, or nullptr for `scale_value`
+  float scale_value;
+};
+
+struct Params {
+  Stream stream[2];
+  const void* loc;
+  int64_t loc_stride;
+  int64_t num_tokens;
+};
+
+template <typename C>
+inline constexpr bool kIsFp8 = std::is_same_v<C, fp8_e4m3_t>;
+
+template <typename T, typename C, typename Idx, int kN>
+__global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ Params p) {
+  using InVec = device::AlignedVector<T, kN>;
+  using OutVec = device::AlignedVector<C, kN>;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  if (task >= 2 * p.num_tokens) return;
+  const int64_t token = task >> 1;
+  const Stream& s = p.stream[task & 1];
+  const auto slot = static_cast<int64_t>(static_cast<const Idx*>(p.loc)[token * p.loc_stride]);
+  if (slot < 0 || slot >= s.num_slots) return;  // out of range: skipped (see the top of this file)
+  const T* src = static_cast<const T*>(s.src) + token * s.src_stride;
+  C* dst = static_cast<C*>(s.dst) + slot * s.dst_stride;
+  float scale = 1.f;
+  if constexpr (kIsFp8<C>) scale = s.scale != nullptr ? *s.scale : s.scale_value;
+  const int64_t nvec = s.width / kN;
+  for (int64_t base = lane; base < nvec; base += 32 * kUnroll) {
+    InVec x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * 32 < nvec) x[u].load(src, base + u * 32);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * 32 >= nvec) continue;
+      if constexpr (kIsFp8<C>) {
+        OutVec y;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          const float v = dtype_trait<fp32_t>::from(x[u][j]) / scale;
+          y[j] = C(fminf(fmaxf(v, -kFp8Max), kFp8Max));
+        }
+        y.store(dst, base + u * 32);
+      } else {
+        static_assert(std::is_same_v<T, C>, "a plain cache has the activation dtype");
+        x[u].store(dst, base + u * 32);
+      }
+    }
+  }
+}
+
+template <typename T, typename C>
+struct KvStore {
+  static_assert(std::is_same_v<T, C> || kIsFp8<C>, "the cache is in the activation dtype or float8_e4m3fn");
+  static constexpr int kVec = 16 / sizeof(T);
+
+  // A tensor seen as rows: rank 2 [rows, width] or rank 3 [rows, heads, head_dim], contiguous rows.
+  struct Rows {
+    void* ptr;
+    int64_t rows;
+    int64_t stride;
+    int64_t width;
+  };
+
+  template <typename D>
+  static Rows as_rows(
+      const char* op,
+      tvm::ffi::TensorView t,
+      const char* name,
+      host::SymbolicSize& rows,
+      host::SymbolicDevice& device) {
+    using namespace host;
+    const int rank = t.dim();
+    RuntimeCheck(
+        rank == 2 || rank == 3,
+        op,
+        ": ",
+        name,
+        " must have 2 dimensions [rows, width] or 3 [rows, heads, head_dim], got ",
+        rank);
+    if (rank == 2) {
+      TensorMatcher({rows, -1}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<D>().verify(t, name);
+    } else {
+      auto head_dim = SymbolicSize{"head_dim"};
+      TensorMatcher({rows, -1, head_dim})
+          .with_strides({-1, head_dim, 1})
+          .with_device<kDLCUDA>(device)
+          .with_dtype<D>()
+          .verify(t, name);
+    }
+    const int64_t n = t.size(0);
+    return {t.data_ptr(), n, n > 1 ? t.stride(0) : 0, rank == 2 ? t.size(1) : t.size(1) * t.size(2)};
+  }
+
+  static const char* shape_of(tvm::ffi::TensorView t, std::string& out) {
+    out = "[";
+    for (int i = 1; i < t.dim(); ++i) out += (i > 1 ? ", " : "") + std::to_string(t.size(i));
+    out += "]";
+    return out.c_str();
+  }
+
+  // A row of `src` must fit a row of `cache`: the same (heads, head_dim) when both have rank 3, else
+  // the same width.
+  static void check_fit(
+      const char* op,
+      tvm::ffi::TensorView src,
+      const char* src_name,
+      tvm::ffi::TensorView cache,
+      const char* cache_name) {
+    bool fits = true;
+    if (src.dim() == 3 && cache.dim() == 3) {
+      fits = src.size(1) == cache.size(1) && src.size(2) == cache.size(2);
+    } else {
+      int64_t a = 1, b = 1;
+      for (int i = 1; i < src.dim(); ++i) a *= src.size(i);
+      for (int i = 1; i < cache.dim(); ++i) b *= cache.size(i);
+      fits = a == b;
+    }
+    std::string s, c;
+    host::RuntimeCheck(
+        fits,
+        op,
+        ": rows of ",
+        src_name,
+        " ",
+        shape_of(src, s),
+        " do not match the rows of ",
+        cache_name,
+        " ",
+        shape_of(cache, c));
+  }
+
+  // fp8 caches: the scale pointer (nullptr: use `value`), checked; other caches ignore scales.
+  static const float* scale_of(
+      const char* op,
+      const tvm::ffi::Optional<tvm::ffi::TensorView>& tensor,
+      const tvm::ffi::Optional<double>& value,
+      const char* name,
+      const char* cache_name,
+      bool required,
+      host::SymbolicDevice& device,
+      float& out_value) {
+    using namespace host;
+    out_value = 1.f;
+    if constexpr (!kIsFp8<C>) {
+      return nullptr;
+    } else {
+      if (tensor.has_value()) {
+        TensorMatcher({1}).with_dtype<fp32_t>().with_device<kDLCUDA>(device).verify(*tensor, name);
+        return static_cast<const float*>((*tensor).data_ptr());
+      }
+      if (value.has_value()) {
+        const double v = *value;
+        RuntimeCheck(std::isfinite(v) && v > 0, op, ": ", name, " must be a positive finite float, got ", v);
+        out_value = static_cast<float>(v);
+        return nullptr;
+      }
+      RuntimeCheck(
+          !required,
+          op,
+          ": ",
+          cache_name,
+          " is float8_e4m3fn, so ",
+          name,
+          " is required (a float32 tensor of one element, or a float)");
+      return nullptr;
+    }
+  }
+
+  static tvm::ffi::TensorView check_loc(
+      const char* op,
+      tvm::ffi::TensorView loc,
+      const char* name,
+      host::SymbolicSize& tokens,
+      host::SymbolicDevice& device) {
+    using namespace host;
+    TensorMatcher({tokens}).with_strides({-1}).with_dtype<int32_t, int64_t>().with_device<kDLCUDA>(device).verify(
+        loc, name);
+    return loc;
+  }
+
+  static bool vector_ok(const Stream& s) {
+    constexpr auto in_bytes = sizeof(T) * kVec;
+    constexpr auto out_bytes = sizeof(C) * kVec;
+    return s.width % kVec == 0 && reinterpret_cast<uint64_t>(s.src) % in_bytes == 0 &&
+           (s.src_stride * sizeof(T)) % in_bytes == 0 && reinterpret_cast<uint64_t>(s.dst) % out_bytes == 0 &&
+           (s.dst_stride * sizeof(C)) % out_bytes == 0;
+  }
+
+  template <typename Idx>
+  static void launch_idx(const Params& p, bool vec, DLDevice dev, bool pdl) {
+    const auto blocks = static_cast<uint32_t>(host::div_ceil(2 * p.num_tokens, int64_t{kTasksPerBlock}));
+    host::LaunchKernel(blocks, kThreads, dev)
+        .enable_pdl(pdl)(vec ? store_kernel<T, C, Idx, kVec> : store_kernel<T, C, Idx, 1>, p);
+  }
+
+  static void launch(Params& p, DLDataType loc_dtype, DLDevice dev, tvm::ffi::Optional<bool> enable_pdl) {
+    const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
+    if (p.num_tokens == 0) return;
+    const bool vec = vector_ok(p.stream[0]) && vector_ok(p.stream[1]);
+    if (host::is_type<int32_t>(loc_dtype)) {
+      launch_idx<int32_t>(p, vec, dev, pdl);
+    } else {
+      launch_idx<int64_t>(p, vec, dev, pdl);
+    }
+  }
+
+  static void store(
+      tvm::ffi::TensorView k,
+      tvm::ffi::TensorView v,
+      tvm::ffi::TensorView k_cache,
+      tvm::ffi::TensorView v_cache,
+      tvm::ffi::TensorView out_cache_loc,
+      tvm::ffi::Optional<tvm::ffi::TensorView> k_scale,
+      tvm::ffi::Optional<tvm::ffi::TensorView> v_scale,
+      tvm::ffi::Optional<double> k_scale_value,
+      tvm::ffi::Optional<double> v_scale_value,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    constexpr const char* op = "store_kv_cache";
+    auto tokens = SymbolicSize{"num_tokens"};
+    auto device = SymbolicDevice{};
+    auto k_slots = SymbolicSize{"num_slots"};
+    auto v_slots = SymbolicSize{"num_slots"};
+    const Rows kc = as_rows<C>(op, k_cache, "k_cache", k_slots, device);
+    const Rows vc = as_rows<C>(op, v_cache, "v_cache", v_slots, device);
+    const Rows kr = as_rows<T>(op, k, "k", tokens, device);
+    const Rows vr = as_rows<T>(op, v, "v", tokens, device);
+    check_loc(op, out_cache_loc, "out_cache_loc", tokens, device);
+    check_fit(op, k, "k", k_cache, "k_cache");
+    check_fit(op, v, "v", v_cache, "v_cache");
+    float kv = 1.f, vv = 1.f;
+    const float* ks = scale_of(op, k_scale, k_scale_value, "k_scale", "k_cache", true, device, kv);
+    const float* vs = scale_of(op, v_scale, v_scale_value, "v_scale", "v_cache", true, device, vv);
+    Params p{};
+    p.stream[0] = {kr.ptr, kr.stride, kc.ptr, kc.stride, kr.width, kc.rows, ks, kv};
+    p.stream[1] = {vr.ptr, vr.stride, vc.ptr, vc.stride, vr.width, vc.rows, vs, vv};
+    p.loc = out_cache_loc.data_ptr();
+    p.loc_stride = out_cache_loc.size(0) > 1 ? out_cache_loc.stride(0) : 0;
+    p.num_tokens = tokens.unwrap();
+    launch(p, out_cache_loc.dtype(), device.unwrap(), enable_pdl);
+  }
+
+  static void mla(
+      tvm::ffi::TensorView kv_buffer,
+      tvm::ffi::TensorView loc,
+      tvm::ffi::TensorView cache_k_nope,
+      tvm::ffi::TensorView cache_k_rope,
+      tvm::ffi::Optional<tvm::ffi::TensorView> scale,
+      tvm::ffi::Optional<double> scale_value,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    constexpr const char* op = "set_mla_kv_buffer";
+    auto tokens = SymbolicSize{"num_tokens"};
+    auto slots = SymbolicSize{"num_slots"};
+    auto device = SymbolicDevice{};
+    const Rows buf = as_rows<C>(op, kv_buffer, "kv_buffer", slots, device);
+    const Rows nope = as_rows<T>(op, cache_k_nope, "cache_k_nope", tokens, device);
+    const Rows rope = as_rows<T>(op, cache_k_rope, "cache_k_rope", tokens, device);
+    check_loc(op, loc, "loc", tokens, device);
+    RuntimeCheck(
+        nope.width + rope.width == buf.width,
+        op,
+        ": the widths of cache_k_nope (",
+        nope.width,
+        ") and cache_k_rope (",
+        rope.width,
+        ") must add up to the width of kv_buffer (",
+        buf.width,
+        ")");
+    Params p{};
+    float value = 1.f;
+    const float* s = scale_of(op, scale, scale_value, "scale", "kv_buffer", false, device, value);
+    void* rope_dst = static_cast<C*>(buf.ptr) + nope.width;
+    p.stream[0] = {nope.ptr, nope.stride, buf.ptr, buf.stride, nope.width, buf.rows, s, value};
+    p.stream[1] = {rope.ptr, rope.stride, rope_dst, buf.stride, rope.width, buf.rows, s, value};
+    p.loc = loc.data_ptr();
+    p.loc_stride = loc.size(0) > 1 ? loc.stride(0) : 0;
+    p.num_tokens = tokens.unwrap();
+    launch(p, loc.dtype(), device.unwrap(), enable_pdl);
+  }
+};
+
+}  // namespace jit_kernel::kv_store

@@ -1,0 +1,240 @@
+"""KV-cache stores: ``store_kv_cache`` (K and V rows into paged caches) and ``set_mla_kv_buffer``
+(DeepSeek MLA's latent and rope parts into one buffer), one launch each (csrc/kv_store.cuh).
+
+Semantics, for token ``i`` and ``slot = loc[i]``:
+
+- ``store_kv_cache``: ``k_cache[slot] = q(k[i])``, ``v_cache[slot] = q(v[i])`` (SGLang's
+  ``set_kv_buffer``, vLLM's ``reshape_and_cache_flash`` for a flash layout).
+- ``set_mla_kv_buffer``: ``kv_buffer[slot, :Dn] = q(cache_k_nope[i])``,
+  ``kv_buffer[slot, Dn:] = q(cache_k_rope[i])`` (SGLang's MLA pool).
+
+``q`` is a plain copy when the cache has the activation dtype, and
+``fp8_e4m3(clamp(x / scale, -448, 448))`` for a ``float8_e4m3fn`` cache. A scale is a float32 CUDA
+tensor of one element (what SGLang and vLLM pass; read on the device, so CUDA graphs see its
+current value) or a Python float. Scales are ignored for caches in the activation dtype (vLLM
+passes them, 1.0, for every cache). ``store_kv_cache`` needs both scales for an fp8 cache;
+``set_mla_kv_buffer``'s ``scale`` defaults to 1 (SGLang casts the MLA parts to fp8 unscaled).
+
+Layouts: every tensor is rows: rank 2 ``[rows, width]`` or rank 3 ``[rows, heads, head_dim]``,
+contiguous inside a row, any row stride (k/v may be views of a fused qkv tensor, a cache a view of
+a ``[layers, slots, ...]`` buffer). ``loc`` is int32 or int64, 1-D, any stride.
+
+Indices: a slot outside ``[0, slots)`` is skipped by the kernel: no fault, that token's row is not
+written, every other row is. With ``JIT_KERNEL_CHECK_INDICES=1`` the op raises ``IndexError``
+naming the argument and the first bad position instead (one reduction and a host sync per call, so
+not under CUDA-graph capture). Duplicate slots: the writers race and which one wins is undefined per
+16-byte input vector (per element where a row is not made of aligned vectors): every such piece of
+the row comes whole from one of the writers, but a row may mix writers.
+
+Every op is also registered as ``torch.ops.jit_kernel.*`` with its fake implementation; the
+functions here switch to those under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jit_kernel import env
+from jit_kernel.dispatch import Dispatcher
+from jit_kernel.families import KV_STORE
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, register
+
+_KV = Dispatcher(KV_STORE)
+_STORE = "store_kv_cache"
+_MLA = "set_mla_kv_buffer"
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _selector(op: str, name: str):
+    def select(dtype: torch.dtype, cache_dtype: torch.dtype) -> tuple[str, str]:
+        cpp = float_dtype(op, name, dtype)
+        # Any other cache dtype gets the plain config, whose C++ check names the cache's dtype.
+        return (cpp, "fp8_e4m3_t" if cache_dtype == torch.float8_e4m3fn else cpp)
+
+    return select
+
+
+_STORE_KERNELS = KernelTable(_KV, "store", _selector(_STORE, "k"))
+_MLA_KERNELS = KernelTable(_KV, "mla", _selector(_MLA, "cache_k_nope"))
+# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
+_STORE_ARGS = (
+    "k", "v", "k_cache", "v_cache", "out_cache_loc", "k_scale", "v_scale", "k_scale", "v_scale", "enable_pdl",
+)  # fmt: skip
+_MLA_ARGS = ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "scale", "scale", "enable_pdl")
+
+
+def _split_scale(op: str, name: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
+    """A scale as (tensor, None), (None, float) or (None, None); a 0-d or [1, 1] tensor as [1]."""
+    if scale is None:
+        return None, None
+    if isinstance(scale, torch.Tensor):
+        return (scale.reshape(1) if scale.dim() != 1 and scale.numel() == 1 else scale), None
+    if isinstance(scale, (float, int)) and not isinstance(scale, bool):
+        return None, float(scale)
+    raise TypeError(
+        f"{op}: {name} must be a float32 tensor of one element, a float or None, got {type(scale).__name__}"
+    )
+
+
+def _check_bounds(op: str, name: str, loc: object, caches: tuple[tuple[str, object], ...]) -> None:
+    """``JIT_KERNEL_CHECK_INDICES=1``: ``loc`` against the slots of every cache; one reduction and one
+    sync. Inputs C++ will reject anyway (not a tensor, a float ``loc``) are left to it."""
+    if not isinstance(loc, torch.Tensor) or loc.dtype not in _INDEX_DTYPES or loc.dim() != 1 or loc.numel() == 0:
+        return
+    sizes = [(n, c.shape[0]) for n, c in caches if isinstance(c, torch.Tensor) and c.dim() > 0]
+    if not sizes:
+        return
+    lo, hi = torch.stack(torch.aminmax(loc)).tolist()
+    for cache_name, slots in sizes:
+        if lo >= 0 and hi < slots:
+            continue
+        bad = (loc < 0) | (loc >= slots)
+        position = int(bad.nonzero()[0, 0])
+        value = int(loc[position])
+        raise IndexError(
+            f"{op}: {name}[{position}] = {value} is out of range: it must be in [0, {slots}) ({cache_name} has "
+            f"{slots} slots)"
+        )
+
+
+def _store(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_scale_value: float | None,
+    v_scale_value: float | None,
+    enable_pdl: bool | None,
+    run: bool = True,
+) -> None:
+    try:
+        kernel = _STORE_KERNELS.get_kernel((k.dtype, k_cache.dtype), run)
+        if run:
+            if env.check_indices():
+                caches = (("k_cache", k_cache), ("v_cache", v_cache))
+                _check_bounds(_STORE, "out_cache_loc", out_cache_loc, caches)
+            kernel(k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = {
+            "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "out_cache_loc": out_cache_loc,
+            "k_scale": k_scale, "v_scale": v_scale, "enable_pdl": enable_pdl,
+        }  # fmt: skip
+        tensors = ("k", "v", "k_cache", "v_cache", "out_cache_loc", "k_scale", "v_scale")
+        explain(_STORE, error, _STORE_ARGS, values, tensors)
+        raise
+
+
+def _store_op(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    k_scale_value: float | None = None,
+    v_scale_value: float | None = None,
+    enable_pdl: bool | None = None,
+    run: bool = True,
+) -> None:
+    _store(k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl, run)
+
+
+register(_STORE, _store_op, mutates=("k_cache", "v_cache"))
+
+
+def store_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
+    enable_pdl: bool | None = None,
+) -> None:
+    """``k_cache[out_cache_loc[i]] = k[i]`` and ``v_cache[out_cache_loc[i]] = v[i]`` in one launch.
+
+    ``k``, ``v``: ``[tokens, kv_heads, head_dim]`` or ``[tokens, kv_heads * head_dim]`` (fp16, bf16 or
+    fp32; any token stride). ``k_cache``, ``v_cache``: ``[slots, kv_heads, head_dim]`` or
+    ``[slots, kv_heads * head_dim]`` in the activation dtype or ``float8_e4m3fn`` (any slot stride).
+    ``out_cache_loc``: int32/int64 ``[tokens]``. ``k_scale``, ``v_scale``: required for an fp8 cache
+    (float32 tensor of one element, or a float; the stored value is ``fp8(clamp(x / scale, -448,
+    448))``), ignored otherwise. ``enable_pdl``: programmatic dependent launch (``None``: on for
+    sm_90+). See the module docstring for out-of-range and duplicate slots."""
+    ks, ksv = _split_scale(_STORE, "k_scale", k_scale)
+    vs, vsv = _split_scale(_STORE, "v_scale", v_scale)
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.store_kv_cache(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
+    else:
+        _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
+
+
+def _mla(
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    cache_k_nope: torch.Tensor,
+    cache_k_rope: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_value: float | None,
+    enable_pdl: bool | None,
+    run: bool = True,
+) -> None:
+    try:
+        kernel = _MLA_KERNELS.get_kernel((cache_k_nope.dtype, kv_buffer.dtype), run)
+        if run:
+            if env.check_indices():
+                _check_bounds(_MLA, "loc", loc, (("kv_buffer", kv_buffer),))
+            kernel(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = {
+            "kv_buffer": kv_buffer, "loc": loc, "cache_k_nope": cache_k_nope, "cache_k_rope": cache_k_rope,
+            "scale": scale, "enable_pdl": enable_pdl,
+        }  # fmt: skip
+        explain(_MLA, error, _MLA_ARGS, values, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "scale"))
+        raise
+
+
+def _mla_op(
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    cache_k_nope: torch.Tensor,
+    cache_k_rope: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    scale_value: float | None = None,
+    enable_pdl: bool | None = None,
+    run: bool = True,
+) -> None:
+    _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl, run)
+
+
+register(_MLA, _mla_op, mutates=("kv_buffer",))
+
+
+def set_mla_kv_buffer(
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    cache_k_nope: torch.Tensor,
+    cache_k_rope: torch.Tensor,
+    *,
+    scale: torch.Tensor | float | None = None,
+    enable_pdl: bool | None = None,
+) -> None:
+    """``kv_buffer[loc[i]] = cat(cache_k_nope[i], cache_k_rope[i])`` in one launch, without the cat.
+
+    ``kv_buffer``: ``[slots, 1, Dn + Dr]`` or ``[slots, Dn + Dr]`` (e.g. 576) in the activation
+    dtype or ``float8_e4m3fn``; ``cache_k_nope``: ``[tokens, 1, Dn]`` or ``[tokens, Dn]`` (e.g. 512),
+    ``cache_k_rope``: ``[tokens, 1, Dr]`` or ``[tokens, Dr]`` (e.g. 64), both any token stride;
+    ``loc``: int32/int64 ``[tokens]``. ``scale`` (fp8 buffers only; default 1): the stored value is
+    ``fp8(clamp(x / scale, -448, 448))``."""
+    s, sv = _split_scale(_MLA, "scale", scale)
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
+    else:
+        _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
+
+
+__all__ = ["set_mla_kv_buffer", "store_kv_cache"]
