@@ -226,6 +226,19 @@ def test_bad_inputs(name: str, call, error: type[Exception], match: str) -> None
         call(op(name))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_valid_fake_calls_pass_the_checks_and_launch_nothing(name: str) -> None:
+    """The C++ checks accept what the GPU tests run (strided rows, 3-D, out=) and, given
+    FakeTensors (no data), return before any CUDA call."""
+    with fake_cuda():
+        assert op(name)(_e(4, 2 * 4096)).shape == (4, 4096)
+        strided_in = torch.empty_strided((4, 2 * 4096), (2 * 4096 + 8, 1), device="cuda", dtype=torch.bfloat16)
+        strided_out = torch.empty_strided((4, 4096), (4096 + 3, 1), device="cuda", dtype=torch.bfloat16)
+        assert op(name)(strided_in, out=strided_out) is strided_out
+        assert op(name)(_e(2, 3, 14, dtype=torch.float32), enable_pdl=False).shape == (2, 3, 7)
+        assert op(name)(_e(0, 64, dtype=torch.float16)).shape == (0, 32)
+
+
 def test_rejects_cpu_input(monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():  # the kernel (whose C++ check this is) is built for sm_90
         monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0")
