@@ -19,9 +19,10 @@ repetition) from a cache of ``max(4 * tokens, 4096)`` slots. Providers: ``jit`` 
 448).to(float8_e4m3fn)`` first; MLA: ``kv_buffer[loc] = cat(nope, rope)``), ``compile``
 (torch.compile of the eager function, one static-shape graph per shape), ``copy`` (a device copy of
 the minimal bytes) and ``flashinfer`` (``flashinfer.page.append_paged_kv_cache`` with page size 1,
-one request, ``kv_indices = loc``: the same scatter; ``mha`` only, since its fp8 path has no scale and
-its MLA append writes two separate buffers, not one 576-wide row). The "vs empty" column is the jit
-time in empty-kernel replays for up to 16 tokens.
+one request, ``kv_indices = loc``: the same scatter; for MLA ``append_paged_mla_kv_cache`` into the
+512 and 64 parts of the one buffer as strided views; each is timed only after one run matched the
+torch reference, else "n/a"; not for fp8, where FlashInfer's appends take no per-tensor scale).
+The "vs empty" column is the jit time in empty-kernel replays for up to 16 tokens.
 
 Minimal bytes: the k and v rows read once plus the cache rows written once plus the indices:
 ``tokens * (row * (elem + cache_elem) + index_bytes)``, with ``row`` = 2 * 8 * 128 for MHA (k and v)
@@ -99,20 +100,55 @@ def _torch_mla_fp8(kv_buffer, loc, nope, rope, scale) -> None:
     kv_buffer[loc] = _fp8(torch.cat([nope, rope], dim=-1), scale)
 
 
-def _flashinfer_store(k, v, k_cache, v_cache, loc) -> Callable[[], object]:
-    import flashinfer  # guarded by the caller (time_case reports a failure as n/a)
+def _checked(fn: Callable[[], object], ok: Callable[[], bool]) -> Callable[[], object]:
+    """``fn`` after one run whose result matches the torch reference: a baseline whose layout does
+    not fit (e.g. strides ignored) raises here and reads "n/a" instead of timing another operation."""
+    fn()
+    torch.cuda.synchronize()
+    if not ok():
+        raise RuntimeError("the result differs from the torch reference: this layout does not fit the baseline")
+    return fn
 
-    tokens = k.shape[0]
-    dev = k.device
-    batch = torch.zeros(tokens, dtype=torch.int32, device=dev)
-    positions = torch.arange(tokens, dtype=torch.int32, device=dev)
-    indices = loc.to(torch.int32)
-    indptr = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
-    last = torch.ones(1, dtype=torch.int32, device=dev)
-    paged = (k_cache.unsqueeze(1), v_cache.unsqueeze(1))  # [pages, page_size=1, heads, head_dim]
-    return lambda: flashinfer.page.append_paged_kv_cache(
-        k, v, batch, positions, paged, indices, indptr, last, kv_layout="NHD"
+
+def _flashinfer_args(tokens: int, loc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One request whose pages (page size 1) are the slots ``loc``: batch indices, positions,
+    kv_indices, kv_indptr, kv_last_page_len."""
+    dev = loc.device
+    return (
+        torch.zeros(tokens, dtype=torch.int32, device=dev),
+        torch.arange(tokens, dtype=torch.int32, device=dev),
+        loc.to(torch.int32),
+        torch.tensor([0, tokens], dtype=torch.int32, device=dev),
+        torch.ones(1, dtype=torch.int32, device=dev),
     )
+
+
+def _flashinfer_store(k, v, k_cache, v_cache, loc) -> Callable[[], object]:
+    import flashinfer  # may be missing: time_case reports the failure as n/a
+
+    batch, positions, indices, indptr, last = _flashinfer_args(k.shape[0], loc)
+    paged = (k_cache.unsqueeze(1), v_cache.unsqueeze(1))  # [pages, page_size=1, heads, head_dim]
+
+    def fn() -> None:
+        flashinfer.page.append_paged_kv_cache(k, v, batch, positions, paged, indices, indptr, last, kv_layout="NHD")
+
+    return _checked(fn, lambda: torch.equal(k_cache[loc], k) and torch.equal(v_cache[loc], v))
+
+
+def _flashinfer_mla(kv_buffer, loc, nope, rope) -> Callable[[], object]:
+    """``append_paged_mla_kv_cache`` into the 512 and 64 parts of the one 576-wide buffer (strided
+    views); it counts only if the result matches (see ``_checked``)."""
+    import flashinfer
+
+    batch, positions, indices, indptr, last = _flashinfer_args(nope.shape[0], loc)
+    ckv, kpe = kv_buffer[..., :NOPE], kv_buffer[..., NOPE:]  # [pages, page_size=1, 512 | 64]
+
+    def fn() -> None:
+        flashinfer.page.append_paged_mla_kv_cache(
+            nope[:, 0], rope[:, 0], batch, positions, ckv, kpe, indices, indptr, last
+        )
+
+    return _checked(fn, lambda: torch.equal(kv_buffer[loc], torch.cat([nope, rope], dim=-1)))
 
 
 def store_case(provider: str, tokens: int, case: str, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
@@ -159,7 +195,9 @@ def store_case(provider: str, tokens: int, case: str, device: str = DEFAULT_DEVI
             compiled = compile_static(fn)
             return lambda: compiled(kv_buffer, loc, nope, rope, *scale)
         if provider == "flashinfer":
-            raise NotImplementedError("FlashInfer's MLA append writes two buffers, not one 576-wide row")
+            if fp8:
+                raise NotImplementedError("FlashInfer's MLA append has no per-tensor scale")
+            return _flashinfer_mla(kv_buffer, loc, nope, rope)
     raise ValueError(f"unknown provider {provider!r}; known: {list(PROVIDERS)}")
 
 
@@ -177,7 +215,7 @@ def store_case(provider: str, tokens: int, case: str, device: str = DEFAULT_DEVI
     ]
 )
 def bench_kv_store(tokens: int, case: str, provider: str) -> float:
-    if provider == "flashinfer" and case != "mha":
+    if provider == "flashinfer" and case.endswith("fp8"):
         return float("nan")  # no such operation (see the module docstring); nothing to time
     return RESULTS.time(("kv_store", case, tokens), provider, lambda: store_case(provider, tokens, case))
 
