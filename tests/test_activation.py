@@ -68,7 +68,7 @@ def test_act_and_mul(name: str, dtype: torch.dtype, d: int, tokens: int) -> None
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("tokens", "d"),
-    # Blocks that loop over tokens (4096 x 4097 and 16383 x 4096: the last pair of a loop is
+    # Blocks that loop over tokens (4097 and 16383 tokens of d 4096: the last pair of a loop is
     # half-empty), many tokens of short rows (several tokens per block), and both of them unaligned.
     [(4097, 4096), (16383, 4096), (100000, 64), (3001, 7), (2049, 1000)],
 )
