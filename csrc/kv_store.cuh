@@ -12,10 +12,11 @@
 // tensor, a cache a view of a [layers, slots, ...] buffer). Config = (activation dtype, cache dtype);
 // row widths, strides and the index dtype are run-time, so one translation unit serves every model.
 //
-// Work split: one warp per (token, stream) row task, stream 0 = K (or MLA's nope part), stream 1 = V
-// (or the rope part, written into the same buffer row at offset Dn). Each lane moves 16-byte input
-// vectors, kUnroll of them in flight before any store. A row that is not made of aligned vectors (width,
-// pointer or stride not a multiple of the vector) takes the scalar instance of the same kernel.
+// Work split: stream 0 = K (or MLA's nope part), stream 1 = V (or the rope part, written into the same
+// buffer row at offset Dn). One warp per (token, stream) row, or, when a token's two rows together
+// are at most kUnroll vectors per lane (MLA 512 + 64 bf16), one warp per token for both. Each lane
+// moves 16-byte input vectors, kUnroll of them in flight before any store. A row that is not made of aligned vectors
+// (width, pointer or stride not a multiple of the vector) takes the scalar instance of the same kernel.
 //
 // Indices: a slot outside [0, num_slots) is skipped in the kernel (no fault, nothing written for that
 // row); the Python layer raises IndexError for it first under JIT_KERNEL_CHECK_INDICES=1. Duplicate
@@ -44,7 +45,8 @@ namespace jit_kernel::kv_store {
 
 inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
 inline constexpr uint32_t kTasksPerBlock = kThreads / 32;
-inline constexpr int kUnroll = 4;  // vectors per lane in flight
+inline constexpr int kUnroll = 4;     // vectors per lane in flight
+inline constexpr int kMinBlocks = 4;  // <= 64 registers: 32 warps per SM, 64 KiB of loads in flight
 inline constexpr float kFp8Max = 448.f;
 
 // One stream of rows: source row `i` goes to destination row `loc[i]`.
@@ -64,49 +66,98 @@ struct Params {
   const void* loc;
   int64_t loc_stride;
   int64_t num_tokens;
+  bool joint;  // one task per token for both streams (short rows), else one per token and stream
 };
 
 template <typename C>
 inline constexpr bool kIsFp8 = std::is_same_v<C, fp8_e4m3_t>;
 
+template <typename C>
+SGL_DEVICE float stream_scale(const Stream& s) {
+  if constexpr (kIsFp8<C>) return s.scale != nullptr ? *s.scale : s.scale_value;
+  return 1.f;
+}
+
+// x / s for the fp8 store, from inv = 1 / s: one product and one FMA correction, the rounding of
+// IEEE x / s in the ranges that reach fp8 (no divide subroutine per element: fewer registers).
+SGL_DEVICE float divide(float x, float s, float inv) {
+  const float q = x * inv;
+  return fmaf(fmaf(-q, s, x), inv, q);
+}
+
+SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
+  return slot >= 0 && slot < s.num_slots;
+}
+
+// One warp per task. Split mode (p.joint false): task 2 * token + j is row `token` of stream j.
+// Joint mode: task `token` moves the token's rows of both streams, as one run of vectors (stream 0's,
+// then stream 1's), so that short rows (MLA's 64-wide rope part) keep every lane busy.
 template <typename T, typename C, typename Idx, int kN>
-__global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __grid_constant__ Params p) {
   using InVec = device::AlignedVector<T, kN>;
   using OutVec = device::AlignedVector<C, kN>;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
-  if (task >= 2 * p.num_tokens) return;
-  const int64_t token = task >> 1;
-  const Stream& s = p.stream[task & 1];
+  if (task >= (p.joint ? p.num_tokens : 2 * p.num_tokens)) return;
+  const int64_t token = p.joint ? task : task >> 1;
   const auto slot = static_cast<int64_t>(static_cast<const Idx*>(p.loc)[token * p.loc_stride]);
-  if (slot < 0 || slot >= s.num_slots) return;  // out of range: skipped (see the top of this file)
-  const T* src = static_cast<const T*>(s.src) + token * s.src_stride;
-  C* dst = static_cast<C*>(s.dst) + slot * s.dst_stride;
-  float scale = 1.f;
-  if constexpr (kIsFp8<C>) scale = s.scale != nullptr ? *s.scale : s.scale_value;
-  const int64_t nvec = s.width / kN;
-  for (int64_t base = lane; base < nvec; base += 32 * kUnroll) {
+  // The rows to write, first then second (nullptr: none); a slot out of a stream's range skips it.
+  const Stream* first = nullptr;
+  const Stream* second = nullptr;
+  if (p.joint) {
+    const bool ok0 = in_range(slot, p.stream[0]);
+    const bool ok1 = in_range(slot, p.stream[1]);
+    first = ok0 ? &p.stream[0] : (ok1 ? &p.stream[1] : nullptr);
+    second = ok0 && ok1 ? &p.stream[1] : nullptr;
+  } else {
+    const Stream& s = p.stream[task & 1];
+    first = in_range(slot, s) ? &s : nullptr;
+  }
+  if (first == nullptr) return;  // out of range: skipped (see the top of this file)
+  const T* src0 = static_cast<const T*>(first->src) + token * first->src_stride;
+  C* dst0 = static_cast<C*>(first->dst) + slot * first->dst_stride;
+  const float scale0 = stream_scale<C>(*first);
+  const int64_t n0 = first->width / kN;
+  const T* src1 = src0;
+  C* dst1 = dst0;
+  float scale1 = scale0;
+  int64_t total = n0;
+  if (second != nullptr) {
+    src1 = static_cast<const T*>(second->src) + token * second->src_stride;
+    dst1 = static_cast<C*>(second->dst) + slot * second->dst_stride;
+    scale1 = stream_scale<C>(*second);
+    total += second->width / kN;
+  }
+  const float inv0 = 1.f / scale0;
+  const float inv1 = 1.f / scale1;
+  for (int64_t base = lane; base < total; base += 32 * kUnroll) {
     InVec x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * 32 < nvec) x[u].load(src, base + u * 32);
+      const int64_t i = base + u * 32;
+      if (i < total) x[u].load(i < n0 ? src0 : src1, i < n0 ? i : i - n0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * 32 >= nvec) continue;
+      const int64_t i = base + u * 32;
+      if (i >= total) continue;
+      C* dst = i < n0 ? dst0 : dst1;
+      const int64_t j = i < n0 ? i : i - n0;
       if constexpr (kIsFp8<C>) {
+        const float scale = i < n0 ? scale0 : scale1;
+        const float inv = i < n0 ? inv0 : inv1;
         OutVec y;
 #pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          const float v = dtype_trait<fp32_t>::from(x[u][j]) / scale;
-          y[j] = C(fminf(fmaxf(v, -kFp8Max), kFp8Max));
+        for (int e = 0; e < kN; ++e) {
+          const float v = divide(dtype_trait<fp32_t>::from(x[u][e]), scale, inv);
+          y[e] = C(fminf(fmaxf(v, -kFp8Max), kFp8Max));
         }
-        y.store(dst, base + u * 32);
+        y.store(dst, j);
       } else {
         static_assert(std::is_same_v<T, C>, "a plain cache has the activation dtype");
-        x[u].store(dst, base + u * 32);
+        x[u].store(dst, j);
       }
     }
   }
@@ -252,7 +303,8 @@ struct KvStore {
 
   template <typename Idx>
   static void launch_idx(const Params& p, bool vec, DLDevice dev, bool pdl) {
-    const auto blocks = static_cast<uint32_t>(host::div_ceil(2 * p.num_tokens, int64_t{kTasksPerBlock}));
+    const int64_t tasks = p.joint ? p.num_tokens : 2 * p.num_tokens;
+    const auto blocks = static_cast<uint32_t>(host::div_ceil(tasks, int64_t{kTasksPerBlock}));
     host::LaunchKernel(blocks, kThreads, dev)
         .enable_pdl(pdl)(vec ? store_kernel<T, C, Idx, kVec> : store_kernel<T, C, Idx, 1>, p);
   }
@@ -261,6 +313,10 @@ struct KvStore {
     const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
     if (p.num_tokens == 0) return;
     const bool vec = vector_ok(p.stream[0]) && vector_ok(p.stream[1]);
+    // Both rows in one warp when they fill at most one round of kUnroll vectors per lane together
+    // (MLA's 512 + 64: 72 vectors); longer rows get a warp each (8 x 128 heads: 2 x 128 vectors).
+    const int kn = vec ? kVec : 1;
+    p.joint = (p.stream[0].width + p.stream[1].width) / kn <= 32 * kUnroll;
     if (host::is_type<int32_t>(loc_dtype)) {
       launch_idx<int32_t>(p, vec, dev, pdl);
     } else {

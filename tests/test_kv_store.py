@@ -257,6 +257,23 @@ def test_store_out_of_range_is_skipped(monkeypatch: pytest.MonkeyPatch, index_dt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("heads", "head_dim"), [(1, 64), (8, 128)], ids=["one_warp_per_token", "warp_per_row"])
+def test_store_caches_of_different_sizes(monkeypatch: pytest.MonkeyPatch, heads: int, head_dim: int) -> None:
+    """k_cache with 10 slots, v_cache with 20: slot 15 is written in v_cache only (short rows take the
+    one-warp-per-token path, long rows a warp per row: both must skip per cache)."""
+    monkeypatch.delenv(CHECK, raising=False)
+    k, v = _fused_kv(4, heads, head_dim, torch.bfloat16)
+    kbuf, kc = _cache("plain", 10, heads, head_dim, torch.bfloat16)
+    vbuf, vc = _cache("plain", 20, heads, head_dim, torch.bfloat16)
+    loc = torch.tensor([15, 2, 19, 9], device="cuda", dtype=torch.int32)
+    ref_k, ref_v = _ref_store(kbuf, lambda b: b, k, loc, 1.0), _ref_store(vbuf, lambda b: b, v, loc, 1.0)
+    jit_kernel.store_kv_cache(k, v, kc, vc, loc)
+    torch.cuda.synchronize()
+    assert_buffers(kbuf, ref_k)
+    assert_buffers(vbuf, ref_v)
+
+
+@pytest.mark.gpu
 def test_store_out_of_range_with_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CHECK, "1")
     k, v = _fused_kv(4, 2, 64, torch.bfloat16)
