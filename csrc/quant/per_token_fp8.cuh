@@ -1,0 +1,225 @@
+// per_token_quant_fp8: one float32 scale per row of `[num_tokens, hidden]`, values in fp8 e4m3.
+//
+// Dynamic mode: scale[r] = absmax(row r) / 448, q = fp8(x * (1 / scale[r])). A row whose absmax is 0
+// (all zeros) gets scale 0 and q 0 (no guarded minimum: a zero scale dequantises to exactly 0).
+// Static mode: one per-tensor scale is read from `output_s` (shape (1,)); a zero scale gives q 0.
+//
+// Non-finite inputs (the same rules in per_token_group_fp8.cuh): the absmax is taken with fmaxf,
+// which ignores NaN, so a NaN element does not change its row's scale and quantises to NaN; an
+// infinite element makes the scale inf, so the row's finite elements quantise to 0 and the
+// infinite ones to NaN (inf * 0). The fp8 conversion saturates finite values to +-448 (SATFINITE).
+//
+// One CTA per row (any row count, one small launch for decode sizes): each thread keeps up to
+// kHeld 16-byte vectors of its row in registers (about two each, see `threads_for`), so the row is
+// read from HBM once; rows wider than kHeld vectors per thread stream the rest and re-read it (from
+// L2) to quantise. Rows that are not whole aligned 16-byte vectors take the scalar kernel (kN = 1).
+#pragma once
+
+#include <sgl_kernel/cta.cuh>
+#include <sgl_kernel/ffi.h>
+#include <sgl_kernel/runtime.cuh>
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/type.cuh>
+#include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/utils.h>
+#include <sgl_kernel/vec.cuh>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cuda_fp8.h>
+
+namespace jit_kernel::token_quant {
+
+inline constexpr float kFp8Max = 448.f;
+
+template <typename T>
+inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+SGL_DEVICE float to_float(T x) {
+  return dtype_trait<fp32_t>::from(x);
+}
+
+template <typename T, std::size_t kN>
+SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
+#pragma unroll
+  for (std::size_t j = 0; j < kN; ++j) m = fmaxf(m, fabsf(to_float(x[j])));
+  return m;
+}
+
+// 1 / scale, and 0 for a zero scale (a zero row, or a zero static scale): q is then 0, not NaN.
+SGL_DEVICE float inverse(float scale) {
+  return scale > 0.f ? 1.f / scale : 0.f;
+}
+
+// Stores y[0..kN) (already scaled) as kN fp8 values at out[0..kN): pairs through the packed
+// conversion (cvt.rn.satfinite.e4m3x2.f32), one kN-byte store when `aligned`, else byte by byte.
+// SATFINITE: finite values beyond +-448 saturate, NaN stays NaN.
+template <int kN>
+SGL_DEVICE void store_fp8(fp8_e4m3_t* out, const float (&y)[kN], bool aligned = true) {
+  if constexpr (kN == 1) {
+    *reinterpret_cast<__nv_fp8_storage_t*>(out) = __nv_cvt_float_to_fp8(y[0], __NV_SATFINITE, __NV_E4M3);
+  } else {
+    device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) {
+      packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
+    }
+    if (aligned) {
+      packed.store(out);
+    } else {
+      auto* bytes = reinterpret_cast<uint8_t*>(out);
+#pragma unroll
+      for (int j = 0; j < kN / 2; ++j) {
+        bytes[2 * j] = static_cast<uint8_t>(packed[j] & 0xff);
+        bytes[2 * j + 1] = static_cast<uint8_t>(packed[j] >> 8);
+      }
+    }
+  }
+}
+
+// Quantises vector `x` and stores it as fp8 vector number `v` of `out`.
+template <typename T, std::size_t kN>
+SGL_DEVICE void quantise_vec(fp8_e4m3_t* out, int64_t v, const device::AlignedVector<T, kN>& x, float inv_scale) {
+  float y[kN];
+#pragma unroll
+  for (std::size_t j = 0; j < kN; ++j) y[j] = to_float(x[j]) * inv_scale;
+  store_fp8<static_cast<int>(kN)>(out + v * static_cast<int64_t>(kN), y);
+}
+
+inline constexpr int kRowMaxThreads = 1024;
+inline constexpr int kHeld = 4;  // vectors per thread kept in registers
+
+// One CTA per row. kStatic: the scale is `*static_scale`; else absmax / 448, stored to s[row].
+template <typename T, int kN, bool kStatic>
+__global__ void __launch_bounds__(kRowMaxThreads) per_token_kernel(
+    fp8_e4m3_t* __restrict__ q,
+    float* __restrict__ s,
+    const float* __restrict__ static_scale,
+    const T* __restrict__ in,
+    int64_t in_stride,
+    int64_t d) {
+  using Vec = device::AlignedVector<T, kN>;
+  __shared__ float smem[32];
+  const int64_t row = blockIdx.x;
+  const T* x = in + row * in_stride;
+  fp8_e4m3_t* y = q + row * d;
+  const int64_t nvec = d / kN;  // kN divides d (the launcher picks kN = 1 otherwise)
+  const int64_t tid = threadIdx.x;
+  const int64_t step = blockDim.x;
+  device::PDLWaitPrimary();
+  Vec held[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    if (tid + k * step < nvec) held[k].load(x, tid + k * step);
+  }
+  float inv_scale;
+  if constexpr (kStatic) {
+    inv_scale = inverse(*static_scale);
+  } else {
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      if (tid + k * step < nvec) m = absmax_vec(m, held[k]);
+    }
+    for (int64_t v = tid + kHeld * step; v < nvec; v += step) {
+      Vec t;
+      t.load(x, v);
+      m = absmax_vec(m, t);
+    }
+    m = device::cta::all_reduce_max(m, smem);
+    const float scale = m / kFp8Max;
+    if (tid == 0) s[row] = scale;
+    inv_scale = inverse(scale);
+  }
+  device::PDLTriggerSecondary();
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    if (tid + k * step < nvec) quantise_vec(y, tid + k * step, held[k], inv_scale);
+  }
+  for (int64_t v = tid + kHeld * step; v < nvec; v += step) {
+    Vec t;
+    t.load(x, v);
+    quantise_vec(y, v, t, inv_scale);
+  }
+}
+
+// About two vectors per thread (H100 rmsnorm, the same row shape: 2 per thread beat 1, and 3-4
+// cost 8-14%), 32..1024 threads.
+inline uint32_t threads_for(int64_t nvec) {
+  const int64_t half = (nvec + 1) / 2;
+  return static_cast<uint32_t>(std::clamp<int64_t>((half + 31) / 32 * 32, 32, kRowMaxThreads));
+}
+
+template <typename T>
+struct PerTokenQuantFp8 {
+  // q = fp8(input * (1 / scale)), scale[r] = absmax(input[r]) / 448 into output_s ([N, 1]).
+  static void dynamic(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    auto N = SymbolicSize{"num_tokens"};
+    auto D = SymbolicSize{"hidden_size"};
+    auto device = SymbolicDevice{};
+    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
+    TensorMatcher({N, 1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
+    launch<false>(output_q, static_cast<float*>(output_s.data_ptr()), nullptr, input, device.unwrap(), enable_pdl);
+  }
+
+  // q = fp8(input * (1 / output_s[0])): output_s holds one per-tensor scale, shape (1,).
+  static void static_scale(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    auto N = SymbolicSize{"num_tokens"};
+    auto D = SymbolicSize{"hidden_size"};
+    auto device = SymbolicDevice{};
+    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
+    TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
+    launch<true>(output_q, nullptr, static_cast<const float*>(output_s.data_ptr()), input, device.unwrap(), enable_pdl);
+  }
+
+ private:
+  template <bool kStatic>
+  static void launch(
+      tvm::ffi::TensorView output_q,
+      float* s,
+      const float* static_scale,
+      tvm::ffi::TensorView input,
+      DLDevice dev,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    const int64_t n = input.size(0);
+    const int64_t d = input.size(1);
+    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
+    RuntimeCheck(n < (int64_t{1} << 31), "per_token_quant_fp8: at most 2^31 - 1 rows, got ", n);
+    if (n == 0) return;
+    auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
+    const auto* x = static_cast<const T*>(input.data_ptr());
+    const int64_t stride = input.stride(0);
+    constexpr int kN = kVec<T>;
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % kN == 0 &&
+                     d % kN == 0 && (n == 1 || (stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+    const auto grid = static_cast<uint32_t>(n);
+    if (vec) {
+      LaunchKernel(grid, threads_for(d / kN), dev)
+          .enable_pdl(pdl)(per_token_kernel<T, kN, kStatic>, q, s, static_scale, x, stride, d);
+    } else {
+      LaunchKernel(grid, threads_for(d), dev)
+          .enable_pdl(pdl)(per_token_kernel<T, 1, kStatic>, q, s, static_scale, x, stride, d);
+    }
+  }
+};
+
+}  // namespace jit_kernel::token_quant

@@ -1,0 +1,277 @@
+// per_token_group_quant_fp8 and silu_and_mul_per_token_group_quant_fp8: one float32 scale per group
+// of `group_size` (64 or 128) consecutive elements of a row, values in fp8 e4m3.
+//
+// scale = max(absmax(group), eps) / 448, rounded up to a power of two when `scale_ue8m0` (the
+// scale stays a float32, whose value is a power of two); q = fp8(x * (1 / scale)). An all-zero
+// group gets scale eps / 448 (0 with eps = 0) and q 0. Non-finite inputs follow
+// per_token_fp8.cuh: NaN is ignored by the absmax and quantises to NaN; an inf makes the scale inf,
+// the group's finite elements 0 and the infinite ones NaN.
+//
+// The fused export reads `[num_tokens, 2 * d]` (gate, then up), computes
+// a = T(silu(gate) * up), computed in fp32 with silu_and_mul's expression (see `silu`) and rounded
+// to the input dtype T, so that it equals silu_and_mul followed by the group quant bit for bit; then
+// quantises `a` by groups: one read of the input, one write of q and the scales.
+//
+// Layout of the work: a group is kLanes = group_size / (16 / sizeof(T)) lanes of one warp, one
+// 16-byte vector each (bf16, 128: 16 lanes); its absmax is a shuffle reduction across those lanes
+// (no shared memory, no barrier). A 256-thread CTA covers kUnroll consecutive slices of
+// 256 / kLanes groups, every load of a thread issued before any use. Groups are numbered row-major,
+// so the lanes of a warp read consecutive memory within a row. The scales go to
+// s[row * s_row_stride + group * s_col_stride]: row-major, column-major ([groups, tokens] buffer
+// seen transposed, as DeepGEMM-style GEMMs read them) or any padded variant of either.
+#pragma once
+
+#include "per_token_fp8.cuh"
+
+#include <cmath>
+
+namespace jit_kernel::token_quant {
+
+inline constexpr int kGroupThreads = 256;
+
+struct GroupParams {
+  const void* in;
+  int64_t in_stride;  // elements between rows of the input
+  int64_t up_offset;  // fused: elements from gate to up within a row (d)
+  fp8_e4m3_t* q;
+  int64_t q_stride;  // elements between rows of q (d)
+  float* s;
+  int64_t s_row_stride;
+  int64_t s_col_stride;
+  uint32_t groups_per_row;
+  uint32_t total_groups;
+  float eps;
+  bool ue8m0;
+  bool aligned;  // input rows and q are whole, aligned 16-byte (q: kN-byte) vectors
+};
+
+template <typename T, int kGroup, bool kFused>
+struct GroupShape {
+  static constexpr int kN = kVec<T>;
+  static constexpr int kLanes = kGroup / kN;
+  static_assert(kGroup % kN == 0 && kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0);
+  static constexpr int kGroupsPerSlice = kGroupThreads / kLanes;
+  // Vectors in flight per thread: 4 (fused: 2 slices of gate and up, also 4).
+  static constexpr int kUnroll = kFused ? 2 : 4;
+  static constexpr int kGroupsPerBlock = kGroupsPerSlice * kUnroll;
+};
+
+// silu(x) = x / (1 + e^-x) in the expression of csrc/activation.cuh's silu_and_mul (the fast
+// intrinsics __expf and __fdividef; -0 for x < -88), so that the fused op equals silu_and_mul followed
+// by the group quant bit for bit. Keep the two in step.
+SGL_DEVICE float silu(float x) {
+  return __fdividef(x, 1.f + __expf(-x));
+}
+
+// The smallest power of two >= s (s >= 0, finite or inf): the exponent rounded up, mantissa 0. A
+// subnormal s gives 2^-126, a value above the largest power of two gives inf.
+SGL_DEVICE float round_up_pow2(float s) {
+  uint32_t bits = __float_as_uint(s);
+  if (bits & 0x7fffffu) bits = (bits + 0x800000u) & 0xff800000u;
+  return __uint_as_float(bits);
+}
+
+template <typename Vec, typename T>
+SGL_DEVICE void load_vec(Vec& v, const T* p, bool aligned) {
+  if (aligned) {
+    v.load(p);
+  } else {
+#pragma unroll
+    for (std::size_t j = 0; j < Vec::size(); ++j) v[j] = p[j];
+  }
+}
+
+template <typename T, int kGroup, bool kFused>
+__global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const GroupParams p) {
+  using K = GroupShape<T, kGroup, kFused>;
+  using Vec = device::AlignedVector<T, K::kN>;
+  const uint32_t lane = threadIdx.x % K::kLanes;
+  const uint32_t first = blockIdx.x * K::kGroupsPerBlock + threadIdx.x / K::kLanes;
+  const T* in = static_cast<const T*>(p.in);
+
+  uint32_t row[K::kUnroll], col[K::kUnroll];
+#pragma unroll
+  for (int u = 0; u < K::kUnroll; ++u) {
+    const uint32_t gid = first + u * K::kGroupsPerSlice;
+    row[u] = gid / p.groups_per_row;
+    col[u] = gid - row[u] * p.groups_per_row;
+  }
+  auto valid = [&](int u) { return first + u * K::kGroupsPerSlice < p.total_groups; };
+  auto in_offset = [&](int u) {
+    return static_cast<int64_t>(row[u]) * p.in_stride + static_cast<int64_t>(col[u]) * kGroup + lane * K::kN;
+  };
+
+  device::PDLWaitPrimary();
+  Vec x[K::kUnroll];
+  [[maybe_unused]] Vec up[K::kUnroll];
+#pragma unroll
+  for (int u = 0; u < K::kUnroll; ++u) {
+    if (valid(u)) {
+      load_vec(x[u], in + in_offset(u), p.aligned);
+      if constexpr (kFused) load_vec(up[u], in + in_offset(u) + p.up_offset, p.aligned);
+    }
+  }
+  device::PDLTriggerSecondary();
+
+  float v[K::kUnroll][K::kN];
+#pragma unroll
+  for (int u = 0; u < K::kUnroll; ++u) {
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < K::kN; ++j) {
+      if constexpr (kFused) {
+        // Rounded to T as silu_and_mul stores it, then read back.
+        v[u][j] = to_float(dtype_trait<T>::from(silu(to_float(x[u][j])) * to_float(up[u][j])));
+      } else {
+        v[u][j] = to_float(x[u][j]);
+      }
+      m = fmaxf(m, fabsf(v[u][j]));
+    }
+    if (!valid(u)) m = 0.f;  // unloaded registers; every lane still takes part in the shuffles
+#pragma unroll
+    for (int offset = K::kLanes / 2; offset > 0; offset /= 2) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    }
+    float scale = fmaxf(m, p.eps) / kFp8Max;
+    if (p.ue8m0) scale = round_up_pow2(scale);
+    const float inv_scale = inverse(scale);
+    if (!valid(u)) continue;
+    if (lane == 0) {
+      p.s[static_cast<int64_t>(row[u]) * p.s_row_stride + static_cast<int64_t>(col[u]) * p.s_col_stride] = scale;
+    }
+#pragma unroll
+    for (int j = 0; j < K::kN; ++j) v[u][j] *= inv_scale;
+    store_fp8<K::kN>(
+        p.q + static_cast<int64_t>(row[u]) * p.q_stride + static_cast<int64_t>(col[u]) * kGroup + lane * K::kN,
+        v[u],
+        p.aligned);
+  }
+}
+
+template <typename T>
+struct PerTokenGroupQuantFp8 {
+  // output_q [N, D] fp8, output_s [N, D / group_size] fp32 (row- or column-major strides), input [N, D].
+  static void quant(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      int64_t group_size,
+      double eps,
+      bool scale_ue8m0,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    run<false>("per_token_group_quant_fp8", output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl);
+  }
+
+  // output_q [N, d] fp8 = group quant of T(silu(input[:, :d]) * input[:, d:]), input [N, 2d].
+  static void silu_and_mul_quant(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      int64_t group_size,
+      double eps,
+      bool scale_ue8m0,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    run<true>(
+        "silu_and_mul_per_token_group_quant_fp8", output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl);
+  }
+
+ private:
+  template <bool kFused>
+  static void run(
+      const char* op,
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      int64_t group_size,
+      double eps,
+      bool scale_ue8m0,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    auto N = SymbolicSize{"num_tokens"};
+    auto D = SymbolicSize{"input_size"};
+    auto IS = SymbolicSize{"input_row_stride"};
+    auto H = SymbolicSize{"hidden_size"};
+    auto G = SymbolicSize{"num_groups"};
+    auto S0 = SymbolicSize{"scale_stride_0"};
+    auto S1 = SymbolicSize{"scale_stride_1"};
+    auto device = SymbolicDevice{};
+    TensorMatcher({N, D}).with_strides({IS, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    RuntimeCheck(group_size == 64 || group_size == 128, op, ": group_size must be 64 or 128, got ", group_size);
+    const int64_t d_in = D.unwrap();
+    if constexpr (kFused) {
+      RuntimeCheck(
+          d_in % 2 == 0,
+          op,
+          ": the last dimension of input (",
+          d_in,
+          ") must be even: [num_tokens, 2 * d], gate then up");
+    }
+    const int64_t hidden = kFused ? d_in / 2 : d_in;
+    RuntimeCheck(
+        hidden % group_size == 0,
+        op,
+        ": the last dimension of ",
+        kFused ? "input / 2" : "input",
+        " (",
+        hidden,
+        ") must be a multiple of group_size (",
+        group_size,
+        ")");
+    RuntimeCheck(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+    H.set_value(hidden);
+    G.set_value(hidden / group_size);
+    TensorMatcher({N, H}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
+    TensorMatcher({N, G}).with_strides({S0, S1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(
+        output_s, "output_s");
+    const int64_t n = N.unwrap();
+    const int64_t g = G.unwrap();
+    const int64_t s0 = S0.unwrap();
+    const int64_t s1 = S1.unwrap();
+    const bool row_major = (g <= 1 || s1 == 1) && (n <= 1 || s0 >= g);
+    const bool col_major = (n <= 1 || s0 == 1) && (g <= 1 || s1 >= n);
+    RuntimeCheck(
+        row_major || col_major,
+        op,
+        ": output_s must be row-major (strides (>= num_groups, 1)) or column-major (strides (1, >= num_tokens)), "
+        "got strides (",
+        s0,
+        ", ",
+        s1,
+        ")");
+    RuntimeCheck(n * g < (int64_t{1} << 31), op, ": at most 2^31 - 1 groups, got ", n * g);
+    const DLDevice dev = device.unwrap();
+    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
+    if (n * g == 0) return;
+
+    GroupParams p{};
+    p.in = input.data_ptr();
+    p.in_stride = IS.unwrap();
+    p.up_offset = kFused ? hidden : 0;
+    p.q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
+    p.q_stride = hidden;
+    p.s = static_cast<float*>(output_s.data_ptr());
+    p.s_row_stride = s0;
+    p.s_col_stride = s1;
+    p.groups_per_row = static_cast<uint32_t>(g);
+    p.total_groups = static_cast<uint32_t>(n * g);
+    p.eps = static_cast<float>(eps);
+    p.ue8m0 = scale_ue8m0;
+    constexpr int kN = kVec<T>;
+    p.aligned = reinterpret_cast<uintptr_t>(p.in) % 16 == 0 && reinterpret_cast<uintptr_t>(p.q) % kN == 0 &&
+                (n == 1 || (p.in_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+    if (group_size == 64) {
+      launch<64, kFused>(p, dev, pdl);
+    } else {
+      launch<128, kFused>(p, dev, pdl);
+    }
+  }
+
+  template <int kGroup, bool kFused>
+  static void launch(const GroupParams& p, DLDevice dev, bool pdl) {
+    using K = GroupShape<T, kGroup, kFused>;
+    const auto blocks = static_cast<uint32_t>(host::div_ceil(int64_t{p.total_groups}, int64_t{K::kGroupsPerBlock}));
+    host::LaunchKernel(blocks, kGroupThreads, dev).enable_pdl(pdl)(per_token_group_kernel<T, kGroup, kFused>, p);
+  }
+};
+
+}  // namespace jit_kernel::token_quant

@@ -1,0 +1,327 @@
+"""Per-token and per-token-group fp8 quantisation, and silu_and_mul fused with the group quant.
+
+- ``per_token_quant_fp8``: one float32 scale per row (token). Dynamic (the default):
+  ``s[r] = absmax(x[r]) / 448`` and ``q = fp8(x * (1 / s[r]))``; an all-zero row gets scale 0 and q 0
+  (no guarded minimum: the scale dequantises the row to exactly 0, and q stays finite). Static
+  (``is_static=True``): ``output_s`` holds one per-tensor scale (shape ``(1,)``), as in
+  :func:`jit_kernel.per_tensor_quant_fp8`; a zero scale gives q 0.
+- ``per_token_group_quant_fp8``: one float32 scale per group of ``group_size`` (64 or 128)
+  consecutive elements of a row, ``s = max(absmax(group), eps) / 448`` (SGLang's
+  ``sglang_per_token_group_quant_fp8`` / sgl-kernel ``per_token_group_quant_8bit``), rounded up to a
+  power of two with ``scale_ue8m0=True`` (the scales stay float32, each a power of two; sgl-kernel
+  packs them as uint8 exponents in an int32 TMA layout, which we do not). Scales are row-major
+  ``[..., hidden // group_size]``, or with ``column_major_scales=True`` a ``[hidden // group_size,
+  tokens]`` buffer returned transposed (what DeepGEMM-style GEMMs read). A given ``output_s`` may
+  have any row- or column-major strides (a TMA-aligned, padded buffer too); its strides, not
+  ``column_major_scales``, decide where the scales go.
+- ``silu_and_mul_per_token_group_quant_fp8``: ``input [..., 2 * d]`` (gate, then up);
+  ``a = T(silu(gate) * up)`` computed in fp32 with :func:`jit_kernel.silu_and_mul`'s expression
+  (``g / (1 + e^-g)`` through the fast ``__expf`` / ``__fdividef``, within a few fp32 ulps of torch's
+  ``F.silu``) and rounded to the input dtype ``T``, then group-quantised: bit for bit what
+  ``silu_and_mul`` followed by ``per_token_group_quant_fp8`` computes, in one launch (one read of the
+  input, one write of q and the scales).
+
+Non-finite inputs, in every op: NaN is ignored by the absmax (fmaxf) and quantises to NaN; an inf
+makes its row's (group's) scale inf, its finite elements quantise to 0 and the infinite ones to NaN.
+Finite values never quantise beyond +-448.
+
+Every op is also ``torch.ops.jit_kernel.<name>`` (fake implementations, mutated outputs declared);
+the functions switch to those under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jit_kernel.dispatch import Dispatcher
+from jit_kernel.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
+
+FP8_E4M3_MAX = 448.0
+_TOKEN_OP = "per_token_quant_fp8"
+_GROUP_OP = "per_token_group_quant_fp8"
+_FUSED_OP = "silu_and_mul_per_token_group_quant_fp8"
+
+_TOKEN = Dispatcher(PER_TOKEN_QUANT_FP8)
+_GROUP = Dispatcher(PER_TOKEN_GROUP_QUANT_FP8)
+_TOKEN_KERNELS = {
+    False: KernelTable(_TOKEN, "dynamic", lambda dtype: (float_dtype(_TOKEN_OP, "input", dtype),)),
+    True: KernelTable(_TOKEN, "static", lambda dtype: (float_dtype(_TOKEN_OP, "input", dtype),)),
+}
+_GROUP_KERNELS = {
+    False: KernelTable(_GROUP, "quant", lambda dtype: (float_dtype(_GROUP_OP, "input", dtype),)),
+    True: KernelTable(_GROUP, "silu_and_mul_quant", lambda dtype: (float_dtype(_FUSED_OP, "input", dtype),)),
+}
+# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
+_TOKEN_ARGS = ("output_q", "output_s", "input", "enable_pdl")
+_GROUP_ARGS = ("output_q", "output_s", "input", "group_size", "eps", "scale_ue8m0", "enable_pdl")
+
+
+def _width(op: str, input: object) -> int:
+    """The last dimension of ``input``, which sizes the outputs."""
+    if not isinstance(input, torch.Tensor):
+        not_a_tensor(op, "input", input)
+    if input.dim() == 0:
+        raise ValueError(f"{op}: input must have at least one dimension")
+    return input.shape[-1]
+
+
+def _group_shapes(op: str, input: torch.Tensor, group_size: object, fused: bool) -> tuple[int, int]:
+    """(hidden, groups per row) of the outputs. Python sizes the outputs, so it needs these rules
+    here; C++ checks them again for callers of the kernel itself (and owns the rest: 64 or 128)."""
+    width = _width(op, input)
+    if type(group_size) is not int:
+        raise TypeError(f"{op}: group_size must be an int, got {type(group_size).__name__}")
+    if fused and width % 2:
+        raise ValueError(f"{op}: the last dimension of input ({width}) must be even: [..., 2 * d], gate then up")
+    hidden = width // 2 if fused else width
+    if group_size <= 0 or hidden % group_size:
+        what = "input / 2" if fused else "input"
+        raise ValueError(
+            f"{op}: the last dimension of {what} ({hidden}) must be a multiple of group_size ({group_size})"
+        )
+    return hidden, hidden // group_size
+
+
+# ---------------------------------------------------------------------------------------------
+# per_token_quant_fp8
+
+
+def _per_token(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    is_static: bool,
+    enable_pdl: bool | None,
+    run: bool = True,
+) -> None:
+    op = _TOKEN_OP
+    kernels = _TOKEN_KERNELS.get(is_static) if type(is_static) is bool else None
+    if kernels is None:
+        raise TypeError(f"{op}: is_static must be a bool, got {type(is_static).__name__}")
+    try:
+        kernel = kernels.get_kernel(input.dtype, run)
+        if output_q.shape != input.shape:
+            raise ValueError(
+                f"{op}: output_q must have the shape of input {tuple(input.shape)}, got {tuple(output_q.shape)}"
+            )
+        in_rows = rows(op, "input", input)
+        q_rows = rows(op, "output_q", output_q)
+        if is_static:
+            if output_s.numel() != 1:
+                raise ValueError(f"{op}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
+            s = output_s if output_s.dim() == 1 else output_s.view(1)
+        else:
+            expected = (*input.shape[:-1], 1)
+            if output_s.shape != expected:
+                raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
+            s = rows(op, "output_s", output_s)
+        if run:
+            kernel(q_rows, s, in_rows, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = {"input": input, "output_q": output_q, "output_s": output_s, "enable_pdl": enable_pdl}
+        explain(op, error, _TOKEN_ARGS, values, ("input", "output_q", "output_s"))
+        raise
+
+
+def _per_token_op(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    is_static: bool,
+    enable_pdl: bool | None = None,
+    run: bool = True,
+) -> None:
+    _per_token(input, output_q, output_s, is_static, enable_pdl, run)
+
+
+register(_TOKEN_OP, _per_token_op, mutates=("output_q", "output_s"))
+
+
+def per_token_quant_fp8(
+    input: torch.Tensor,
+    output_q: torch.Tensor | None = None,
+    output_s: torch.Tensor | None = None,
+    is_static: bool = False,
+    enable_pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``input [..., hidden]`` (fp16, bf16 or fp32; rows with unit inner stride) to
+    ``float8_e4m3fn`` with one float32 scale per row. Returns ``(output_q, output_s)``: ``output_q``
+    of ``input``'s shape; dynamic ``output_s`` of shape ``[..., 1]`` (``absmax / 448``, 0 for an
+    all-zero row, whose q is 0); static (``is_static=True``) ``output_s`` is the given per-tensor
+    scale, shape ``(1,)``.
+
+    ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
+    if output_q is None or output_s is None:
+        _width(_TOKEN_OP, input)
+        if output_q is None:
+            output_q = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
+        if output_s is None:
+            if is_static is True:
+                raise ValueError(f"{_TOKEN_OP}: is_static=True needs the scale in output_s")
+            output_s = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.per_token_quant_fp8(input, output_q, output_s, is_static, enable_pdl)
+    else:
+        _per_token(input, output_q, output_s, is_static, enable_pdl)
+    return output_q, output_s
+
+
+# ---------------------------------------------------------------------------------------------
+# per_token_group_quant_fp8 and the fused silu_and_mul
+
+
+def _group(
+    fused: bool,
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    scale_ue8m0: bool,
+    enable_pdl: bool | None,
+    run: bool,
+) -> None:
+    op = _FUSED_OP if fused else _GROUP_OP
+    try:
+        kernel = _GROUP_KERNELS[fused].get_kernel(input.dtype, run)
+        hidden, groups = _group_shapes(op, input, group_size, fused)
+        lead = tuple(input.shape[:-1])
+        if output_q.shape != (*lead, hidden):
+            raise ValueError(f"{op}: output_q must have shape {(*lead, hidden)}, got {tuple(output_q.shape)}")
+        if output_s.shape != (*lead, groups):
+            raise ValueError(f"{op}: output_s must have shape {(*lead, groups)}, got {tuple(output_s.shape)}")
+        in_rows = rows(op, "input", input)
+        q_rows = rows(op, "output_q", output_q)
+        s_rows = rows(op, "output_s", output_s)
+        if run:
+            kernel(q_rows, s_rows, in_rows, group_size, eps, scale_ue8m0, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = {
+            "input": input,
+            "output_q": output_q,
+            "output_s": output_s,
+            "group_size": group_size,
+            "eps": eps,
+            "scale_ue8m0": scale_ue8m0,
+            "enable_pdl": enable_pdl,
+        }
+        explain(op, error, _GROUP_ARGS, values, ("input", "output_q", "output_s"))
+        raise
+
+
+def _group_op(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    scale_ue8m0: bool,
+    enable_pdl: bool | None = None,
+    run: bool = True,
+) -> None:
+    _group(False, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, run)
+
+
+def _fused_op(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    scale_ue8m0: bool,
+    enable_pdl: bool | None = None,
+    run: bool = True,
+) -> None:
+    _group(True, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, run)
+
+
+register(_GROUP_OP, _group_op, mutates=("output_q", "output_s"))
+register(_FUSED_OP, _fused_op, mutates=("output_q", "output_s"))
+
+
+def _group_outputs(
+    op: str,
+    input: torch.Tensor,
+    group_size: int,
+    column_major_scales: bool,
+    output_q: torch.Tensor | None,
+    output_s: torch.Tensor | None,
+    fused: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden, groups = _group_shapes(op, input, group_size, fused)
+    lead = tuple(input.shape[:-1])
+    if output_q is None:
+        output_q = torch.empty((*lead, hidden), dtype=torch.float8_e4m3fn, device=input.device)
+    if output_s is None:
+        if column_major_scales:
+            tokens = 1
+            for n in lead:
+                tokens *= n
+            # [groups, tokens] seen as [tokens, groups] (strides (1, tokens)), then the leading dims.
+            output_s = torch.empty((groups, tokens), dtype=torch.float32, device=input.device).t().view(*lead, groups)
+        else:
+            output_s = torch.empty((*lead, groups), dtype=torch.float32, device=input.device)
+    return output_q, output_s
+
+
+def per_token_group_quant_fp8(
+    input: torch.Tensor,
+    group_size: int,
+    eps: float = 1e-10,
+    column_major_scales: bool = False,
+    scale_ue8m0: bool = False,
+    output_q: torch.Tensor | None = None,
+    output_s: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``input [..., hidden]`` (fp16, bf16 or fp32; rows with unit inner stride) to
+    ``float8_e4m3fn`` by groups of ``group_size`` (64 or 128) elements of a row.
+
+    ``scale = max(absmax(group), eps) / 448`` (``scale_ue8m0=True``: rounded up to a power of two,
+    still float32), ``q = fp8(x * (1 / scale))``. Returns ``(output_q, output_s)``: ``output_q`` of
+    ``input``'s shape, ``output_s`` float32 ``[..., hidden // group_size]``, row-major or, with
+    ``column_major_scales=True``, the transpose of a contiguous ``[hidden // group_size, tokens]``
+    buffer. A given ``output_s`` may have any row- or column-major strides (e.g. tokens padded to a
+    multiple of 4 for TMA); its strides decide the layout. ``hidden % group_size != 0`` raises
+    ``ValueError``."""
+    if output_q is None or output_s is None:
+        output_q, output_s = _group_outputs(
+            _GROUP_OP, input, group_size, column_major_scales, output_q, output_s, fused=False
+        )
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.per_token_group_quant_fp8(
+            input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl
+        )
+    else:
+        _group(False, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, True)
+    return output_q, output_s
+
+
+def silu_and_mul_per_token_group_quant_fp8(
+    input: torch.Tensor,
+    group_size: int,
+    eps: float = 1e-10,
+    column_major_scales: bool = False,
+    scale_ue8m0: bool = False,
+    output_q: torch.Tensor | None = None,
+    output_s: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``per_token_group_quant_fp8(silu_and_mul(input), ...)`` in one launch: ``input [..., 2 * d]``
+    holds gate then up; ``a = T(silu(gate) * up)`` is computed in fp32 and rounded to the input
+    dtype ``T`` (exactly as ``silu_and_mul`` stores it), then quantised by groups of ``a``'s last
+    dimension ``d``. The result equals ``silu_and_mul`` followed by ``per_token_group_quant_fp8``
+    bit for bit (q and scales). Returns ``(output_q [..., d], output_s [..., d // group_size])``, the
+    scales laid out as in :func:`per_token_group_quant_fp8`."""
+    if output_q is None or output_s is None:
+        output_q, output_s = _group_outputs(
+            _FUSED_OP, input, group_size, column_major_scales, output_q, output_s, fused=True
+        )
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.silu_and_mul_per_token_group_quant_fp8(
+            input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl
+        )
+    else:
+        _group(True, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, True)
+    return output_q, output_s
