@@ -256,6 +256,11 @@ def test_registered_ops_and_fakes(name: str) -> None:
         x = _e(3, 5, 2 * 96)
         y = getattr(torch.ops.jit_kernel, name)(x)
         assert y.shape == (3, 5, 96) and y.dtype == x.dtype and y.device == x.device
+        # The fakes run the launcher's checks (fake_checks=True): tracing rejects what eager rejects.
+        with pytest.raises(ValueError, match="must be even, got 7"):
+            getattr(torch.ops.jit_kernel, name)(_e(4, 7))
+        with pytest.raises(ValueError, match="out must have shape"):
+            getattr(torch.ops.jit_kernel, f"{name}_out")(_e(4, 5), _e(4, 8))
 
 
 def test_torch_compile_traces_without_graph_break() -> None:
