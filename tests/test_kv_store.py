@@ -27,6 +27,15 @@ def _quant(x: torch.Tensor, cache_dtype: torch.dtype, scale: float) -> torch.Ten
     return x.to(cache_dtype)
 
 
+def _put(cache: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
+    """``cache[rows] = values``; fp8 through uint8 views (as SGLang does: index_put need not support
+    float8 in every torch version)."""
+    if cache.dtype == FP8:
+        cache.view(torch.uint8)[rows] = values.view(torch.uint8)
+    else:
+        cache[rows] = values
+
+
 def _poison(buf: torch.Tensor) -> torch.Tensor:
     buf.view(torch.uint8).fill_(0xFF)  # NaN in bf16, fp16, fp32 and float8_e4m3fn
     return buf
@@ -93,7 +102,7 @@ def _ref_store(buf: torch.Tensor, cache_of, x: torch.Tensor, loc: torch.Tensor, 
     slots = cache.shape[0]
     valid = (loc >= 0) & (loc < slots)
     rows = loc[valid].long()
-    cache[rows] = _quant(x[valid], cache.dtype, scale).reshape(rows.numel(), *cache.shape[1:])
+    _put(cache, rows, _quant(x[valid], cache.dtype, scale).reshape(rows.numel(), *cache.shape[1:]))
     return ref
 
 
@@ -201,7 +210,7 @@ def test_store_fp8_scale_forms_and_saturation() -> None:
     kc = results[0][0]
     assert kc[0, 0, :4].float().tolist() == [448.0, -448.0, 0.0, 0.0]
     ref = _poison(torch.empty(slots, heads, head_dim, device="cuda", dtype=FP8))
-    ref[loc] = _quant(k, FP8, 0.01)
+    _put(ref, loc, _quant(k, FP8, 0.01))
     assert_buffers(kc, ref)
 
 
@@ -350,7 +359,7 @@ def test_mla_matches_reference(tokens: int, dtype: torch.dtype, fp8: bool, rank3
     scale = 0.03 if fp8 else 1.0
     ref = buf.clone()
     row = torch.cat([nope.reshape(tokens, 512), rope.reshape(tokens, 64)], dim=1)
-    ref[1, loc.long(), 0] = _quant(row, cache_dtype, scale)
+    _put(ref[1, :, 0], loc.long(), _quant(row, cache_dtype, scale))
     kwargs = {"scale": torch.tensor([scale], device="cuda")} if fp8 else {}
     jit_kernel.set_mla_kv_buffer(kv_buffer, loc, nope, rope, **kwargs)
     torch.cuda.synchronize()
@@ -366,7 +375,7 @@ def test_mla_fp8_default_scale_and_out_of_range(monkeypatch: pytest.MonkeyPatch)
     loc = torch.tensor([0, 9, 4, -3, 8], device="cuda")
     ref = buf.clone()
     row = torch.cat([nope, rope], dim=-1)
-    ref[[0, 4, 8]] = _quant(row[[0, 2, 4]], FP8, 1.0)
+    _put(ref, torch.tensor([0, 4, 8], device="cuda"), _quant(row[[0, 2, 4]], FP8, 1.0))
     jit_kernel.set_mla_kv_buffer(buf, loc, nope, rope)  # no scale: 1 (SGLang's unscaled cast)
     torch.cuda.synchronize()
     assert_buffers(buf, ref)
@@ -433,9 +442,9 @@ def test_cuda_graph_replay(fp8: bool) -> None:
             _poison(t)
         ref_k, ref_v, ref_m = kc.clone(), vc.clone(), mla.clone()
         ks, vs = (0.01 * (round_ + 1), 0.02 * (round_ + 1)) if fp8 else (1.0, 1.0)
-        ref_k[loc] = _quant(k, cache_dtype, ks)
-        ref_v[loc] = _quant(v, cache_dtype, vs)
-        ref_m[loc] = _quant(torch.cat([nope, rope], -1), cache_dtype, ks)
+        _put(ref_k, loc, _quant(k, cache_dtype, ks))
+        _put(ref_v, loc, _quant(v, cache_dtype, vs))
+        _put(ref_m, loc, _quant(torch.cat([nope, rope], -1), cache_dtype, ks))
         graph.replay()
         torch.cuda.synchronize()
         assert_buffers(kc, ref_k)
@@ -452,7 +461,7 @@ def test_torch_compile_fullgraph() -> None:
         v = qkv[:, 2048:].view(-1, 8, 128)
         jit_kernel.store_kv_cache(k, v, kc, vc, loc, ks, vs)
         jit_kernel.set_mla_kv_buffer(mla, loc, nope, rope, scale=ks)
-        return kc[loc].float().sum() + mla[loc].float().sum()
+        return kc.view(torch.uint8)[loc].float().sum() + mla.view(torch.uint8)[loc].float().sum()  # fp8 bytes
 
     def inputs():
         torch.manual_seed(0)

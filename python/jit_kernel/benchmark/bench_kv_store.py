@@ -14,14 +14,19 @@ Cases (one ``triton.testing.perf_report`` benchmark each):
 - ``mla_fp8``: the same into a float8_e4m3fn buffer with a scale tensor.
 
 Tokens 1, 4, 16, 128, 1024, 4096, 16384 (CI: 16, 4096), each at slots drawn at random (without
-repetition) from a cache of ``max(4 * tokens, 4096)`` slots. Providers: ``jit`` (jit_kernel),
-``eager`` (``k_cache[loc] = k; v_cache[loc] = v``; fp8: ``(x.float() / scale).clamp(-448,
-448).to(float8_e4m3fn)`` first; MLA: ``kv_buffer[loc] = cat(nope, rope)``), ``compile``
-(torch.compile of the eager function, one static-shape graph per shape), ``copy`` (a device copy of
-the minimal bytes) and ``flashinfer`` (``flashinfer.page.append_paged_kv_cache`` with page size 1,
-one request, ``kv_indices = loc``: the same scatter; for MLA ``append_paged_mla_kv_cache`` into the
-512 and 64 parts of the one buffer as strided views; each is timed only after one run matched the
-torch reference, else "n/a"; not for fp8, where FlashInfer's appends take no per-tensor scale).
+repetition) from a cache of ``max(4 * tokens, 4096)`` slots. Providers:
+
+- ``jit``: jit_kernel;
+- ``eager``: ``k_cache[loc] = k; v_cache[loc] = v`` (MLA: ``kv_buffer[loc] = cat(nope, rope)``); fp8:
+  ``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)`` first, stored through uint8 views as
+  SGLang does;
+- ``compile``: torch.compile of the eager function, one static-shape graph per shape;
+- ``copy``: a device copy of the minimal bytes;
+- ``flashinfer``: ``flashinfer.page.append_paged_kv_cache`` with page size 1, one request and
+  ``kv_indices = loc`` (the same scatter); for MLA ``append_paged_mla_kv_cache`` into the 512 and 64
+  parts of the one buffer as strided views. Each is timed only after one run matched the torch
+  reference, else "n/a"; not for fp8 (FlashInfer's appends take no per-tensor scale).
+
 The "vs empty" column is the jit time in empty-kernel replays for up to 16 tokens.
 
 Minimal bytes: the k and v rows read once plus the cache rows written once plus the indices:
@@ -88,8 +93,8 @@ def _torch_store(k, v, k_cache, v_cache, loc) -> None:
 
 
 def _torch_store_fp8(k, v, k_cache, v_cache, loc, k_scale, v_scale) -> None:
-    k_cache[loc] = _fp8(k, k_scale)
-    v_cache[loc] = _fp8(v, v_scale)
+    k_cache.view(torch.uint8)[loc] = _fp8(k, k_scale).view(torch.uint8)  # SGLang's byte view
+    v_cache.view(torch.uint8)[loc] = _fp8(v, v_scale).view(torch.uint8)
 
 
 def _torch_mla(kv_buffer, loc, nope, rope) -> None:
@@ -97,7 +102,7 @@ def _torch_mla(kv_buffer, loc, nope, rope) -> None:
 
 
 def _torch_mla_fp8(kv_buffer, loc, nope, rope, scale) -> None:
-    kv_buffer[loc] = _fp8(torch.cat([nope, rope], dim=-1), scale)
+    kv_buffer.view(torch.uint8)[loc] = _fp8(torch.cat([nope, rope], dim=-1), scale).view(torch.uint8)
 
 
 def _checked(fn: Callable[[], object], ok: Callable[[], bool]) -> Callable[[], object]:
