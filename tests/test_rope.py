@@ -574,3 +574,22 @@ def test_registered_ops_and_fakes() -> None:
         torch.ops.jit_kernel.fused_qknorm_rope(
             _t(4, 4, 128), _t(4, 1, 128), _t(128), _t(128), _pos(), cache, 1e-6, False, None
         )
+
+
+def test_check_indices_names_the_first_bad_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JIT_KERNEL_CHECK_INDICES=1: the op's Python check raises before the launcher is called (so
+    host tensors are enough to see it here; on a GPU the same check runs on CUDA tensors)."""
+    monkeypatch.setenv("JIT_KERNEL_CHECK_INDICES", "1")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0")
+    positions = torch.tensor([0, 5, 64, -1])
+    q, k = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(64, 128)
+    match = r"positions\[2\] = 64 is out of range for cos_sin_cache with 64 rows"
+    with pytest.raises(IndexError, match="apply_rope_with_cos_sin_cache_inplace: " + match):
+        jit_kernel.apply_rope_with_cos_sin_cache_inplace(positions, q, k, 128, cache)
+    w = torch.ones(128, dtype=torch.bfloat16)
+    with pytest.raises(IndexError, match="fused_qknorm_rope: " + match):
+        jit_kernel.fused_qknorm_rope(q.view(4, 2, 128), k.view(4, 1, 128), w, w, positions, cache)
+    with pytest.raises(IndexError, match=r"positions\[0\] = -3"):
+        jit_kernel.apply_rope_with_cos_sin_cache_inplace(torch.tensor([-3, 0, 0, 0]), q, k, 128, cache)

@@ -88,11 +88,12 @@ SGL_DEVICE float load_cache(const Params& p, const void* row, int64_t i) {
   return p.cache_f32 ? static_cast<const float*>(row)[i] : dtype_trait<fp32_t>::from(static_cast<const T*>(row)[i]);
 }
 
-// One pair: (a, b) -> (a c - b s, b c + a s). Every kernel rotates through this function, so the
-// fused and the two-launch paths compute the same bits from the same inputs.
+// One pair: (a, b) -> (a c - b s, b c + a s). Every kernel rotates through this function, with the
+// roundings spelled out (no contraction left to the compiler), so the fused and the two-launch
+// paths compute the same bits from the same inputs.
 SGL_DEVICE void rotate(float a, float b, float c, float s, float& out_a, float& out_b) {
-  out_a = a * c - b * s;
-  out_b = b * c + a * s;
+  out_a = __fmaf_rn(a, c, -__fmul_rn(b, s));
+  out_b = __fmaf_rn(b, c, __fmul_rn(a, s));
 }
 
 // Head `h` (q heads first, then k heads) of `token`.
