@@ -12,11 +12,11 @@
 // to the input dtype T, so that it equals silu_and_mul followed by the group quant bit for bit; then
 // quantises `a` by groups: one read of the input, one write of q and the scales.
 //
-// Layout of the work: a group is kLanes = group_size / (16 / sizeof(T)) lanes of one warp, one
-// 16-byte vector each (bf16, 128: 16 lanes); its absmax is a shuffle reduction across those lanes
-// (no shared memory, no barrier). A 256-thread CTA covers kUnroll consecutive slices of
-// 256 / kLanes groups, every load of a thread issued before any use. Groups are numbered row-major,
-// so the lanes of a warp read consecutive memory within a row. The scales go to
+// Layout of the work: a group is kLanes lanes of one warp, kPer 16-byte vectors each (4, all
+// loads issued before any use; fused: 2 of gate and 2 of up), so bf16 groups of 128 take 4 lanes
+// (fused: 8). Its absmax is a shuffle reduction across those lanes (no shared memory, no barrier),
+// one row / group division per thread. A 256-thread CTA covers 256 / kLanes consecutive groups,
+// numbered row-major, so a warp reads consecutive memory within a row. The scales go to
 // s[row * s_row_stride + group * s_col_stride]: row-major, column-major ([groups, tokens] buffer
 // seen transposed, as DeepGEMM-style GEMMs read them) or any padded variant of either.
 #pragma once
@@ -48,12 +48,13 @@ struct GroupParams {
 template <typename T, int kGroup, bool kFused>
 struct GroupShape {
   static constexpr int kN = kVec<T>;
-  static constexpr int kLanes = kGroup / kN;
-  static_assert(kGroup % kN == 0 && kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0);
-  static constexpr int kGroupsPerSlice = kGroupThreads / kLanes;
-  // Vectors in flight per thread: 4 (fused: 2 slices of gate and up, also 4).
-  static constexpr int kUnroll = kFused ? 2 : 4;
-  static constexpr int kGroupsPerBlock = kGroupsPerSlice * kUnroll;
+  static constexpr int kVecs = kGroup / kN;  // 16-byte vectors per group
+  // Vectors per lane: 4 in flight per thread (fused: 2 of gate and 2 of up).
+  static constexpr int kPer = kFused ? 2 : 4;
+  static constexpr int kLanes = kVecs / kPer;
+  static_assert(kGroup % kN == 0 && kVecs % kPer == 0);
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0);
+  static constexpr int kGroupsPerBlock = kGroupThreads / kLanes;
 };
 
 // silu(x) = x / (1 + e^-x) in the expression of csrc/activation.cuh's silu_and_mul (the fast
@@ -81,70 +82,60 @@ SGL_DEVICE void load_vec(Vec& v, const T* p, bool aligned) {
   }
 }
 
+// Lane l of a group holds its vectors l, l + kLanes, ...: each round, the group's lanes read one
+// contiguous run of kLanes vectors.
 template <typename T, int kGroup, bool kFused>
 __global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const GroupParams p) {
   using K = GroupShape<T, kGroup, kFused>;
   using Vec = device::AlignedVector<T, K::kN>;
   const uint32_t lane = threadIdx.x % K::kLanes;
-  const uint32_t first = blockIdx.x * K::kGroupsPerBlock + threadIdx.x / K::kLanes;
-  const T* in = static_cast<const T*>(p.in);
-
-  uint32_t row[K::kUnroll], col[K::kUnroll];
-#pragma unroll
-  for (int u = 0; u < K::kUnroll; ++u) {
-    const uint32_t gid = first + u * K::kGroupsPerSlice;
-    row[u] = gid / p.groups_per_row;
-    col[u] = gid - row[u] * p.groups_per_row;
-  }
-  auto valid = [&](int u) { return first + u * K::kGroupsPerSlice < p.total_groups; };
-  auto in_offset = [&](int u) {
-    return static_cast<int64_t>(row[u]) * p.in_stride + static_cast<int64_t>(col[u]) * kGroup + lane * K::kN;
-  };
+  const uint32_t gid = blockIdx.x * K::kGroupsPerBlock + threadIdx.x / K::kLanes;
+  const bool valid = gid < p.total_groups;
+  const uint32_t row = gid / p.groups_per_row;
+  const uint32_t col = gid - row * p.groups_per_row;
+  const T* in = static_cast<const T*>(p.in) + static_cast<int64_t>(row) * p.in_stride +
+                static_cast<int64_t>(col) * kGroup + lane * K::kN;
+  constexpr int kStep = K::kLanes * K::kN;  // elements between a lane's vectors
 
   device::PDLWaitPrimary();
-  Vec x[K::kUnroll];
-  [[maybe_unused]] Vec up[K::kUnroll];
+  Vec x[K::kPer];
+  [[maybe_unused]] Vec up[K::kPer];
+  if (valid) {
 #pragma unroll
-  for (int u = 0; u < K::kUnroll; ++u) {
-    if (valid(u)) {
-      load_vec(x[u], in + in_offset(u), p.aligned);
-      if constexpr (kFused) load_vec(up[u], in + in_offset(u) + p.up_offset, p.aligned);
+    for (int k = 0; k < K::kPer; ++k) {
+      load_vec(x[k], in + k * kStep, p.aligned);
+      if constexpr (kFused) load_vec(up[k], in + p.up_offset + k * kStep, p.aligned);
     }
   }
   device::PDLTriggerSecondary();
 
-  float v[K::kUnroll][K::kN];
+  float m = 0.f;
 #pragma unroll
-  for (int u = 0; u < K::kUnroll; ++u) {
-    float m = 0.f;
+  for (int k = 0; k < K::kPer; ++k) {
+    if constexpr (kFused) {
+      // a = T(silu(gate) * up), rounded as silu_and_mul stores it; x holds it from here on.
 #pragma unroll
-    for (int j = 0; j < K::kN; ++j) {
-      if constexpr (kFused) {
-        // Rounded to T as silu_and_mul stores it, then read back.
-        v[u][j] = to_float(dtype_trait<T>::from(silu(to_float(x[u][j])) * to_float(up[u][j])));
-      } else {
-        v[u][j] = to_float(x[u][j]);
-      }
-      m = fmaxf(m, fabsf(v[u][j]));
+      for (int j = 0; j < K::kN; ++j) x[k][j] = dtype_trait<T>::from(silu(to_float(x[k][j])) * to_float(up[k][j]));
     }
-    if (!valid(u)) m = 0.f;  // unloaded registers; every lane still takes part in the shuffles
+    m = absmax_vec(m, x[k]);
+  }
+  if (!valid) m = 0.f;  // unloaded registers; every lane still takes part in the shuffles
 #pragma unroll
-    for (int offset = K::kLanes / 2; offset > 0; offset /= 2) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    }
-    float scale = fmaxf(m, p.eps) / kFp8Max;
-    if (p.ue8m0) scale = round_up_pow2(scale);
-    const float inv_scale = inverse(scale);
-    if (!valid(u)) continue;
-    if (lane == 0) {
-      p.s[static_cast<int64_t>(row[u]) * p.s_row_stride + static_cast<int64_t>(col[u]) * p.s_col_stride] = scale;
-    }
+  for (int offset = K::kLanes / 2; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  }
+  if (!valid) return;
+  float scale = fmaxf(m, p.eps) / kFp8Max;
+  if (p.ue8m0) scale = round_up_pow2(scale);
+  const float inv_scale = inverse(scale);
+  if (lane == 0) p.s[static_cast<int64_t>(row) * p.s_row_stride + static_cast<int64_t>(col) * p.s_col_stride] = scale;
+  fp8_e4m3_t* q = p.q + static_cast<int64_t>(row) * p.q_stride + static_cast<int64_t>(col) * kGroup + lane * K::kN;
 #pragma unroll
-    for (int j = 0; j < K::kN; ++j) v[u][j] *= inv_scale;
-    store_fp8<K::kN>(
-        p.q + static_cast<int64_t>(row[u]) * p.q_stride + static_cast<int64_t>(col[u]) * kGroup + lane * K::kN,
-        v[u],
-        p.aligned);
+  for (int k = 0; k < K::kPer; ++k) {
+    float y[K::kN];
+#pragma unroll
+    for (int j = 0; j < K::kN; ++j) y[j] = to_float(x[k][j]) * inv_scale;
+    store_fp8<K::kN>(q + k * kStep, y, p.aligned);
   }
 }
 
