@@ -309,9 +309,12 @@ struct KvStore {
         .enable_pdl(pdl)(vec ? store_kernel<T, C, Idx, kVec> : store_kernel<T, C, Idx, 1>, p);
   }
 
-  static void launch(Params& p, DLDataType loc_dtype, DLDevice dev, tvm::ffi::Optional<bool> enable_pdl) {
+  // `loc` has no data for 0 tokens and for FakeTensors (torch.compile's fakes run the checks above
+  // and return here, before any CUDA call).
+  static void launch(
+      Params& p, tvm::ffi::TensorView loc, DLDataType loc_dtype, DLDevice dev, tvm::ffi::Optional<bool> enable_pdl) {
+    if (p.num_tokens == 0 || host::has_no_data(loc)) return;
     const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
-    if (p.num_tokens == 0) return;
     const bool vec = vector_ok(p.stream[0]) && vector_ok(p.stream[1]);
     // Both rows in one warp when they fill at most one round of kUnroll vectors per lane together
     // (MLA's 512 + 64: 72 vectors); longer rows get a warp each (8 x 128 heads: 2 x 128 vectors).
@@ -357,7 +360,7 @@ struct KvStore {
     p.loc = out_cache_loc.data_ptr();
     p.loc_stride = out_cache_loc.size(0) > 1 ? out_cache_loc.stride(0) : 0;
     p.num_tokens = tokens.unwrap();
-    launch(p, out_cache_loc.dtype(), device.unwrap(), enable_pdl);
+    launch(p, out_cache_loc, out_cache_loc.dtype(), device.unwrap(), enable_pdl);
   }
 
   static void mla(
@@ -396,7 +399,7 @@ struct KvStore {
     p.loc = loc.data_ptr();
     p.loc_stride = loc.size(0) > 1 ? loc.stride(0) : 0;
     p.num_tokens = tokens.unwrap();
-    launch(p, loc.dtype(), device.unwrap(), enable_pdl);
+    launch(p, loc, loc.dtype(), device.unwrap(), enable_pdl);
   }
 };
 

@@ -645,21 +645,72 @@ def test_mla_fp8_bad_scale(scale, error: type[Exception], match: str) -> None:
 
 
 def test_registered_ops_and_fakes() -> None:
-    """The torch.library ops exist with the caches as mutated arguments; their fakes pick a config
-    (so a bad dtype fails while tracing) without launching."""
+    """The torch.library ops exist with the caches as mutated arguments; their fakes run the C++
+    checks on FakeTensors (so tracing rejects what the op rejects) without launching."""
     store = torch.ops.jit_kernel.store_kv_cache.default._schema
     mla = torch.ops.jit_kernel.set_mla_kv_buffer.default._schema
     assert [a.name for a in store.arguments if a.alias_info and a.alias_info.is_write] == ["k_cache", "v_cache"]
     assert [a.name for a in mla.arguments if a.alias_info and a.alias_info.is_write] == ["kv_buffer"]
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
+    with fake_cuda():
         args = _store_args()
         torch.ops.jit_kernel.store_kv_cache(*args.values())
         torch.ops.jit_kernel.set_mla_kv_buffer(*_mla_args().values())
         args["k"] = _e(4, 8, 128, dtype=torch.int8)
         with pytest.raises(TypeError, match="store_kv_cache: k must be one of"):
             torch.ops.jit_kernel.store_kv_cache(*args.values())
+        args = _store_args(out_cache_loc=lambda: _e(5, dtype=torch.int32))
+        with pytest.raises(ValueError, match=r"(?s)'out_cache_loc'.*num_tokens"):
+            torch.ops.jit_kernel.store_kv_cache(*args.values())
+        bad = _mla_args(cache_k_rope=lambda: _e(4, 1, 32))
+        with pytest.raises(ValueError, match="must add up to the width of kv_buffer"):
+            torch.ops.jit_kernel.set_mla_kv_buffer(*bad.values())
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["3d", "2d", "fused_views", "int32_strided_loc", "fp8_tensor_scales", "fp8_float_scales", "zero_tokens", "odd"],
+)
+def test_store_valid_fake_calls(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Valid calls pass every C++ check on FakeTensors and return before any CUDA call."""
+    monkeypatch.setenv(CHECK, "1")  # the index check skips FakeTensors (no values)
+    with fake_cuda():
+        args = _store_args()
+        kwargs: dict[str, object] = {}
+        if case == "2d":
+            args = _store_args(k=lambda: _e(4, 1024), k_cache=lambda: _e(16, 1024))
+        elif case == "fused_views":
+            # views of a fused [4, 6144] qkv tensor; k_cache slots padded to 1088 elements (fake slicing needs a GPU)
+            args |= {
+                "k": _strided((4, 1024), (6144, 1)),
+                "v": _strided((4, 8, 128), (6144, 128, 1)),
+                "k_cache": _strided((16, 8, 128), (1088, 128, 1)),
+            }
+        elif case == "int32_strided_loc":
+            args["out_cache_loc"] = torch.empty_strided((4,), (2,), device="cuda", dtype=torch.int32)
+        elif case == "fp8_tensor_scales":
+            args |= {"k_cache": _fp8_cache(), "v_cache": _fp8_cache()}
+            kwargs = {"k_scale": _e(1, dtype=torch.float32), "v_scale": torch.empty((), device="cuda")}
+        elif case == "fp8_float_scales":
+            args |= {"k_cache": _fp8_cache(), "v_cache": _fp8_cache()}
+            kwargs = {"k_scale": 0.5, "v_scale": 2}
+        elif case == "zero_tokens":
+            args = _store_args(
+                k=lambda: _e(0, 8, 128), v=lambda: _e(0, 8, 128), out_cache_loc=lambda: _e(0, dtype=torch.int64)
+            )
+        elif case == "odd":
+            args = _store_args(
+                k=lambda: _e(4, 5, 3), v=lambda: _e(4, 5, 3), k_cache=lambda: _e(9, 15), v_cache=lambda: _e(9, 5, 3)
+            )
+        assert jit_kernel.store_kv_cache(**args, **kwargs) is None
+
+
+def test_mla_valid_fake_calls() -> None:
+    with fake_cuda():
+        nope, rope = _strided((4, 1, 512), (608, 608, 1)), _strided((4, 1, 64), (608, 608, 1))
+        nope2, rope2 = _strided((4, 512), (608, 1)), _strided((4, 64), (608, 1))
+        jit_kernel.set_mla_kv_buffer(_e(32, 1, 576), _e(4, dtype=torch.int32), nope, rope)
+        jit_kernel.set_mla_kv_buffer(_strided((32, 576), (1152, 1)), _e(4, dtype=torch.int64), nope2, rope2)
+        jit_kernel.set_mla_kv_buffer(_e(32, 576, dtype=FP8), _e(4, dtype=torch.int64), nope2, rope, scale=0.5)
 
 
 def test_families_spec() -> None:

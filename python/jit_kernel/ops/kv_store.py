@@ -26,13 +26,15 @@ not under CUDA-graph capture). Duplicate slots: the writers race and which one w
 16-byte input vector (per element where a row is not made of aligned vectors): every such piece of
 the row comes whole from one of the writers, but a row may mix writers.
 
-Every op is also registered as ``torch.ops.jit_kernel.*`` with its fake implementation; the
+Every op is also registered as ``torch.ops.jit_kernel.*`` with its fake implementation, which runs
+the C++ launcher's checks on the FakeTensors (the launcher returns before any CUDA call); the
 functions here switch to those under ``torch.compile``.
 """
 
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
@@ -80,6 +82,8 @@ def _check_bounds(op: str, name: str, loc: object, caches: tuple[tuple[str, obje
     """``JIT_KERNEL_CHECK_INDICES=1``: ``loc`` against the slots of every cache; one reduction and one
     sync. Inputs C++ will reject anyway (not a tensor, a float ``loc``) are left to it."""
     if not isinstance(loc, torch.Tensor) or loc.dtype not in _INDEX_DTYPES or loc.dim() != 1 or loc.numel() == 0:
+        return
+    if isinstance(loc, FakeTensor):  # torch.compile's fake run: no values to check
         return
     sizes = [(n, c.shape[0]) for n, c in caches if isinstance(c, torch.Tensor) and c.dim() > 0]
     if not sizes:
@@ -143,7 +147,7 @@ def _store_op(
     _store(k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl, run)
 
 
-register(_STORE, _store_op, mutates=("k_cache", "v_cache"))
+register(_STORE, _store_op, mutates=("k_cache", "v_cache"), fake_checks=True)
 
 
 def store_kv_cache(
@@ -211,7 +215,7 @@ def _mla_op(
     _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl, run)
 
 
-register(_MLA, _mla_op, mutates=("kv_buffer",))
+register(_MLA, _mla_op, mutates=("kv_buffer",), fake_checks=True)
 
 
 def set_mla_kv_buffer(
