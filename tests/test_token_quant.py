@@ -331,6 +331,18 @@ def test_cuda_graph_replay() -> None:
     _check_fused(xf, q3, s3, 128)
 
 
+@pytest.mark.gpu
+def test_pdl_on_and_off_agree() -> None:
+    x = torch.randn(40, 2048, device="cuda", dtype=torch.bfloat16)
+    for call in (
+        lambda pdl: jit_kernel.per_token_quant_fp8(x, enable_pdl=pdl),
+        lambda pdl: jit_kernel.per_token_group_quant_fp8(x, 128, enable_pdl=pdl),
+        lambda pdl: jit_kernel.silu_and_mul_per_token_group_quant_fp8(x, 64, enable_pdl=pdl),
+    ):
+        (q1, s1), (q2, s2) = call(True), call(False)
+        assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s1, s2)
+
+
 def _compiled_model(x: torch.Tensor, xf: torch.Tensor):
     q1, s1 = jit_kernel.per_token_quant_fp8(x)
     q2, s2 = jit_kernel.per_token_group_quant_fp8(x, 128, column_major_scales=True)
@@ -391,6 +403,8 @@ TOKEN_BAD = [
     ({"output_s": lambda: _e(8, 1)}, TypeError, r"(?s)'output_s'.*Dtype mismatch: expected float32"),
     ({"output_s": lambda: _e(8, dtype=torch.float32)}, ValueError, r"output_s must have shape \(8, 1\)"),
     ({"output_s": lambda: _e(1, 8, dtype=torch.float32)}, ValueError, r"output_s must have shape \(8, 1\)"),
+    ({"output_q": lambda: [0]}, TypeError, "per_token_quant_fp8: output_q must be a torch.Tensor, got list"),
+    ({"output_s": lambda: 3.0}, TypeError, "per_token_quant_fp8: output_s must be a torch.Tensor, got float"),
     ({"is_static": lambda: True}, ValueError, "is_static=True needs the scale"),
     ({"is_static": lambda: 1}, TypeError, "is_static must be a bool, got int"),
     ({"enable_pdl": lambda: "yes"}, TypeError, "enable_pdl must be a bool or None, got str"),
@@ -430,6 +444,8 @@ GROUP_BAD = [
     ({"output_q": lambda: _e(8, 256)}, TypeError, r"(?s)'output_q'.*Dtype mismatch: expected float8_e4m3fn"),
     ({"output_q": lambda: _e(8, 128, dtype=FP8)}, ValueError, r"output_q must have shape \(8, 256\)"),
     ({"output_q": lambda: _strided((8, 256), (512, 1), FP8)}, ValueError, r"(?s)'output_q'.*not contiguous"),
+    ({"output_q": lambda: [0]}, TypeError, rf"{G}: output_q must be a torch.Tensor, got list"),
+    ({"output_s": lambda: 3.0}, TypeError, rf"{G}: output_s must be a torch.Tensor, got float"),
     ({"output_s": lambda: _e(8, 4)}, TypeError, r"(?s)'output_s'.*Dtype mismatch: expected float32"),
     ({"output_s": lambda: _e(8, 8, dtype=torch.float32)}, ValueError, r"output_s must have shape \(8, 4\)"),
     ({"output_s": lambda: _strided((8, 4), (1, 1))}, ValueError, r"output_s must be row-major .* got strides \(1, 1\)"),
