@@ -406,7 +406,8 @@ def test_mla_other_widths_scalar_path() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-def test_cuda_graph_replay(fp8: bool) -> None:
+def test_cuda_graph_replay(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CHECK, raising=False)  # the index check syncs: not under capture
     tokens, heads, head_dim, slots = 16, 8, 128, 64
     cache_dtype = FP8 if fp8 else torch.bfloat16
     k = torch.empty(tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -461,7 +462,7 @@ def test_torch_compile_fullgraph() -> None:
         v = qkv[:, 2048:].view(-1, 8, 128)
         jit_kernel.store_kv_cache(k, v, kc, vc, loc, ks, vs)
         jit_kernel.set_mla_kv_buffer(mla, loc, nope, rope, scale=ks)
-        return kc.view(torch.uint8)[loc].float().sum() + mla.view(torch.uint8)[loc].float().sum()  # fp8 bytes
+        return nope.float().sum()
 
     def inputs():
         torch.manual_seed(0)
@@ -478,7 +479,7 @@ def test_torch_compile_fullgraph() -> None:
     eager_args, compiled_args = inputs(), inputs()
     expected = model(*eager_args)
     got = torch.compile(model, fullgraph=True)(*compiled_args)
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-2)  # summation order
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-2)  # summation order may differ
     for i in (1, 2, 6):  # the caches were written in place
         assert torch.equal(compiled_args[i].view(torch.uint8), eager_args[i].view(torch.uint8))
     explanation = torch._dynamo.explain(model)(*inputs())
