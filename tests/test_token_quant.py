@@ -79,7 +79,7 @@ TOKEN_SHAPES = [
     (16, 7168),
     (33, 4097),  # not whole 16-byte vectors: the scalar kernel
     (1024, 4096),
-    (5, 40000),  # wider than the registers hold (bf16: > 4096 vectors): the streamed part
+    (5, 40000),  # wider than the registers hold (> 2048 vectors): the streamed part
     (3, 5, 512),
     (4096,),
 ]
