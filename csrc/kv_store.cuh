@@ -47,7 +47,7 @@ inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
 inline constexpr uint32_t kTasksPerBlock = kThreads / 32;
 inline constexpr int kUnroll = 4;     // vectors per lane in flight
 inline constexpr int kMinBlocks = 4;  // <= 64 registers: 32 warps per SM, 64 KiB of loads in flight
-inline constexpr float kFp8Max = 448.f;
+inline constexpr double kMinScale = 1.1754943508222875e-38;  // 2^-126, the least normal float
 
 // One stream of rows: source row `i` goes to destination row `loc[i]`.
 struct Stream {
@@ -79,10 +79,11 @@ SGL_DEVICE float stream_scale(const Stream& s) {
 }
 
 // x / s for the fp8 store, from inv = 1 / s: one product and one FMA correction, the rounding of
-// IEEE x / s in the ranges that reach fp8 (no divide subroutine per element: fewer registers).
+// IEEE x / s for normal s (no divide subroutine per element: fewer registers). An infinite product
+// (x infinite, or the quotient beyond float) and NaN pass through uncorrected.
 SGL_DEVICE float divide(float x, float s, float inv) {
   const float q = x * inv;
-  return fmaf(fmaf(-q, s, x), inv, q);
+  return isfinite(q) ? fmaf(fmaf(-q, s, x), inv, q) : q;
 }
 
 SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
 #pragma unroll
         for (int e = 0; e < kN; ++e) {
           const float v = divide(dtype_trait<fp32_t>::from(x[u][e]), scale, inv);
-          y[e] = C(fminf(fmaxf(v, -kFp8Max), kFp8Max));
+          y[e] = C(v);  // satfinite: beyond +-448 (and +-inf) saturate to +-448, NaN stays NaN
         }
         y.store(dst, j);
       } else {
@@ -265,7 +266,8 @@ struct KvStore {
       }
       if (value.has_value()) {
         const double v = *value;
-        RuntimeCheck(std::isfinite(v) && v > 0, op, ": ", name, " must be a positive finite float, got ", v);
+        RuntimeCheck(
+            std::isfinite(v) && v >= kMinScale, op, ": ", name, " must be a finite float of at least 2^-126, got ", v);
         out_value = static_cast<float>(v);
         return nullptr;
       }

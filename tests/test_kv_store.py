@@ -195,7 +195,8 @@ def test_store_fp8_scale_forms_and_saturation() -> None:
     """0-d and [1] scale tensors and floats give the same bytes; values beyond 448 * scale saturate."""
     tokens, heads, head_dim, slots = 16, 2, 128, 32
     k, v = _fused_kv(tokens, heads, head_dim, torch.bfloat16)
-    k[0, 0, :4] = torch.tensor([1e4, -1e4, 0.0, -0.0], dtype=torch.bfloat16)
+    special = [1e4, -1e4, 0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3e38]
+    k[0, 0, :8] = torch.tensor(special, dtype=torch.bfloat16)
     loc = torch.arange(tokens, device="cuda") * 2
     results = []
     for scale in (torch.tensor(0.01, device="cuda"), torch.tensor([0.01], device="cuda"), 0.01):
@@ -208,7 +209,8 @@ def test_store_fp8_scale_forms_and_saturation() -> None:
         assert torch.equal(kc.view(torch.uint8), results[0][0].view(torch.uint8))
         assert torch.equal(vc.view(torch.uint8), results[0][1].view(torch.uint8))
     kc = results[0][0]
-    assert kc[0, 0, :4].float().tolist() == [448.0, -448.0, 0.0, 0.0]
+    got = kc[0, 0, :8].float()
+    assert got[:6].tolist() == [448.0, -448.0, 0.0, 0.0, 448.0, -448.0] and bool(got[6].isnan()) and got[7] == 448
     ref = _poison(torch.empty(slots, heads, head_dim, device="cuda", dtype=FP8))
     _put(ref, loc, _quant(k, FP8, 0.01))
     assert_buffers(kc, ref)
@@ -570,8 +572,11 @@ FP8_SCALE_BAD = [
     ({"k_scale": "1.0", "v_scale": 1.0}, TypeError,
      r"^store_kv_cache: k_scale must be a float32 tensor of one element, a float or None, got str$"),
     ({"k_scale": True, "v_scale": 1.0}, TypeError, r"store_kv_cache: k_scale must be a float32 tensor .* got bool"),
-    ({"k_scale": 0.0, "v_scale": 1.0}, ValueError, r"store_kv_cache: k_scale must be a positive finite float, got 0"),
-    ({"k_scale": 1.0, "v_scale": float("inf")}, ValueError, r"store_kv_cache: v_scale must be a positive finite float"),
+    ({"k_scale": 0.0, "v_scale": 1.0}, ValueError,
+     r"store_kv_cache: k_scale must be a finite float of at least 2\^-126, got 0"),
+    ({"k_scale": 1.0, "v_scale": float("inf")}, ValueError,
+     r"store_kv_cache: v_scale must be a finite float of at least 2\^-126"),
+    ({"k_scale": 1e-39, "v_scale": 1.0}, ValueError, r"store_kv_cache: k_scale must be a finite float of at least"),
     ({"k_scale": lambda: _e(1, dtype=torch.float32, device="cpu"), "v_scale": 1.0}, ValueError,
      r"(?s)'k_scale'.*Device mismatch: expected cuda(:0)? but got cpu"),
     ({"k_scale": 1.0, "v_scale": 1.0, "enable_pdl": "yes"}, TypeError,
@@ -634,7 +639,7 @@ def test_mla_bad_inputs(overrides, error: type[Exception], match: str) -> None:
     ("scale", "error", "match"),
     [
         (lambda: _e(1, dtype=torch.float16), TypeError, r"(?s)'scale'.*Dtype mismatch: expected float32"),
-        (lambda: -1.0, ValueError, r"set_mla_kv_buffer: scale must be a positive finite float, got -1"),
+        (lambda: -1.0, ValueError, r"set_mla_kv_buffer: scale must be a finite float of at least 2\^-126, got -1"),
         (lambda: object(), TypeError, r"set_mla_kv_buffer: scale must be a float32 tensor of one element"),
     ],
 )

@@ -12,7 +12,9 @@ Semantics, for token ``i`` and ``slot = loc[i]``:
 ``fp8_e4m3(clamp(x / scale, -448, 448))`` for a ``float8_e4m3fn`` cache. A scale is a float32 CUDA
 tensor of one element (what SGLang and vLLM pass; read on the device, so CUDA graphs see its
 current value) or a Python float. Scales are ignored for caches in the activation dtype (vLLM
-passes them, 1.0, for every cache). ``store_kv_cache`` needs both scales for an fp8 cache;
+passes them, 1.0, for every cache). A scale must be positive and normal (at least 2^-126; a float
+is checked, a tensor's value is not). Values beyond +-448 after the division, and infinities,
+saturate to +-448; NaN stays NaN. ``store_kv_cache`` needs both scales for an fp8 cache;
 ``set_mla_kv_buffer``'s ``scale`` defaults to 1 (SGLang casts the MLA parts to fp8 unscaled).
 
 Layouts: every tensor is rows: rank 2 ``[rows, width]`` or rank 3 ``[rows, heads, head_dim]``,
