@@ -57,6 +57,7 @@ if importlib.util.find_spec("torch") is not None:
     from jit_kernel import add_constant as _add_constant_module
     from jit_kernel import per_tensor_quant_fp8 as _per_tensor_quant_fp8_module
     from jit_kernel import scale as _scale_module
+    from jit_kernel.ops.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
     from jit_kernel.ops.add_constant import add_constant
     from jit_kernel.ops.hicache import (
         can_use_hicache_jit_kernel,
@@ -65,10 +66,17 @@ if importlib.util.find_spec("torch") is not None:
         transfer_hicache_one_layer,
         transfer_hicache_one_layer_mla,
     )
+    from jit_kernel.ops.kv_store import set_mla_kv_buffer, store_kv_cache
     from jit_kernel.ops.norm import fused_add_rmsnorm, fused_inplace_qknorm, qknorm_across_heads, rmsnorm
     from jit_kernel.ops.quant import per_tensor_quant_fp8
+    from jit_kernel.ops.rope import apply_rope_with_cos_sin_cache_inplace, fused_qknorm_rope
     from jit_kernel.ops.scale import scale
     from jit_kernel.ops.stream_wait import Event, StreamWaitTimeout, stream_wait_value, stream_wait_value_bounded
+    from jit_kernel.ops.token_quant import (
+        per_token_group_quant_fp8,
+        per_token_quant_fp8,
+        silu_and_mul_per_token_group_quant_fp8,
+    )
 
     add_constant = _op_and_module(add_constant, _add_constant_module)
     per_tensor_quant_fp8 = _op_and_module(per_tensor_quant_fp8, _per_tensor_quant_fp8_module)
@@ -82,16 +90,26 @@ __all__ = [
     "StreamWaitTimeout",
     "__version__",
     "add_constant",
+    "apply_rope_with_cos_sin_cache_inplace",
     "cache_once",
     "can_use_hicache_jit_kernel",
     "fused_add_rmsnorm",
     "fused_inplace_qknorm",
+    "fused_qknorm_rope",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
     "load_jit",
     "make_cpp_args",
     "per_tensor_quant_fp8",
+    "per_token_group_quant_fp8",
+    "per_token_quant_fp8",
     "qknorm_across_heads",
     "rmsnorm",
     "scale",
+    "set_mla_kv_buffer",
+    "silu_and_mul",
+    "silu_and_mul_per_token_group_quant_fp8",
+    "store_kv_cache",
     "stream_wait_value",
     "stream_wait_value_bounded",
     "transfer_hicache_all_layer",

@@ -141,6 +141,86 @@ SCALE = KernelSpec(
     prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
 )
 
+# Rotary embedding with a cos/sin cache (csrc/rope/rope.cuh). Config = dtype only: head size,
+# rotary dim, NeoX/GPT-J, position and cache dtypes are run-time values (no reduction over a head,
+# so a compile-time head size would save one division per thread); one unit holds the vector and
+# scalar kernels of both styles.
+ROPE = KernelSpec(
+    family="rope",
+    sources=("rope/rope.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={"run": "jit_kernel::rope::Rope<{args}>::run"},
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+# Per-head RMSNorm + rope, fused (csrc/rope/qknorm_rope.cuh). Config = dtype only: one unit holds
+# the fast kernels of head sizes 64, 128 and 256 (both styles, 16-bit dtypes) and the generic one
+# (any D, partial rotary, any alignment, fp32), picked at run time.
+QKNORM_ROPE = KernelSpec(
+    family="qknorm_rope",
+    sources=("rope/qknorm_rope.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={"run": "jit_kernel::rope::QKNormRope<{args}>::run"},
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+
+# Gated activations (csrc/activation.cuh): out = act(input[..., :d]) * input[..., d:]. Config = dtype
+# only; d and the row strides are run-time, and one unit holds the three activations as exports.
+ACTIVATION = KernelSpec(
+    family="activation",
+    sources=("activation.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={
+        "silu_and_mul": "jit_kernel::activation::Activation<{args}>::silu_and_mul",
+        "gelu_and_mul": "jit_kernel::activation::Activation<{args}>::gelu_and_mul",
+        "gelu_tanh_and_mul": "jit_kernel::activation::Activation<{args}>::gelu_tanh_and_mul",
+    },
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+# kv_store: new tokens' K/V rows into a paged KV cache at given slots (csrc/kv_store.cuh).
+# Config = (activation dtype, cache dtype): the cache dtype is the activation dtype (a copy) or
+# fp8_e4m3_t (x / scale, saturated). Row widths, strides and the index dtype are run-time, so one
+# unit (both exports, int32/int64 indices, vector and scalar paths) serves every model; fp32
+# activations compile on first use.
+KV_STORE = KernelSpec(
+    family="kv_store",
+    sources=("kv_store.cuh",),
+    params=("dtype", "cache_dtype"),
+    domains={"dtype": FLOAT_DTYPES, "cache_dtype": OneOf(("bf16_t", "fp16_t", "fp32_t", "fp8_e4m3_t"))},
+    exports={
+        "store": "jit_kernel::kv_store::KvStore<{args}>::store",
+        "mla": "jit_kernel::kv_store::KvStore<{args}>::mla",
+    },
+    prebuilt=(("bf16_t", "bf16_t"), ("fp16_t", "fp16_t"), ("bf16_t", "fp8_e4m3_t"), ("fp16_t", "fp8_e4m3_t")),
+)
+# fp8 quantisation per token (csrc/quant/per_token_fp8.cuh) and per group of 64 or 128 columns of a
+# token (csrc/quant/per_token_group_fp8.cuh, also fused after silu_and_mul). Config = dtype only:
+# the hidden size, the group size and the scale layout are run-time.
+PER_TOKEN_QUANT_FP8 = KernelSpec(
+    family="per_token_quant_fp8",
+    sources=("quant/per_token_fp8.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={
+        "dynamic": "jit_kernel::token_quant::PerTokenQuantFp8<{args}>::dynamic",
+        "static": "jit_kernel::token_quant::PerTokenQuantFp8<{args}>::static_scale",
+    },
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+PER_TOKEN_GROUP_QUANT_FP8 = KernelSpec(
+    family="per_token_group_quant_fp8",
+    sources=("quant/per_token_group_fp8.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={
+        "quant": "jit_kernel::token_quant::PerTokenGroupQuantFp8<{args}>::quant",
+        "silu_and_mul_quant": "jit_kernel::token_quant::PerTokenGroupQuantFp8<{args}>::silu_and_mul_quant",
+    },
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+
 ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
     ADD_CONSTANT_CUDA,
@@ -150,6 +230,12 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     QKNORM,
     PER_TENSOR_QUANT_FP8,
     SCALE,
+    ROPE,
+    QKNORM_ROPE,
+    ACTIVATION,
+    KV_STORE,
+    PER_TOKEN_QUANT_FP8,
+    PER_TOKEN_GROUP_QUANT_FP8,
 )
 
 
