@@ -275,7 +275,7 @@ def test_fake_implementation_runs_the_launchers_checks_and_launches_nothing(
     real = _common.KernelTable.get_kernel
 
     def recording(self: _common.KernelTable, key: object, run: bool) -> object:
-        calls.append(f"{self._export}:{run}")
+        calls.append(f"{self._export}:{run!r}")
         return real(self, key, run)
 
     monkeypatch.setattr(_common.KernelTable, "get_kernel", recording)
@@ -283,7 +283,7 @@ def test_fake_implementation_runs_the_launchers_checks_and_launches_nothing(
         valid_calls = _valid_fake_calls()
         assert len(valid_calls) == 11
         valid_calls[index]()
-    assert calls and all(call.endswith(":True") for call in calls), calls
+    assert calls and all(call.endswith(":CHECK_ONLY") for call in calls), calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,3 +414,21 @@ def test_doctor_reports_a_damaged_install_and_how_to_repair_it(prebuilt_dir: Pat
     assert f"prebuilt       DAMAGED: prebuilt library {named} has" in done.stdout
     assert "reinstall jit-kernel" in done.stderr and "unhealthy" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _compile_without_running(fn: Callable[..., object]) -> Callable[..., object]:
+    """torch.compile's tracing (dynamo, whose FakeTensors throw on any data access), with a backend
+    that hands the graph back: called on FakeTensors, it runs the ops' fake implementations."""
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=lambda gm, example_inputs: gm, fullgraph=True)
+
+
+def test_torch_compile_tracing_runs_the_launchers_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", os.environ.get("JIT_KERNEL_CUDA_ARCH", "9.0"))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x, w = _cuda(4, 4096), _cuda(4096)
+        assert _compile_without_running(lambda x, w: jit_kernel.rmsnorm(x, w))(x, w).shape == (4, 4096)
+        with pytest.raises(Exception) as raised:  # dynamo wraps the op's ValueError
+            _compile_without_running(lambda x, w: jit_kernel.rmsnorm(x, w))(x, _cuda(100))
+    assert "Tensor match failed for 'weight'" in str(raised.value), str(raised.value)

@@ -37,6 +37,12 @@ FUSED_TOL = {
 MAX_DIFFERENT = 2e-3
 
 
+def as_heads(x: torch.Tensor, head_size: int) -> torch.Tensor:
+    """``[n, H * D]`` or ``[n, H, D]`` as ``[n, H, D]`` (reshape's -1 is ambiguous when n = 0)."""
+    heads = x.shape[1] if x.dim() == 3 else x.shape[1] // head_size
+    return x.reshape(x.shape[0], heads, head_size)
+
+
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, tol: dict | None = None) -> None:
     torch.testing.assert_close(actual.double(), expected.double(), **(tol or TOL)[dtype])
 
@@ -49,8 +55,7 @@ def ref_rope(
     positions: torch.Tensor, x: torch.Tensor, head_size: int, cache: torch.Tensor, is_neox: bool
 ) -> torch.Tensor:
     """x [n, H*D] or [n, H, D] -> rotated float64 [n, H, D]."""
-    n = x.shape[0]
-    out = x.double().reshape(n, -1, head_size).clone()
+    out = as_heads(x.double(), head_size).clone()
     rot = cache.shape[1]
     half = rot // 2
     rows = cache.double()[positions.long()]  # [n, rot]
@@ -69,8 +74,7 @@ def ref_rope(
 
 def ref_norm(x: torch.Tensor, w: torch.Tensor, head_size: int, dtype: torch.dtype) -> torch.Tensor:
     """Per-head RMSNorm in float64, rounded to dtype (the fused op's documented intermediate)."""
-    n = x.shape[0]
-    xf = x.double().reshape(n, -1, head_size)
+    xf = as_heads(x.double(), head_size)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
     return y.to(dtype)
 
@@ -109,9 +113,8 @@ def check_rope(positions, q, k, head_size, cache, is_neox, dtype, untouched=()):
     exp_q = ref_rope(positions, q, head_size, cache, is_neox)
     exp_k = ref_rope(positions, k, head_size, cache, is_neox)
     jit_kernel.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_size, cache, is_neox)
-    n = q.shape[0]
-    assert_close(q.reshape(n, -1, head_size), exp_q, dtype)
-    assert_close(k.reshape(n, -1, head_size), exp_k, dtype)
+    assert_close(as_heads(q, head_size), exp_q, dtype)
+    assert_close(as_heads(k, head_size), exp_k, dtype)
     for before, after in zip(saved, untouched, strict=True):
         assert torch.equal(before, after)
 
@@ -270,8 +273,8 @@ def test_rope_cuda_graph_replay(is_neox: bool) -> None:
         v_before = v.clone()
         graph.replay()
         torch.cuda.synchronize()
-        assert_close(q.view(n, -1, d), exp_q, dtype)
-        assert_close(k.view(n, -1, d), exp_k, dtype)
+        assert_close(as_heads(q, d), exp_q, dtype)
+        assert_close(as_heads(k, d), exp_k, dtype)
         assert torch.equal(v, v_before)
 
 
@@ -310,17 +313,16 @@ def check_qknorm_rope(q, k, qw, kw, positions, cache, d, is_neox, dtype, untouch
     """The fused op against (a) the float64 reference with the intermediate rounded to dtype and
     (b) fused_inplace_qknorm followed by the rope op, on copies: within FUSED_TOL, and equal to (b)
     bit for bit but for at most MAX_DIFFERENT of the elements (one-ulp steps of the intermediate)."""
-    n = q.shape[0]
     exp_q = ref_rope(positions, ref_norm(q, qw, d, dtype), d, cache, is_neox)
     exp_k = ref_rope(positions, ref_norm(k, kw, d, dtype), d, cache, is_neox)
-    q2, k2 = q.clone().view(n, -1, d), k.clone().view(n, -1, d)
+    q2, k2 = as_heads(q.clone(), d), as_heads(k.clone(), d)
     saved = [t.clone() for t in untouched]
     jit_kernel.fused_qknorm_rope(q, k, qw, kw, positions, cache, EPS, is_neox)
-    assert_close(q.reshape(n, -1, d), exp_q, dtype, FUSED_TOL)
-    assert_close(k.reshape(n, -1, d), exp_k, dtype, FUSED_TOL)
+    assert_close(as_heads(q, d), exp_q, dtype, FUSED_TOL)
+    assert_close(as_heads(k, d), exp_k, dtype, FUSED_TOL)
     jit_kernel.fused_inplace_qknorm(q2, k2, qw, kw, EPS)
     jit_kernel.apply_rope_with_cos_sin_cache_inplace(positions, q2, k2, d, cache, is_neox)
-    for fused, two in ((q.reshape(n, -1, d), q2), (k.reshape(n, -1, d), k2)):
+    for fused, two in ((as_heads(q, d), q2), (as_heads(k, d), k2)):
         assert_close(fused, two, dtype, FUSED_TOL)
         if dtype != torch.float32:  # fp32 has no coarse rounding to absorb a last-bit change of rrms
             different = int((fused != two).sum())

@@ -20,6 +20,7 @@ import torch
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.jit import make_cpp_args
+from jit_kernel.ops._no_data import checks_only
 from jit_kernel.spec import Config
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -61,12 +62,28 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         return function
 
     def get_kernel(self, key: Any, run: bool) -> Callable[..., Any] | None:
-        """``self[key]`` for a call that launches; for one that does not (``run=False``), only the
-        config choice, which raises for a key no kernel serves."""
+        """``self[key]`` for a call that launches; for ``run=CHECK_ONLY`` (a fake call), the kernel
+        called on tensors without data (its launcher checks, launches nothing); for ``run=False``,
+        only the config choice, which raises for a key no kernel serves."""
+        if run is CHECK_ONLY:
+            return checks_only(self[key])
         if run:
             return self[key]
         self.config(key)
         return None
+
+
+class _CheckOnly:
+    """The ``run`` of a fake call whose launcher checks tensors without data: true, like a launch."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "CHECK_ONLY"
+
+
+CHECK_ONLY: Any = _CheckOnly()
 
 
 _MISMATCHED_ARGUMENT = re.compile(r"Mismatched type on argument #(\d+) when calling: `[^`]*`\. Expected `([^`]+)`")
@@ -149,8 +166,8 @@ def flat(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _launchers_can_check(args: Sequence[object]) -> bool:
-    """Whether a fake call can hand its FakeTensors to the C++ launcher: their sizes are concrete
-    (tvm-ffi cannot pass symbolic ones) and a kernel can be loaded (a GPU, or an arch override)."""
+    """Whether a fake call can reach the C++ launcher: the tensors' sizes are concrete (symbolic
+    ones have no DLPack form) and a kernel can be loaded (a GPU, or an arch override)."""
     for arg in args:
         if isinstance(arg, torch.Tensor) and not all(type(n) is int for n in arg.shape):
             return False
@@ -163,18 +180,20 @@ def register(name: str, impl: Callable[..., Any], mutates: tuple[str, ...] = (),
     ``impl``'s signature without ``run``.
 
     The fake implementation (torch.compile's tracing) calls ``impl`` too. With ``fake_checks`` it
-    passes ``run=True``: the kernel's launcher gets the FakeTensors, runs its checks (the one copy of
-    the tensor rules, so tracing rejects what the op rejects, with the same error) and returns
-    without launching, since they hold no data (``host::has_no_data``; only for launchers that
-    return there before any CUDA call). Otherwise, or when the launcher cannot be reached (symbolic
-    sizes, no GPU), ``run=False``: the config is picked and the outputs allocated, nothing is called."""
+    passes ``run=CHECK_ONLY``: the kernel's launcher gets tensors with the FakeTensors' metadata and
+    no data (``_no_data``), runs its checks (the one copy of the tensor rules, so tracing rejects
+    what the op rejects, with the same error) and returns without launching
+    (``host::has_no_data``; only for launchers that return there before any CUDA call). Otherwise,
+    or when the launcher cannot be reached (symbolic sizes, no GPU), ``run=False``: the config is
+    picked and the outputs allocated, nothing is called."""
     signature = inspect.signature(impl)
     public = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "run"])
 
     def bound(run: bool) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if not run and fake_checks:
-                return impl(*args, **kwargs, run=_launchers_can_check((*args, *kwargs.values())))
+                check = _launchers_can_check((*args, *kwargs.values()))
+                return impl(*args, **kwargs, run=CHECK_ONLY if check else False)
             return impl(*args, **kwargs, run=run)
 
         call.__signature__ = public  # type: ignore[attr-defined]
