@@ -260,10 +260,38 @@ def _valid_fake_calls() -> list[Callable[[], object]]:
         lambda: torch.ops.jit_kernel.per_tensor_quant_fp8(
             x, _cuda(4, 4096, dtype=torch.float8_e4m3fn), _cuda(1, dtype=torch.float32), True
         ),
+        # The decoder-layer families (issues 17, 18).
+        lambda: torch.ops.jit_kernel.silu_and_mul(_cuda(4, 2 * 4096)),
+        lambda: torch.ops.jit_kernel.apply_rope_with_cos_sin_cache_inplace(
+            _cuda(4, dtype=torch.int64), _cuda(4, 32 * 128), _cuda(4, 8 * 128), 128, _cuda(64, 128, dtype=torch.float32)
+        ),
+        lambda: torch.ops.jit_kernel.fused_qknorm_rope(
+            _cuda(4, 32, 128), _cuda(4, 8, 128), w128, w128, _cuda(4, dtype=torch.int32), _cuda(64, 128)
+        ),
+        lambda: torch.ops.jit_kernel.per_token_quant_fp8(
+            x, _cuda(4, 4096, dtype=torch.float8_e4m3fn), _cuda(4, 1, dtype=torch.float32), False
+        ),
+        lambda: torch.ops.jit_kernel.per_token_group_quant_fp8(
+            x, _cuda(4, 4096, dtype=torch.float8_e4m3fn), _cuda(4, 32, dtype=torch.float32), 128, 1e-10, False
+        ),
+        lambda: torch.ops.jit_kernel.silu_and_mul_per_token_group_quant_fp8(
+            _cuda(4, 2 * 4096),
+            _cuda(4, 4096, dtype=torch.float8_e4m3fn),
+            _cuda(4, 32, dtype=torch.float32),
+            128,
+            1e-10,
+            False,
+        ),
+        lambda: torch.ops.jit_kernel.store_kv_cache(
+            _cuda(4, 8, 128), _cuda(4, 8, 128), _cuda(64, 8, 128), _cuda(64, 8, 128), _cuda(4, dtype=torch.int64)
+        ),
+        lambda: torch.ops.jit_kernel.set_mla_kv_buffer(
+            _cuda(64, 1, 576), _cuda(4, dtype=torch.int32), _cuda(4, 1, 512), _cuda(4, 1, 64)
+        ),
     ]
 
 
-@pytest.mark.parametrize("index", range(11))  # len(_valid_fake_calls())
+@pytest.mark.parametrize("index", range(19))  # len(_valid_fake_calls())
 def test_fake_implementation_runs_the_launchers_checks_and_launches_nothing(
     index: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,7 +309,7 @@ def test_fake_implementation_runs_the_launchers_checks_and_launches_nothing(
     monkeypatch.setattr(_common.KernelTable, "get_kernel", recording)
     with FakeTensorMode():
         valid_calls = _valid_fake_calls()
-        assert len(valid_calls) == 11
+        assert len(valid_calls) == 19
         valid_calls[index]()
     assert calls and all(call.endswith(":CHECK_ONLY") for call in calls), calls
 

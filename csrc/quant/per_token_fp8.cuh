@@ -204,9 +204,9 @@ struct PerTokenQuantFp8 {
     using namespace host;
     const int64_t n = input.size(0);
     const int64_t d = input.size(1);
-    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     RuntimeCheck(n < (int64_t{1} << 31), "per_token_quant_fp8: at most 2^31 - 1 rows, got ", n);
-    if (n == 0) return;
+    if (n == 0 || has_no_data(output_q)) return;  // nothing to do, or a fake call's checks alone
+    const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     const auto* x = static_cast<const T*>(input.data_ptr());
     const int64_t stride = input.stride(0);

@@ -230,9 +230,9 @@ struct PerTokenGroupQuantFp8 {
         s1,
         ")");
     RuntimeCheck(n * g < (int64_t{1} << 31), op, ": at most 2^31 - 1 groups, got ", n * g);
+    if (n * g == 0 || has_no_data(output_q)) return;  // nothing to do, or a fake call's checks alone
     const DLDevice dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
-    if (n * g == 0) return;
 
     GroupParams p{};
     p.in = input.data_ptr();

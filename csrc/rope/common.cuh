@@ -219,16 +219,4 @@ inline bool heads_vector_aligned(const Params& p) {
   return ok(p.q) && ok(p.k) && p.q_s0 % v == 0 && p.q_s1 % v == 0 && p.k_s0 % v == 0 && p.k_s1 % v == 0;
 }
 
-// SM count per device, asked once.
-inline int64_t sm_count(int device_id) {
-  static std::array<std::atomic<int>, 64> cache{};
-  if (device_id < 0 || device_id >= 64) return static_cast<int64_t>(host::runtime::get_sm_count(device_id));
-  int n = cache[device_id].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = static_cast<int>(host::runtime::get_sm_count(device_id));
-    cache[device_id].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 }  // namespace jit_kernel::rope

@@ -206,7 +206,7 @@ struct QKNormRope {
     p.k_weight = k_weight.data_ptr();
     p.eps = static_cast<float>(eps);
     const int64_t heads = (p.q_heads + p.k_heads) * p.tokens;
-    if (heads == 0) return;
+    if (heads == 0 || has_no_data(query)) return;  // nothing to do, or a fake call's checks alone
     const auto dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     if (launch_fast_if_possible<T>(p, heads, is_neox, dev, pdl)) return;

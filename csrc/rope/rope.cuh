@@ -151,7 +151,8 @@ void launch_rope(Params p, DLDevice dev, bool pdl) {
   const int64_t units = p.half / S::kP;  // <= kMaxHeadSize / 2 = kMaxBlockThreads
   // Heads per thread: 1 while one head per thread does not fill the GPU, up to kBatch beyond.
   const int64_t work = p.tokens * heads * units;
-  const int64_t per_thread = std::clamp<int64_t>(work / (sm_count(dev.device_id) * kResidentThreadsPerSm), 1, kBatch);
+  const int64_t per_thread =
+      std::clamp<int64_t>(work / (int64_t{host::runtime::sm_count(dev.device_id)} * kResidentThreadsPerSm), 1, kBatch);
   int64_t slots = div_ceil(heads, per_thread);
   slots = std::clamp<int64_t>(slots, 1, std::max<int64_t>(1, kMaxBlockThreads / units));
   const int64_t group = units * slots;
@@ -178,7 +179,8 @@ struct Rope {
     using namespace host;
     auto device = SymbolicDevice{};
     const Params p = make_params<T>(positions, query, key, head_size, cos_sin_cache, device);
-    if (p.tokens == 0 || p.q_heads + p.k_heads == 0 || p.max_pos == 0) return;  // max_pos 0: every token skipped
+    // max_pos 0: every token skipped; no data: a fake call's checks alone.
+    if (p.tokens == 0 || p.q_heads + p.k_heads == 0 || p.max_pos == 0 || has_no_data(query)) return;
     const auto dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     constexpr int kV = kVecElems<T>;

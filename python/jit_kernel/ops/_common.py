@@ -169,7 +169,9 @@ def _launchers_can_check(args: Sequence[object]) -> bool:
     """Whether a fake call can reach the C++ launcher: the tensors' sizes are concrete (symbolic
     ones have no DLPack form) and a kernel can be loaded (a GPU, or an arch override)."""
     for arg in args:
-        if isinstance(arg, torch.Tensor) and not all(type(n) is int for n in arg.shape):
+        if isinstance(arg, torch.SymInt) or (
+            isinstance(arg, torch.Tensor) and not all(type(n) is int for n in (*arg.shape, *arg.stride()))
+        ):
             return False
     return torch.cuda.is_available() or env.cuda_arch_override() is not None
 

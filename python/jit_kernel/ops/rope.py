@@ -40,7 +40,7 @@ import torch
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import QKNORM_ROPE, ROPE
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register
+from jit_kernel.ops._common import CHECK_ONLY, KernelTable, explain, float_dtype, not_a_tensor, register
 
 _ROPE_OP = "apply_rope_with_cos_sin_cache_inplace"
 _QKR_OP = "fused_qknorm_rope"
@@ -95,7 +95,7 @@ def _rope(
     try:
         kernel = _ROPE_KERNELS.get_kernel(_dtype_of(_ROPE_OP, "query", query), run)
         if run:
-            if env.check_indices():
+            if env.check_indices() and run is not CHECK_ONLY:  # a fake call has no values
                 _check_positions(_ROPE_OP, positions, cos_sin_cache)
             kernel(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:
@@ -128,7 +128,7 @@ def _qknorm_rope(
     try:
         kernel = _QKR_KERNELS.get_kernel(_dtype_of(_QKR_OP, "query", query), run)
         if run:
-            if env.check_indices():
+            if env.check_indices() and run is not CHECK_ONLY:  # a fake call has no values
                 _check_positions(_QKR_OP, positions, cos_sin_cache)
             kernel(query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:
@@ -185,8 +185,8 @@ def _qknorm_rope_op(
     _qknorm_rope(query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl, run)
 
 
-register(_ROPE_OP, _rope_op, mutates=("query", "key"))
-register(_QKR_OP, _qknorm_rope_op, mutates=("query", "key"))
+register(_ROPE_OP, _rope_op, mutates=("query", "key"), fake_checks=True)
+register(_QKR_OP, _qknorm_rope_op, mutates=("query", "key"), fake_checks=True)
 
 
 # ---------------------------------------------------------------------------------------------

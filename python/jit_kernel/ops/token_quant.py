@@ -135,7 +135,7 @@ def _per_token_op(
     _per_token(input, output_q, output_s, is_static, enable_pdl, run)
 
 
-register(_TOKEN_OP, _per_token_op, mutates=("output_q", "output_s"))
+register(_TOKEN_OP, _per_token_op, mutates=("output_q", "output_s"), fake_checks=True)
 
 
 def per_token_quant_fp8(
@@ -236,8 +236,8 @@ def _fused_op(
     _group(True, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, run)
 
 
-register(_GROUP_OP, _group_op, mutates=("output_q", "output_s"))
-register(_FUSED_OP, _fused_op, mutates=("output_q", "output_s"))
+register(_GROUP_OP, _group_op, mutates=("output_q", "output_s"), fake_checks=True)
+register(_FUSED_OP, _fused_op, mutates=("output_q", "output_s"), fake_checks=True)
 
 
 def _group_outputs(
