@@ -55,6 +55,7 @@ _QKR_KERNELS = KernelTable(_QKNORM_ROPE, "run", lambda dtype: (float_dtype(_QKR_
 # The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
 _ROPE_ARGS = ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox", "enable_pdl")
 _QKR_ARGS = ("query", "key", "q_weight", "k_weight", "positions", "cos_sin_cache", "eps", "is_neox", "enable_pdl")
+_TENSOR_ARGS = frozenset(("positions", "query", "key", "cos_sin_cache", "q_weight", "k_weight"))
 
 
 def _check_bool(op: str, name: str, value: object) -> None:
@@ -81,6 +82,22 @@ def _check_positions(op: str, positions: torch.Tensor, cos_sin_cache: torch.Tens
         )
 
 
+def _apply(op: str, kernels: KernelTable, kernel_args: tuple[str, ...], args: tuple[object, ...], run: bool) -> None:
+    """Both ops: ``args`` in the kernel's C++ order (``kernel_args`` names them)."""
+    values = dict(zip(kernel_args, args, strict=True))
+    _check_bool(op, "is_neox", values["is_neox"])
+    try:
+        kernel = kernels.get_kernel(_dtype_of(op, "query", values["query"]), run)
+        if run:
+            if env.check_indices() and run is not CHECK_ONLY:  # a fake call has no values
+                _check_positions(op, values["positions"], values["cos_sin_cache"])  # type: ignore[arg-type]
+            kernel(*args)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        tensors = [name for name in kernel_args if name in _TENSOR_ARGS]
+        explain(op, error, kernel_args, values, tensors)
+        raise
+
+
 def _rope(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -91,25 +108,8 @@ def _rope(
     enable_pdl: bool | None,
     run: bool = True,
 ) -> None:
-    _check_bool(_ROPE_OP, "is_neox", is_neox)
-    try:
-        kernel = _ROPE_KERNELS.get_kernel(_dtype_of(_ROPE_OP, "query", query), run)
-        if run:
-            if env.check_indices() and run is not CHECK_ONLY:  # a fake call has no values
-                _check_positions(_ROPE_OP, positions, cos_sin_cache)
-            kernel(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {
-            "positions": positions,
-            "query": query,
-            "key": key,
-            "head_size": head_size,
-            "cos_sin_cache": cos_sin_cache,
-            "is_neox": is_neox,
-            "enable_pdl": enable_pdl,
-        }
-        explain(_ROPE_OP, error, _ROPE_ARGS, values, ("positions", "query", "key", "cos_sin_cache"))
-        raise
+    args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
+    _apply(_ROPE_OP, _ROPE_KERNELS, _ROPE_ARGS, args, run)
 
 
 def _qknorm_rope(
@@ -124,33 +124,8 @@ def _qknorm_rope(
     enable_pdl: bool | None,
     run: bool = True,
 ) -> None:
-    _check_bool(_QKR_OP, "is_neox", is_neox)
-    try:
-        kernel = _QKR_KERNELS.get_kernel(_dtype_of(_QKR_OP, "query", query), run)
-        if run:
-            if env.check_indices() and run is not CHECK_ONLY:  # a fake call has no values
-                _check_positions(_QKR_OP, positions, cos_sin_cache)
-            kernel(query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {
-            "query": query,
-            "key": key,
-            "q_weight": q_weight,
-            "k_weight": k_weight,
-            "positions": positions,
-            "cos_sin_cache": cos_sin_cache,
-            "eps": eps,
-            "is_neox": is_neox,
-            "enable_pdl": enable_pdl,
-        }
-        explain(
-            _QKR_OP,
-            error,
-            _QKR_ARGS,
-            values,
-            ("query", "key", "q_weight", "k_weight", "positions", "cos_sin_cache"),
-        )
-        raise
+    args = (query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
+    _apply(_QKR_OP, _QKR_KERNELS, _QKR_ARGS, args, run)
 
 
 # ---------------------------------------------------------------------------------------------
