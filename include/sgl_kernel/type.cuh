@@ -290,8 +290,8 @@ inline constexpr float kFP8E4M3Max = 448.0f;
 
 /// `namespace sglang` layout (see `utils.h`).
 namespace sglang {
-using ::DTypeTrait;
 using ::dtype_trait;
+using ::DTypeTrait;
 using ::kFP8E4M3Max;
 using ::packed_t;
 }  // namespace sglang
