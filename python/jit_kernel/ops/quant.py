@@ -25,6 +25,29 @@ _KERNELS = {
 _KERNEL_ARGS = ("output_q", "output_s", "input", "enable_pdl")
 
 
+def table_for(op: str, tables: dict[bool, KernelTable], is_static: object) -> KernelTable:
+    """The kernels of static or dynamic mode (per-tensor and per-token quant share the rule)."""
+    kernels = tables.get(is_static) if type(is_static) is bool else None  # type: ignore[call-overload]
+    if kernels is None:
+        raise TypeError(f"{op}: is_static must be a bool, got {type(is_static).__name__}")
+    return kernels
+
+
+def same_shape_q(op: str, output_q: torch.Tensor, input: torch.Tensor) -> None:
+    """Python allocates and reshapes ``output_q`` after ``input``, so it checks this rule itself."""
+    if output_q.shape != input.shape:
+        raise ValueError(
+            f"{op}: output_q must have the shape of input {tuple(input.shape)}, got {tuple(output_q.shape)}"
+        )
+
+
+def one_scale(op: str, output_s: torch.Tensor) -> torch.Tensor:
+    """``output_s`` holding exactly one float32 scale, as the ``(1,)`` tensor the kernels take."""
+    if output_s.numel() != 1:
+        raise ValueError(f"{op}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
+    return output_s if output_s.dim() == 1 else output_s.view(1)
+
+
 def _quant(
     input: torch.Tensor,
     output_q: torch.Tensor,
@@ -33,18 +56,11 @@ def _quant(
     enable_pdl: bool | None,
     run: bool = True,
 ) -> None:
-    kernels = _KERNELS.get(is_static) if type(is_static) is bool else None
-    if kernels is None:
-        raise TypeError(f"{_OP}: is_static must be a bool, got {type(is_static).__name__}")
+    kernels = table_for(_OP, _KERNELS, is_static)
     try:
         kernel = kernels.get_kernel(input.dtype, run)
-        if output_q.shape != input.shape:
-            raise ValueError(
-                f"{_OP}: output_q must have the shape of input {tuple(input.shape)}, got {tuple(output_q.shape)}"
-            )
-        if output_s.numel() != 1:
-            raise ValueError(f"{_OP}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
-        scale = output_s if output_s.dim() == 1 else output_s.view(1)
+        same_shape_q(_OP, output_q, input)
+        scale = one_scale(_OP, output_s)
         if run:
             kernel(flat(_OP, "output_q", output_q), scale, flat(_OP, "input", input), enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:

@@ -36,6 +36,7 @@ import torch
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
 from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
+from jit_kernel.ops.quant import one_scale, same_shape_q, table_for
 
 FP8_E4M3_MAX = 448.0
 _TOKEN_OP = "per_token_quant_fp8"
@@ -96,21 +97,14 @@ def _per_token(
     run: bool = True,
 ) -> None:
     op = _TOKEN_OP
-    kernels = _TOKEN_KERNELS.get(is_static) if type(is_static) is bool else None
-    if kernels is None:
-        raise TypeError(f"{op}: is_static must be a bool, got {type(is_static).__name__}")
+    kernels = table_for(op, _TOKEN_KERNELS, is_static)
     try:
         kernel = kernels.get_kernel(input.dtype, run)
-        if output_q.shape != input.shape:
-            raise ValueError(
-                f"{op}: output_q must have the shape of input {tuple(input.shape)}, got {tuple(output_q.shape)}"
-            )
+        same_shape_q(op, output_q, input)
         in_rows = rows(op, "input", input)
         q_rows = rows(op, "output_q", output_q)
         if is_static:
-            if output_s.numel() != 1:
-                raise ValueError(f"{op}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
-            s = output_s if output_s.dim() == 1 else output_s.view(1)
+            s = one_scale(op, output_s)
         else:
             expected = (*input.shape[:-1], 1)
             if output_s.shape != expected:
