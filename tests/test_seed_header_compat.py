@@ -55,6 +55,18 @@ ALIASES = include("aliases.cuh") + "".join(
     ]
 )
 
+CAPS_FUNCS = [
+    ("warp_scan_f32", "compat_caps::warp_scan<fp32_t>"),
+    ("warp_scan_i32", "compat_caps::warp_scan<int32_t>"),
+    ("fast_div", "compat_caps::fast_div"),
+    ("activations", "compat_caps::activations"),
+    ("reduce_rows", "compat_caps::reduce_rows"),
+    ("copy_rows_576", "compat_caps::copy_rows<576>"),
+    ("copy_rows_1024", "compat_caps::copy_rows<1024>"),
+    ("check_aligned", "compat_caps::check_aligned"),
+    ("smem_copy", "compat_caps::smem_copy"),
+]
+
 UNITS = [
     # Every alias, as our load_jit builds it (no -DSGL_CUDA_ARCH: the headers derive it).
     Unit("aliases", "nvcc", ALIASES),
@@ -79,6 +91,8 @@ UNITS = [
         include("norm.cuh")
         + "".join(export(f"rmsnorm_{t}_{d}", f"compat_norm::rmsnorm<{t}, {d}>") for t, d in NORM_CONFIGS),
     ),
+    # The capabilities of 0.5.23 beyond renames (warp scans, fast_mod_div_u32_t, ensure_alignment, ...).
+    Unit("capabilities", "nvcc", include("capabilities.cuh") + "".join(export(n, f) for n, f in CAPS_FUNCS)),
     Unit("ffi.h", "nvcc", include("ffi.cuh") + "".join(export(f, f"compat_ffi::{f}") for f in FFI_FUNCS)),
     # ffi.h is host-only: plain g++ too (test_headers.py covers it alone; here with its users).
     Unit("ffi.h@g++", "g++", include("ffi.cuh") + "".join(export(f, f"compat_ffi::{f}") for f in FFI_FUNCS)),
@@ -203,3 +217,113 @@ def test_gpu_ffi_helpers(device):
     del owned
     assert mod.deleted_count() == before + 1
     assert mod.counter_twice(40) == 42
+
+
+@pytest.fixture(scope="module")
+def caps():
+    return _load("capabilities", "capabilities.cuh", CAPS_FUNCS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_gpu_warp_scans(caps, dtype):
+    x = torch.randint(-50, 50, (512,), device="cuda").to(dtype)  # small integers: every sum is exact
+    out = torch.full((512, 8), -12345, device="cuda", dtype=dtype)
+    (caps.warp_scan_f32 if dtype == torch.float32 else caps.warp_scan_i32)(x, out)
+    xl = x.long()
+    lane = torch.arange(512, device="cuda") % 32
+    warps = xl.view(-1, 32)
+    expected = torch.stack(
+        [
+            warps.cumsum(1).view(-1),
+            xl.view(-1, 8).cumsum(1).view(-1),
+            warps.cummax(1).values.view(-1),
+            xl.view(-1, 16).cummin(1).values.view(-1),
+            warps.flip(1).cumsum(1).flip(1).view(-1),
+            xl.view(-1, 8)[:, 3:4].expand(-1, 8).reshape(-1),
+            lane % 8,
+        ],
+        dim=1,
+    )
+    assert torch.equal(out[:, :7].long(), expected)
+    elected = out[:, 7].long().view(-1, 32)
+    assert torch.equal(elected.sum(1), torch.ones(16, dtype=torch.long, device="cuda"))
+    assert ((elected == 0) | (elected == 1)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("divisor", [1, 2, 3, 7, 100, 641, 1000003, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1])
+def test_gpu_fast_mod_div(caps, divisor):
+    edges = [0, 1, divisor - 1, divisor, divisor + 1, 2 * divisor - 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]
+    n = torch.cat(
+        [
+            torch.tensor([e for e in edges if 0 <= e < 2**32], dtype=torch.int64),
+            torch.randint(0, 2**32, (1 << 16,), dtype=torch.int64),
+        ]
+    ).cuda()
+    out = torch.full((n.numel(), 2), -7, device="cuda", dtype=torch.int64)
+    caps.fast_div(n, out, divisor)
+    assert torch.equal(out[:, 0], n // divisor)
+    assert torch.equal(out[:, 1], n % divisor)
+
+
+@pytest.mark.gpu
+def test_gpu_fast_activations(caps):
+    x = torch.cat([torch.linspace(-90, 90, 4001), torch.randn(4000) * 4, torch.tensor([-1e4, 0.0, 19.9, 20.1, 1e4])])
+    x = x.cuda()
+    out = torch.full((x.numel(), 3), float("nan"), device="cuda")
+    caps.activations(x, out)
+    xd = x.double()
+    sigmoid = torch.sigmoid(xd)
+    expected = torch.stack([sigmoid, xd * sigmoid, torch.nn.functional.softplus(xd)], dim=1)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), expected, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_packed_reductions(caps):
+    x = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.full_like(x, float("nan"))
+    caps.reduce_rows(x, out)
+    xf = x.float()
+    torch.testing.assert_close(out[0].float(), xf.sum(0), rtol=8e-3, atol=1e-6)  # fp32 sum, one rounding
+    torch.testing.assert_close(out[1].float(), xf.sum(0), rtol=2e-2, atol=2e-2)  # bf16 adds
+    assert torch.equal(out[2], x.amax(0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_bytes", [576, 1024])
+def test_gpu_warp_row_copy(caps, row_bytes):
+    stride = row_bytes + 64
+    src = torch.randint(0, 256, (64, stride), device="cuda", dtype=torch.uint8)
+    dst = torch.full_like(src, 0xEE)
+    getattr(caps, f"copy_rows_{row_bytes}")(src, dst)
+    assert torch.equal(dst[:, :row_bytes], src[:, :row_bytes])
+    assert (dst[:, row_bytes:] == 0xEE).all()  # nothing past the row written
+    # A misaligned view is refused before any launch, naming the argument.
+    with pytest.raises(ValueError, match="src"):
+        getattr(caps, f"copy_rows_{row_bytes}")(src[:, 1:], dst[:, 1:])
+
+
+@pytest.mark.gpu
+def test_gpu_ensure_alignment(caps):
+    x = torch.zeros(4, 64, dtype=torch.uint8)
+    caps.check_aligned(x, 16)
+    with pytest.raises(ValueError, match=r"Misaligned data pointer"):
+        caps.check_aligned(x[:, 1:], 16)
+    with pytest.raises(ValueError, match=r"Misaligned stride for dim#0"):
+        caps.check_aligned(torch.zeros(4, 72, dtype=torch.uint8)[:, :64], 16)
+    caps.check_aligned(torch.zeros(1, 72, dtype=torch.uint8)[:, :64], 16)  # a size-1 dim's stride is unused
+    with pytest.raises(ValueError, match="not a power of two"):
+        caps.check_aligned(x, 12)
+
+
+@pytest.mark.gpu
+def test_gpu_dynamic_smem_per_device(caps):
+    for size in (100 * 1024, 64 * 1024, 200 * 1024):  # above the 48 KiB default; the limit only grows
+        src = torch.randint(0, 256, (size,), device="cuda", dtype=torch.uint8)
+        dst = torch.zeros_like(src)
+        limit = caps.smem_copy(src, dst)
+        assert limit >= 200 * 1024
+        torch.cuda.synchronize()
+        assert torch.equal(dst, src.flip(0))

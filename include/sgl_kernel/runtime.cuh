@@ -14,6 +14,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <utility>
 
 namespace host::runtime {
 
@@ -102,6 +104,115 @@ inline auto get_available_dynamic_smem_per_block(Kernel&& kernel, int num_blocks
   std::size_t bytes = 0;
   RuntimeDeviceCheck(cudaOccupancyAvailableDynamicSMemPerBlock(&bytes, kernel, num_blocks, block_size), where);
   return bytes;
+}
+
+/// \brief Lets `kernel` launch with up to `bytes` of dynamic shared memory (above 48 KiB needs this
+/// opt-in) on the current device. See `set_max_dynamic_smem_per_device` for the cached form.
+template <typename Kernel>
+inline void set_max_dynamic_smem(Kernel kernel, std::size_t bytes, DebugInfo where = {}) {
+  RuntimeDeviceCheck(
+      cudaFuncSetAttribute(
+          reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+      where);
+}
+
+/// \brief Preferred shared-memory share of the L1/shared split for `kernel` on the current device,
+/// in percent (or `cudaSharedmemCarveoutMaxShared` / `MaxL1` / `Default`).
+template <typename Kernel>
+inline void set_smem_carveout(Kernel kernel, int percent, DebugInfo where = {}) {
+  RuntimeDeviceCheck(
+      cudaFuncSetAttribute(
+          reinterpret_cast<const void*>(kernel), cudaFuncAttributePreferredSharedMemoryCarveout, percent),
+      where);
+}
+
+/// \brief Most shared memory one block may use on device `device_id`: with the opt-in above
+/// (227 KiB on H100) or, with `opt_in = false`, without it (48 KiB). Cached per device.
+inline auto get_max_smem_per_block(int device_id, bool opt_in = true, DebugInfo where = {}) -> std::size_t {
+  struct OptIn;
+  struct Default;
+  const auto ask = [&](cudaDeviceAttr attribute) {
+    return [&, attribute](int id) {
+      int bytes = 0;
+      RuntimeDeviceCheck(cudaDeviceGetAttribute(&bytes, attribute, id), where);
+      return bytes;
+    };
+  };
+  return static_cast<std::size_t>(
+      opt_in ? detail::per_device<OptIn>(device_id, where, ask(cudaDevAttrMaxSharedMemoryPerBlockOptin))
+             : detail::per_device<Default>(device_id, where, ask(cudaDevAttrMaxSharedMemoryPerBlock)));
+}
+
+namespace detail {
+
+/// sglang passes a device as a `DLDevice` or as its ordinal.
+struct DeviceId {
+  DeviceId(DLDevice device) : id(device.device_id) {}
+  DeviceId(int32_t device_id) : id(device_id) {}
+  int32_t id;
+};
+
+/// Runs `fn` with `device_id` as the current device: function attributes are set on the current
+/// device, which need not be the tensors' one. Only first calls come here, so the switch is cheap.
+template <typename Fn>
+inline void on_device(int device_id, const DebugInfo& where, Fn&& fn) {
+  int current = 0;
+  RuntimeDeviceCheck(cudaGetDevice(&current), where);
+  if (current == device_id) return fn();
+  RuntimeDeviceCheck(cudaSetDevice(device_id), where);
+  try {
+    fn();
+  } catch (...) {
+    cudaSetDevice(current);
+    throw;
+  }
+  RuntimeDeviceCheck(cudaSetDevice(current), where);
+}
+
+inline void check_device_id(int device_id, const DebugInfo& where) {
+  RuntimeCheck(where, device_id >= 0 && device_id < kMaxDevices, "device id ", device_id, " out of range");
+}
+
+}  // namespace detail
+
+/**
+ * \brief Runs `fn` (e.g. `set_max_dynamic_smem`, `set_smem_carveout`) once per device, with that
+ *        device current; later calls for the device cost one atomic load.
+ *
+ * "Once" is per call site: each lambda has its own type, hence its own record (`Tag` tells apart
+ * call sites that share a function object type). Two threads may both run a first call, so `fn`
+ * must be idempotent, as attribute setters are; a throwing `fn` is retried on the next call.
+ */
+template <typename Tag = void, typename Fn>
+inline void init_per_device(detail::DeviceId device, Fn&& fn, DebugInfo where = {}) {
+  static std::array<std::atomic<bool>, detail::kMaxDevices> done{};
+  detail::check_device_id(device.id, where);
+  if (done[device.id].load(std::memory_order_acquire)) [[likely]]
+    return;
+  detail::on_device(device.id, where, std::forward<Fn>(fn));
+  done[device.id].store(true, std::memory_order_release);
+}
+
+/**
+ * \brief `set_max_dynamic_smem(kKernel, bytes)` on `device`, only when `bytes` exceeds what an
+ *        earlier call set there: per launch this costs one atomic load.
+ *
+ * The record is the largest size set so far (per kernel and device), not a "done" flag, so a later
+ * launch that needs more shared memory still raises the limit. Raising is serialised so that two
+ * first calls cannot leave the smaller limit set behind the larger record.
+ */
+template <auto kKernel>
+inline void set_max_dynamic_smem_per_device(detail::DeviceId device, std::size_t bytes, DebugInfo where = {}) {
+  static std::array<std::atomic<std::size_t>, detail::kMaxDevices> granted{};
+  static std::mutex raising;
+  detail::check_device_id(device.id, where);
+  auto& slot = granted[device.id];
+  if (bytes <= slot.load(std::memory_order_acquire)) [[likely]]
+    return;
+  const std::lock_guard lock{raising};
+  if (bytes <= slot.load(std::memory_order_relaxed)) return;
+  detail::on_device(device.id, where, [&] { set_max_dynamic_smem(kKernel, bytes, where); });
+  slot.store(bytes, std::memory_order_release);
 }
 
 }  // namespace host::runtime

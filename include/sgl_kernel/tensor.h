@@ -596,6 +596,19 @@ class TensorMatcher {
     return std::move(*this);
   }
 
+  /**
+   * \brief Require the data pointer, and the byte stride of every dimension but the last, to be
+   *        multiples of `bytes` (a power of two), e.g. the vector width of a kernel's 16-byte
+   *        loads. Size-1 dimensions are exempt: their stride is never used. The last dimension is
+   *        the one the vectors run along; its stride and size stay the shape's and strides' rule.
+   */
+  auto ensure_alignment(int64_t bytes, DebugInfo where = {}) && -> TensorMatcher&& {
+    RuntimeCheck(where, m_alignment == 0, "ensure_alignment() was already given");
+    RuntimeCheck(where, bytes > 0 && (bytes & (bytes - 1)) == 0, "ensure_alignment(", bytes, "): not a power of two");
+    m_alignment = bytes;
+    return std::move(*this);
+  }
+
   /// \brief Check `view`; throws `PanicError` naming the caller's line on mismatch.
   auto verify(tvm::ffi::TensorView view, DebugInfo where = {}) && -> TensorMatcher&& {
     verify_impl(view, {}, where);
@@ -658,6 +671,24 @@ class TensorMatcher {
     }
     match_symbol(m_dtype_symbol, m_chain_dtype, view.dtype());
     match_symbol(m_device_symbol, m_chain_device, view.device());
+    if (m_alignment != 0) match_alignment(view);
+  }
+
+  auto match_alignment(const tvm::ffi::TensorView& view) const -> void {
+    const auto address = reinterpret_cast<std::uintptr_t>(view.data_ptr());
+    if (address % static_cast<std::uintptr_t>(m_alignment) != 0) {
+      details::mismatch(
+          "Misaligned data pointer: expected a multiple of " + std::to_string(m_alignment) + " bytes but got " +
+          std::to_string(address) + " (" + std::to_string(address % m_alignment) + " past it)");
+    }
+    const auto element_bytes = static_cast<int64_t>(dtype_bytes(view.dtype()));
+    for (int32_t i = 0; i + 1 < view.dim(); ++i) {
+      if (view.size(i) == 1 || (view.stride(i) * element_bytes) % m_alignment == 0) continue;
+      details::mismatch(
+          "Misaligned stride for dim#" + std::to_string(i) + ": expected a multiple of " + std::to_string(m_alignment) +
+          " bytes but got " + std::to_string(view.stride(i) * element_bytes) + " (" + std::to_string(view.stride(i)) +
+          " elements)");
+    }
   }
 
   /// \brief Compare one shape/stride entry against the tensor's value. The
@@ -723,6 +754,7 @@ class TensorMatcher {
   SymbolicDevice m_chain_device;
   SymbolicDType* m_dtype_symbol = nullptr;
   SymbolicDevice* m_device_symbol = nullptr;
+  int64_t m_alignment = 0;  // bytes; 0: not asked
 };
 
 }  // namespace host

@@ -17,14 +17,21 @@
 #include <sgl_kernel/dtype.h>
 #include <sgl_kernel/utils.cuh>
 
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
 namespace device::details {
 
-/// \brief What every specialization has: `self_t`, `packed_t` and a `from`
-/// that falls back to `static_cast` for conversions without a dedicated intrinsic.
-template <typename Self, typename Packed>
+/// \brief What every specialization has: `self_t`, `packed_t`, the lane type `unpacked_t` and
+/// lane count `kVecSize` of a packed type (itself and 1 for a scalar; what `device::unpack` views),
+/// and a `from` that falls back to `static_cast` for conversions without a dedicated intrinsic.
+template <typename Self, typename Packed, typename Unpacked = Self, std::size_t kLanes = 1>
 struct dtype_trait_base : host::dl_dtype_of<Self> {
   using self_t = Self;
   using packed_t = Packed;
+  using unpacked_t = Unpacked;
+  static constexpr std::size_t kVecSize = kLanes;
 
   template <typename S>
   SGL_DEVICE static Self from(const S& value) {
@@ -140,7 +147,7 @@ struct dtype_trait<bf16_t> : device::details::dtype_trait_base<bf16_t, bf16x2_t>
 };
 
 template <>
-struct dtype_trait<fp32x2_t> : device::details::dtype_trait_base<fp32x2_t, fp32x4_t> {
+struct dtype_trait<fp32x2_t> : device::details::dtype_trait_base<fp32x2_t, fp32x4_t, fp32_t, 2> {
   using dtype_trait_base::from;
   SGL_DEVICE static fp32x2_t from(const fp16x2_t& x) {
     return __half22float2(x);
@@ -175,7 +182,7 @@ struct dtype_trait<fp32x2_t> : device::details::dtype_trait_base<fp32x2_t, fp32x
 };
 
 template <>
-struct dtype_trait<fp16x2_t> : device::details::dtype_trait_base<fp16x2_t, void> {
+struct dtype_trait<fp16x2_t> : device::details::dtype_trait_base<fp16x2_t, void, fp16_t, 2> {
   using dtype_trait_base::from;
   SGL_DEVICE static fp16x2_t from(const fp32x2_t& x) {
     return __float22half2_rn(x);
@@ -210,7 +217,7 @@ struct dtype_trait<fp16x2_t> : device::details::dtype_trait_base<fp16x2_t, void>
 };
 
 template <>
-struct dtype_trait<bf16x2_t> : device::details::dtype_trait_base<bf16x2_t, void> {
+struct dtype_trait<bf16x2_t> : device::details::dtype_trait_base<bf16x2_t, void, bf16_t, 2> {
   using dtype_trait_base::from;
   SGL_DEVICE static bf16x2_t from(const fp32x2_t& x) {
     return __float22bfloat162_rn(x);
@@ -252,10 +259,10 @@ template <>
 struct dtype_trait<fp8_e5m2_t> : device::details::dtype_trait_base<fp8_e5m2_t, fp8x2_e5m2_t> {};
 
 template <>
-struct dtype_trait<fp8x2_e4m3_t> : device::details::dtype_trait_base<fp8x2_e4m3_t, void> {};
+struct dtype_trait<fp8x2_e4m3_t> : device::details::dtype_trait_base<fp8x2_e4m3_t, void, fp8_e4m3_t, 2> {};
 
 template <>
-struct dtype_trait<fp8x2_e5m2_t> : device::details::dtype_trait_base<fp8x2_e5m2_t, void> {};
+struct dtype_trait<fp8x2_e5m2_t> : device::details::dtype_trait_base<fp8x2_e5m2_t, void, fp8_e5m2_t, 2> {};
 
 /// \brief sglang 0.5.16's name for `dtype_trait` (`DTypeTrait<T>::from(x)`). An alias: specialize
 /// `dtype_trait` itself.
@@ -281,6 +288,52 @@ SGL_DEVICE To cast(const From& value) {
     return static_cast<To>(value);
   }
 }
+
+/**
+ * \brief The lanes of a packed value as an array: `unpack(h2)[1]` is the second `fp16_t` of an
+ *        `fp16x2_t` (sglang 0.5.16). A reference into `value`, so writes go through; a const value
+ *        gives const lanes. A scalar is an array of one.
+ */
+template <typename T>
+SGL_DEVICE auto unpack(T& value) -> auto& {
+  using Trait = dtype_trait<std::remove_const_t<T>>;
+  using Lane = typename Trait::unpacked_t;
+  static_assert(sizeof(T) == sizeof(Lane) * Trait::kVecSize, "unpack: the packed type is not its lanes back to back");
+  using Array = std::conditional_t<std::is_const_v<T>, const Lane[Trait::kVecSize], Lane[Trait::kVecSize]>;
+  return reinterpret_cast<Array&>(value);
+}
+
+/// \brief The reductions `ReductionTrait` (and sglang's `warp::inclusive_reduce`) combine with.
+enum class ReductionOp : uint8_t { SUM, MAX, MIN };
+
+/**
+ * \brief `ReductionTrait<Op, T>::reduce(x, y)`: `x + y`, `max(x, y)` or `min(x, y)` for any type
+ *        with a `dtype_trait` or ordinary operators. Packed types use their paired instruction
+ *        where one exists (`__hadd2`, `__hmax2`, ...), otherwise lane by lane (`fp32x2_t` has no `+`).
+ */
+template <ReductionOp Op, typename T>
+struct ReductionTrait {
+  SGL_DEVICE static T reduce(const T& x, const T& y) {
+    if constexpr (Op == ReductionOp::SUM && requires { x + y; }) {
+      return static_cast<T>(x + y);
+    } else if constexpr (Op == ReductionOp::MAX && requires { dtype_trait<T>::max(x, y); }) {
+      return dtype_trait<T>::max(x, y);
+    } else if constexpr (Op == ReductionOp::MIN && requires { dtype_trait<T>::min(x, y); }) {
+      return dtype_trait<T>::min(x, y);
+    } else if constexpr (Op != ReductionOp::SUM && requires { x < y; }) {
+      return (Op == ReductionOp::MAX) == (x < y) ? y : x;
+    } else {
+      static_assert(dtype_trait<T>::kVecSize > 1, "ReductionTrait: T has no such operation");
+      T result;
+      auto& out = unpack(result);
+#pragma unroll
+      for (std::size_t i = 0; i < dtype_trait<T>::kVecSize; ++i) {
+        out[i] = ReductionTrait<Op, typename dtype_trait<T>::unpacked_t>::reduce(unpack(x)[i], unpack(y)[i]);
+      }
+      return result;
+    }
+  }
+};
 
 }  // namespace device
 

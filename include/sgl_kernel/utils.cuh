@@ -144,6 +144,21 @@ SGL_DEVICE void enable_smem_spilling() {
 #endif
 }
 
+/**
+ * \brief This thread's lane within its group of `kNumThreads` consecutive lanes (a power of two,
+ *        at most 32); the warp lane by default (sglang 0.5.23).
+ *
+ * Reads `%laneid` rather than computing `threadIdx.x % 32`: one register read, which ptxas folds
+ * into address arithmetic. The two agree whenever `blockDim.x` is a multiple of 32.
+ */
+template <uint32_t kNumThreads = kWarpThreads>
+SGL_DEVICE uint32_t get_lane_id() {
+  static_assert(kNumThreads > 0 && kNumThreads <= kWarpThreads && (kNumThreads & (kNumThreads - 1)) == 0);
+  uint32_t lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane % kNumThreads;
+}
+
 /// \brief Plain register array, e.g. the per-thread payload of warp-wide copies.
 template <typename T, std::size_t N>
 struct device_vec {

@@ -120,4 +120,58 @@ struct AlignedVector {
   Storage m_storage;
 };
 
+/// \brief Widest single load/store in bytes, by memory (sglang 0.5.23): global memory takes
+/// `device::kMaxVecBytes` (32 on Blackwell), shared memory and portable code 16.
+struct LoadStoreBytes {
+  enum type : int64_t {
+    MAX_GMEM = static_cast<int64_t>(device::kMaxVecBytes),
+    MAX_SMEM = 16,
+    MAX_PORTABLE = 16,
+    MIN_COALESCED = 4,
+    MIN_COALALESCED = MIN_COALESCED,  // sglang's spelling
+    RAW_1B = 1,
+    RAW_2B = 2,
+    RAW_4B = 4,
+    RAW_8B = 8,
+    RAW_16B = 16,
+    RAW_32B = 32,
+  };
+};
+
+/**
+ * \brief Element-wise sum of `M` vectors of packed pairs (`bf16x2_t`, `fp16x2_t`, `fp32x2_t`), e.g.
+ *        the contributions of `M` peers in an all-reduce (sglang 0.5.23).
+ *
+ * With `kFP32Acc` (the default) the sum runs in fp32 and is rounded once at the end, so it does
+ * not depend on the order of the peers as much as a bf16 running sum would; `false` adds in `T2`.
+ */
+template <bool kFP32Acc = true, typename T2, std::size_t N, std::size_t M>
+SGL_DEVICE auto reduce_vec(const AlignedVector<T2, N> (&vecs)[M]) -> AlignedVector<T2, N> {
+  static_assert(M > 0, "reduce_vec: no vectors");
+  AlignedVector<T2, N> result;
+  if constexpr (kFP32Acc) {
+    static_assert(dtype_trait<T2>::kVecSize == 2, "reduce_vec: packed pairs only");
+#pragma unroll
+    for (std::size_t j = 0; j < N; ++j) {
+      auto total = cast<fp32x2_t>(vecs[0][j]);
+#pragma unroll
+      for (std::size_t i = 1; i < M; ++i) {
+        const auto term = cast<fp32x2_t>(vecs[i][j]);
+        total.x += term.x;
+        total.y += term.y;
+      }
+      result[j] = cast<T2>(total);
+    }
+  } else {
+    result = vecs[0];
+#pragma unroll
+    for (std::size_t i = 1; i < M; ++i) {
+#pragma unroll
+      for (std::size_t j = 0; j < N; ++j)
+        result[j] = ReductionTrait<ReductionOp::SUM, T2>::reduce(result[j], vecs[i][j]);
+    }
+  }
+  return result;
+}
+
 }  // namespace device
