@@ -4,8 +4,9 @@
 //                                                                            vLLM reshape_and_cache_flash)
 //   mla:    kv_buffer[loc[i], :Dn] = q(nope[i]), kv_buffer[loc[i], Dn:] = q(rope[i])  (SGLang set_mla_kv_buffer)
 //
-// q is a plain copy when the cache has the activation dtype, and fp8_e4m3(clamp(x / scale, -448, 448))
-// for a float8_e4m3fn cache (the scale from a float32 device tensor of one element, or a host float).
+// q is a plain copy when the cache has the activation dtype, and fp8_e4m3(clamp(x * (1 / scale), -448,
+// 448)) for a float8_e4m3fn cache (as per_tensor_quant_fp8: within one fp8 ulp of x / scale; the
+// scale from a float32 device tensor of one element, or a host float).
 //
 // Layout: every tensor is seen as rows (rank 2 [rows, width] or rank 3 [rows, heads, head_dim]) whose
 // elements are contiguous inside a row; the row stride is arbitrary (k/v may be views of a fused qkv
@@ -39,6 +40,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cuda_fp8.h>
 #include <type_traits>
 
 namespace jit_kernel::kv_store {
@@ -78,61 +80,50 @@ SGL_DEVICE float stream_scale(const Stream& s) {
   return 1.f;
 }
 
-// x / s for the fp8 store, from inv = 1 / s: one product and one FMA correction, the rounding of
-// IEEE x / s for normal s (no divide subroutine per element: fewer registers). An infinite product
-// (x infinite, or the quotient beyond float) and NaN pass through uncorrected.
-SGL_DEVICE float divide(float x, float s, float inv) {
-  const float q = x * inv;
-  return isfinite(q) ? fmaf(fmaf(-q, s, x), inv, q) : q;
-}
-
 SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
   return slot >= 0 && slot < s.num_slots;
+}
+
+// kN inputs (already multiplied by 1 / scale) as kN fp8 values at `dst`: pairs through the packed
+// conversion (cvt.rn.satfinite.e4m3x2.f32: beyond +-448 and +-inf saturate, NaN stays NaN).
+template <int kN>
+SGL_DEVICE void store_fp8(fp8_e4m3_t* dst, const float (&y)[kN]) {
+  if constexpr (kN == 1) {
+    *reinterpret_cast<__nv_fp8_storage_t*>(dst) = __nv_cvt_float_to_fp8(y[0], __NV_SATFINITE, __NV_E4M3);
+  } else {
+    device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) {
+      packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
+    }
+    packed.store(dst);
+  }
 }
 
 // One warp per task. Split mode (p.joint false): task 2 * token + j is row `token` of stream j.
 // Joint mode: task `token` moves the token's rows of both streams, as one run of vectors (stream 0's,
 // then stream 1's), so that short rows (MLA's 64-wide rope part) keep every lane busy.
+// The source loads do not depend on the slot: they are issued together with the slot's load, and
+// the slot is first needed by the stores (one memory latency per task, not two).
 template <typename T, typename C, typename Idx, int kN>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __grid_constant__ Params p) {
   using InVec = device::AlignedVector<T, kN>;
-  using OutVec = device::AlignedVector<C, kN>;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
   if (task >= (p.joint ? p.num_tokens : 2 * p.num_tokens)) return;
   const int64_t token = p.joint ? task : task >> 1;
-  const auto slot = static_cast<int64_t>(static_cast<const Idx*>(p.loc)[token * p.loc_stride]);
-  // The rows to write, first then second (nullptr: none); a slot out of a stream's range skips it.
-  const Stream* first = nullptr;
-  const Stream* second = nullptr;
-  if (p.joint) {
-    const bool ok0 = in_range(slot, p.stream[0]);
-    const bool ok1 = in_range(slot, p.stream[1]);
-    first = ok0 ? &p.stream[0] : (ok1 ? &p.stream[1] : nullptr);
-    second = ok0 && ok1 ? &p.stream[1] : nullptr;
-  } else {
-    const Stream& s = p.stream[task & 1];
-    first = in_range(slot, s) ? &s : nullptr;
-  }
-  if (first == nullptr) return;  // out of range: skipped (see the top of this file)
-  const T* src0 = static_cast<const T*>(first->src) + token * first->src_stride;
-  C* dst0 = static_cast<C*>(first->dst) + slot * first->dst_stride;
-  const float scale0 = stream_scale<C>(*first);
-  const int64_t n0 = first->width / kN;
-  const T* src1 = src0;
-  C* dst1 = dst0;
-  float scale1 = scale0;
-  int64_t total = n0;
-  if (second != nullptr) {
-    src1 = static_cast<const T*>(second->src) + token * second->src_stride;
-    dst1 = static_cast<C*>(second->dst) + slot * second->dst_stride;
-    scale1 = stream_scale<C>(*second);
-    total += second->width / kN;
-  }
-  const float inv0 = 1.f / scale0;
-  const float inv1 = 1.f / scale1;
+  const Stream& s0 = p.joint ? p.stream[0] : p.stream[task & 1];
+  const Stream& s1 = p.stream[1];
+  const auto raw_slot = static_cast<const Idx*>(p.loc)[token * p.loc_stride];
+  const T* src0 = static_cast<const T*>(s0.src) + token * s0.src_stride;
+  const T* src1 = static_cast<const T*>(s1.src) + token * s1.src_stride;
+  const int64_t n0 = s0.width / kN;
+  const int64_t total = p.joint ? n0 + s1.width / kN : n0;
+  // fp8: x * (1 / scale), as per_tensor_quant_fp8 (within one fp32 ulp of x / scale).
+  const float inv0 = 1.f / stream_scale<C>(s0);
+  const float inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
   for (int64_t base = lane; base < total; base += 32 * kUnroll) {
     InVec x[kUnroll];
 #pragma unroll
@@ -140,22 +131,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
       const int64_t i = base + u * 32;
       if (i < total) x[u].load(i < n0 ? src0 : src1, i < n0 ? i : i - n0);
     }
+    // Out-of-range slots are skipped per stream (see the top of this file).
+    const auto slot = static_cast<int64_t>(raw_slot);
+    const bool ok0 = in_range(slot, s0);
+    const bool ok1 = p.joint && in_range(slot, s1);
+    C* dst0 = static_cast<C*>(s0.dst) + slot * s0.dst_stride;
+    C* dst1 = static_cast<C*>(s1.dst) + slot * s1.dst_stride;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * 32;
-      if (i >= total) continue;
-      C* dst = i < n0 ? dst0 : dst1;
-      const int64_t j = i < n0 ? i : i - n0;
+      const bool first = i < n0;
+      if (i >= total || !(first ? ok0 : ok1)) continue;
+      C* dst = first ? dst0 : dst1;
+      const int64_t j = first ? i : i - n0;
       if constexpr (kIsFp8<C>) {
-        const float scale = i < n0 ? scale0 : scale1;
-        const float inv = i < n0 ? inv0 : inv1;
-        OutVec y;
+        const float inv = first ? inv0 : inv1;
+        float y[kN];
 #pragma unroll
-        for (int e = 0; e < kN; ++e) {
-          const float v = divide(dtype_trait<fp32_t>::from(x[u][e]), scale, inv);
-          y[e] = C(v);  // satfinite: beyond +-448 (and +-inf) saturate to +-448, NaN stays NaN
-        }
-        y.store(dst, j);
+        for (int e = 0; e < kN; ++e) y[e] = dtype_trait<fp32_t>::from(x[u][e]) * inv;
+        store_fp8<kN>(dst + j * kN, y);
       } else {
         static_assert(std::is_same_v<T, C>, "a plain cache has the activation dtype");
         x[u].store(dst, j);

@@ -57,11 +57,7 @@ struct Params {
   int32_t head_dim;
   bool pos_i64;
   bool cache_f32;
-  // rope launch geometry: `units` threads per head, `slots` heads of a token at once, so
-  // `units * slots` threads per token and `tokens_per_block` tokens per block.
-  int32_t units;
-  int32_t slots;
-  int32_t tokens_per_block;
+  bool cache_vec;  // rows 16-byte aligned: cos/sin may be read in vectors
   // qknorm_rope
   const void* q_weight;
   const void* k_weight;
@@ -203,6 +199,8 @@ inline Params make_params(
   p.cache = cos_sin_cache.data_ptr();
   p.cache_stride = cos_sin_cache.stride(0);
   p.cache_f32 = cos_sin_cache.dtype().code == kDLFloat && cos_sin_cache.dtype().bits == 32;
+  const int64_t row_bytes = p.cache_stride * (cos_sin_cache.dtype().bits / 8);
+  p.cache_vec = reinterpret_cast<uint64_t>(p.cache) % 16 == 0 && (P.unwrap() <= 1 || row_bytes % 16 == 0);
   p.max_pos = P.unwrap();
   p.tokens = N.unwrap();
   p.rot_dim = static_cast<int32_t>(rot);

@@ -3,28 +3,23 @@
 //
 // Template parameter: T (the activation dtype) only. The head size, rotary dim, style, position
 // dtype and cache dtype are run-time values: no reduction runs over a head, so a compile-time head
-// size would only save one integer division per thread.
+// size would save only a little index arithmetic.
 //
-// Kernel: a token is served by `units * slots` threads. Thread (unit u, slot) loads the token's
-// position and the cos/sin of its unit once (kP pairs), then rotates unit u of heads slot,
-// slot + slots, ... (q heads then k heads), kBatch heads' loads issued before the first store. A
-// unit is kP pairs: on aligned heads, NeoX: one 8-byte access in each half (kP = 8 / sizeof(T));
-// GPT-J: one 16-byte vector (kP = 8 / sizeof(T)); otherwise one pair of scalar accesses. (NeoX with
-// 16-byte vectors in each half needs 112 registers at kBatch = 4 on sm_90a, 8-byte ones 64: the
-// accesses stay fully coalesced: 16 lanes read a 128-byte half of a head.) The host picks
-// `slots` so that a small launch spreads one head per thread and a large one gives each thread up
-// to kBatch heads (more bytes in flight per thread, fewer cos/sin reloads), and packs several
-// tokens into a block of about 256 threads.
+// Kernel: one thread per (token, head, unit); a unit is kP rotation pairs. On aligned heads, NeoX:
+// one 16-byte vector in each half (kP = 16 / sizeof(T)); GPT-J: one 16-byte vector (kP = 8 /
+// sizeof(T)); otherwise one pair of scalar accesses. A block is (units, heads, tokens) threads: a
+// token's heads side by side (up to kMaxBlockThreads threads), several tokens per block when a
+// token's threads are few. The head loads are issued first: they do not depend on the position,
+// so the position's load and the cos/sin load that needs it run under them (one memory latency per
+// thread for the bulk, not two). The index arithmetic runs before the PDL wait.
 #pragma once
 
 #include "common.cuh"
 
 namespace jit_kernel::rope {
 
-inline constexpr int kBatch = 4;
-// A token's threads (units * slots) and a block stay within this: units <= kMaxHeadSize / 2, and
-// 512 rather than 1024 leaves the compiler 128 registers per thread for kBatch heads in flight.
 inline constexpr int kMaxBlockThreads = 512;
+inline constexpr int kTargetBlockThreads = 256;
 static_assert(kMaxHeadSize / 2 <= kMaxBlockThreads);
 
 // kV elements at `ptr`: one aligned vector (kVec) or kV scalar accesses.
@@ -57,91 +52,93 @@ struct Group {
 
 template <typename T, bool kVec, bool kNeox>
 struct RopeShape {
-  // elements per group access; pairs per unit
-  static constexpr int kV = kVec ? (kNeox ? kVecElems<T> / 2 : kVecElems<T>) : (kNeox ? 1 : 2);
-  static constexpr int kP = kNeox ? kV : kV / 2;
+  static constexpr int kV = kVec ? kVecElems<T> : (kNeox ? 1 : 2);  // elements per access
+  static constexpr int kP = kNeox ? kV : kV / 2;                    // pairs per unit
 };
 
-template <typename T, bool kVec, bool kNeox>
-__global__ void __launch_bounds__(kMaxBlockThreads) rope_kernel(const Params p) {
-  using S = RopeShape<T, kVec, kNeox>;
-  constexpr int kV = S::kV;
-  constexpr int kP = S::kP;
-  using G = Group<T, kV, kVec>;
-  const int group = p.units * p.slots;
-  const int local = static_cast<int>(threadIdx.x) / group;
-  const int r = static_cast<int>(threadIdx.x) - local * group;
-  const int slot = r / p.units;
-  const int u = r - slot * p.units;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * p.tokens_per_block + local;
-  device::PDLWaitPrimary();
-  device::PDLTriggerSecondary();
-  if (local >= p.tokens_per_block || token >= p.tokens) return;
-  // Out-of-range positions are skipped (common.cuh): nothing is stored for them. Branch-free up to
-  // the stores, so that the head loads do not wait for the position.
-  const int64_t raw_pos = load_position(p, token);
-  const bool valid = raw_pos >= 0 && raw_pos < p.max_pos;  // max_pos >= 1 (the host returns otherwise)
-  const void* row = cache_row<T>(p, valid ? raw_pos : 0);
-  const int64_t i0 = static_cast<int64_t>(u) * kP;  // first pair of this unit
-  float c[kP], s[kP];
+// cos[i0, i0 + kP) and sin[i0, i0 + kP) of a cache row: 16-byte (or kP-wide) loads when the host
+// found the rows aligned (p.cache_vec), else one element at a time.
+template <typename T, int kP>
+SGL_DEVICE void load_cos_sin(const Params& p, const void* row, int64_t i0, float (&c)[kP], float (&s)[kP]) {
+  if (p.cache_vec && p.cache_f32) {
+    const auto* f = static_cast<const float*>(row);
+    constexpr int kW = kP < 4 ? kP : 4;  // floats per load
 #pragma unroll
-  for (int j = 0; j < kP; ++j) {
-    c[j] = load_cache<T>(p, row, i0 + j);
-    s[j] = load_cache<T>(p, row, p.half + i0 + j);
-  }
-  const int64_t heads = p.q_heads + p.k_heads;
-  for (int64_t h0 = slot; h0 < heads; h0 += static_cast<int64_t>(kBatch) * p.slots) {
-    G a[kBatch], b[kBatch];
-    T* ptr[kBatch];
+    for (int j = 0; j < kP; j += kW) {
+      device::AlignedVector<float, kW> cv, sv;
+      cv.load(f + i0 + j);
+      sv.load(f + p.half + i0 + j);
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int64_t h = h0 + static_cast<int64_t>(i) * p.slots;
-      if (h < heads) {
-        ptr[i] = head_ptr<T>(p, token, h);
-        if constexpr (kNeox) {
-          a[i].load(ptr[i] + i0);
-          b[i].load(ptr[i] + p.half + i0);
-        } else {
-          a[i].load(ptr[i] + 2 * i0);
-        }
+      for (int e = 0; e < kW; ++e) {
+        c[j + e] = cv[e];
+        s[j + e] = sv[e];
       }
     }
+  } else if (p.cache_vec) {
+    const auto* t = static_cast<const T*>(row);
+    device::AlignedVector<T, kP> cv, sv;
+    cv.load(t + i0);
+    sv.load(t + p.half + i0);
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int64_t h = h0 + static_cast<int64_t>(i) * p.slots;
-      if (valid && h < heads) {
+    for (int j = 0; j < kP; ++j) {
+      c[j] = dtype_trait<fp32_t>::from(cv[j]);
+      s[j] = dtype_trait<fp32_t>::from(sv[j]);
+    }
+  } else {
 #pragma unroll
-        for (int j = 0; j < kP; ++j) {
-          float x, y;
-          if constexpr (kNeox) {
-            rotate(dtype_trait<fp32_t>::from(a[i].v[j]), dtype_trait<fp32_t>::from(b[i].v[j]), c[j], s[j], x, y);
-            a[i].v[j] = dtype_trait<T>::from(x);
-            b[i].v[j] = dtype_trait<T>::from(y);
-          } else {
-            rotate(
-                dtype_trait<fp32_t>::from(a[i].v[2 * j]),
-                dtype_trait<fp32_t>::from(a[i].v[2 * j + 1]),
-                c[j],
-                s[j],
-                x,
-                y);
-            a[i].v[2 * j] = dtype_trait<T>::from(x);
-            a[i].v[2 * j + 1] = dtype_trait<T>::from(y);
-          }
-        }
-        if constexpr (kNeox) {
-          a[i].store(ptr[i] + i0);
-          b[i].store(ptr[i] + p.half + i0);
-        } else {
-          a[i].store(ptr[i] + 2 * i0);
-        }
-      }
+    for (int j = 0; j < kP; ++j) {
+      c[j] = load_cache<T>(p, row, i0 + j);
+      s[j] = load_cache<T>(p, row, p.half + i0 + j);
     }
   }
 }
 
-inline constexpr int64_t kTargetBlockThreads = 256;
-inline constexpr int64_t kResidentThreadsPerSm = 1024;  // at the kernels' 64-68 registers per thread
+template <typename T, bool kVec, bool kNeox>
+__global__ void __launch_bounds__(kMaxBlockThreads) rope_kernel(const __grid_constant__ Params p) {
+  using S = RopeShape<T, kVec, kNeox>;
+  constexpr int kV = S::kV;
+  constexpr int kP = S::kP;
+  using G = Group<T, kV, kVec>;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.z + threadIdx.z;
+  const int64_t h = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  const int64_t i0 = static_cast<int64_t>(threadIdx.x) * kP;  // first pair of this unit
+  const bool active = token < p.tokens && h < p.q_heads + p.k_heads;
+  T* const ptr = active ? head_ptr<T>(p, token, h) : nullptr;
+  device::PDLWaitPrimary();
+  if (!active) return;
+  G a, b;
+  if constexpr (kNeox) {
+    a.load(ptr + i0);
+    b.load(ptr + p.half + i0);
+  } else {
+    a.load(ptr + 2 * i0);
+  }
+  const int64_t pos = load_position(p, token);
+  device::PDLTriggerSecondary();
+  // Out-of-range positions are skipped (common.cuh): nothing is stored for them.
+  if (pos < 0 || pos >= p.max_pos) return;
+  float c[kP], s[kP];
+  load_cos_sin<T, kP>(p, cache_row<T>(p, pos), i0, c, s);
+#pragma unroll
+  for (int j = 0; j < kP; ++j) {
+    float x, y;
+    if constexpr (kNeox) {
+      rotate(dtype_trait<fp32_t>::from(a.v[j]), dtype_trait<fp32_t>::from(b.v[j]), c[j], s[j], x, y);
+      a.v[j] = dtype_trait<T>::from(x);
+      b.v[j] = dtype_trait<T>::from(y);
+    } else {
+      rotate(dtype_trait<fp32_t>::from(a.v[2 * j]), dtype_trait<fp32_t>::from(a.v[2 * j + 1]), c[j], s[j], x, y);
+      a.v[2 * j] = dtype_trait<T>::from(x);
+      a.v[2 * j + 1] = dtype_trait<T>::from(y);
+    }
+  }
+  if constexpr (kNeox) {
+    a.store(ptr + i0);
+    b.store(ptr + p.half + i0);
+  } else {
+    a.store(ptr + 2 * i0);
+  }
+}
 
 template <typename T, bool kVec, bool kNeox>
 void launch_rope(Params p, DLDevice dev, bool pdl) {
@@ -149,21 +146,18 @@ void launch_rope(Params p, DLDevice dev, bool pdl) {
   using S = RopeShape<T, kVec, kNeox>;
   const int64_t heads = p.q_heads + p.k_heads;
   const int64_t units = p.half / S::kP;  // <= kMaxHeadSize / 2 = kMaxBlockThreads
-  // Heads per thread: 1 while one head per thread does not fill the GPU, up to kBatch beyond.
-  const int64_t work = p.tokens * heads * units;
-  const int64_t per_thread =
-      std::clamp<int64_t>(work / (int64_t{host::runtime::sm_count(dev.device_id)} * kResidentThreadsPerSm), 1, kBatch);
-  int64_t slots = div_ceil(heads, per_thread);
-  slots = std::clamp<int64_t>(slots, 1, std::max<int64_t>(1, kMaxBlockThreads / units));
-  const int64_t group = units * slots;
-  const int64_t tokens_per_block = std::max<int64_t>(1, kTargetBlockThreads / group);
-  const int64_t blocks = div_ceil(p.tokens, tokens_per_block);
-  RuntimeCheck(blocks < (int64_t{1} << 31), "rope: too many tokens: ", p.tokens);
-  p.units = static_cast<int32_t>(units);
-  p.slots = static_cast<int32_t>(slots);
-  p.tokens_per_block = static_cast<int32_t>(tokens_per_block);
-  LaunchKernel(static_cast<uint32_t>(blocks), static_cast<uint32_t>(tokens_per_block * group), dev)
-      .enable_pdl(pdl)(rope_kernel<T, kVec, kNeox>, p);
+  // Heads of a token side by side, split evenly over grid.y when they exceed one block.
+  const int64_t grid_y = div_ceil(heads * units, int64_t{kMaxBlockThreads});
+  const int64_t block_heads = div_ceil(heads, grid_y);
+  const int64_t block_tokens =
+      std::clamp<int64_t>(kTargetBlockThreads / (units * block_heads), 1, 64);  // 64: max blockDim.z
+  const int64_t grid_x = div_ceil(p.tokens, block_tokens);
+  RuntimeCheck(
+      grid_x < (int64_t{1} << 31) && grid_y <= 65535, "rope: too many tokens or heads: ", p.tokens, ", ", heads);
+  const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
+  const dim3 block(
+      static_cast<uint32_t>(units), static_cast<uint32_t>(block_heads), static_cast<uint32_t>(block_tokens));
+  LaunchKernel(grid, block, dev).enable_pdl(pdl)(rope_kernel<T, kVec, kNeox>, p);
 }
 
 template <typename T>

@@ -9,7 +9,7 @@ Semantics, for token ``i`` and ``slot = loc[i]``:
   ``kv_buffer[slot, Dn:] = q(cache_k_rope[i])`` (SGLang's MLA pool).
 
 ``q`` is a plain copy when the cache has the activation dtype, and
-``fp8_e4m3(clamp(x / scale, -448, 448))`` for a ``float8_e4m3fn`` cache. A scale is a float32 CUDA
+``fp8_e4m3(clamp(x * (1 / scale), -448, 448))`` for a ``float8_e4m3fn`` cache. A scale is a float32 CUDA
 tensor of one element (what SGLang and vLLM pass; read on the device, so CUDA graphs see its
 current value) or a Python float. Scales are ignored for caches in the activation dtype (vLLM
 passes them, 1.0, for every cache). A scale must be positive and normal (at least 2^-126; a float
@@ -168,8 +168,8 @@ def store_kv_cache(
     fp32; any token stride). ``k_cache``, ``v_cache``: ``[slots, kv_heads, head_dim]`` or
     ``[slots, kv_heads * head_dim]`` in the activation dtype or ``float8_e4m3fn`` (any slot stride).
     ``out_cache_loc``: int32/int64 ``[tokens]``. ``k_scale``, ``v_scale``: required for an fp8 cache
-    (float32 tensor of one element, or a float; the stored value is ``fp8(clamp(x / scale, -448,
-    448))``), ignored otherwise. ``enable_pdl``: programmatic dependent launch (``None``: on for
+    (float32 tensor of one element, or a float; the stored value is ``fp8(clamp(x * (1 / scale),
+    -448, 448))``), ignored otherwise. ``enable_pdl``: programmatic dependent launch (``None``: on for
     sm_90+). See the module docstring for out-of-range and duplicate slots."""
     ks, ksv = _split_scale(_STORE, "k_scale", k_scale)
     vs, vsv = _split_scale(_STORE, "v_scale", v_scale)
@@ -235,7 +235,7 @@ def set_mla_kv_buffer(
     dtype or ``float8_e4m3fn``; ``cache_k_nope``: ``[tokens, 1, Dn]`` or ``[tokens, Dn]`` (e.g. 512),
     ``cache_k_rope``: ``[tokens, 1, Dr]`` or ``[tokens, Dr]`` (e.g. 64), both any token stride;
     ``loc``: int32/int64 ``[tokens]``. ``scale`` (fp8 buffers only; default 1): the stored value is
-    ``fp8(clamp(x / scale, -448, 448))``."""
+    ``fp8(clamp(x * (1 / scale), -448, 448))``."""
     s, sv = _split_scale(_MLA, "scale", scale)
     if torch.compiler.is_compiling():
         torch.ops.jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
