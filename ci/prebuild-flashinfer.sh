@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Pre-build FlashInfer 0.7.2's JIT modules for sm_90a here, so the GPU machine loads them instead of
+# spending minutes of GPU time compiling them on every cold start.
+#
+#   PYTHON=/work/venv/bin/python bash ci/prebuild-flashinfer.sh     # from the repository root
+#
+# Writes .peers/flashinfer-jit-cache.tgz (git ignores .peers/). Needs: .peers/flashinfer-slim.tgz
+# (../shared/gpu/fetch-peers), nvcc 13.0 at $CUDA_HOME (default /usr/local/cuda), ninja, and a Python
+# with torch (any build, CPU is fine), apache-tvm-ffi 0.1.15.post2 (the version of the wheel in
+# .whl/; any CPython), jinja2, filelock and packaging. No GPU is needed.
+#
+# How it works: FlashInfer's JitSpec.build_and_load() first calls try_load(), which asks
+# jit/env.py get_aot_artifacts(name); that returns <package>/data/aot/<name>/<name>.so as soon as the
+# file exists (checked before any provider or architecture logic) and tvm_ffi.load_module() loads it
+# directly: no build.ninja is written, ninja never runs, no nvcc. So this script runs FlashInfer's own
+# build (gen_*_module() specs -> build_jit_specs(), the same flags as a JIT build on the GPU machine
+# with FLASHINFER_CUDA_ARCH_LIST=9.0a) in a private temporary workspace, and packs only the final
+# .so files (objects, build.ninja, generated sources are not needed to load) as
+#   flashinfer/data/aot/<name>/<name>.so      for norm rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul
+# plus flashinfer/data/aot/PREBUILT.txt (provenance, checksums). The AOT path does not depend on
+# absolute paths, on the Python version, or on the tvm-ffi install location. It then checks, in a
+# fresh process, that FlashInfer's own lookup picks each module up as AOT with ninja disabled.
+#
+# On the GPU machine, carry .whl and .peers and start the command with (the second tar is the only
+# new line compared with ../shared/gpu/README.md):
+#
+#   mkdir -p /tmp/fi && tar xzf .peers/flashinfer-slim.tgz -C /tmp/fi \
+#     && tar xzf .peers/flashinfer-jit-cache.tgz -C /tmp/fi \
+#     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+#     && export PYTHONPATH=/tmp/site:/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda &&
+#
+# Optional: add FLASHINFER_DISABLE_JIT=1 to make a missing module an error (MissingJITCacheError)
+# instead of a silent multi-minute compile. Modules not listed above still JIT-compile as before.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+PYTHON=${PYTHON:-python3}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+slim=.peers/flashinfer-slim.tgz
+out_tgz=.peers/flashinfer-jit-cache.tgz
+[ -f "$slim" ] || { echo "missing $slim: run ../shared/gpu/fetch-peers first" >&2; exit 1; }
+"$PYTHON" -c 'import torch, tvm_ffi, jinja2, filelock, packaging' \
+  || { echo "set PYTHON to a Python with torch, apache-tvm-ffi, jinja2, filelock, packaging" >&2; exit 1; }
+
+tmp=$(mktemp -d /tmp/fi-prebuild.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/fi" "$tmp/ws" "$tmp/out"
+tar xzf "$slim" -C "$tmp/fi"
+
+# Private workspace and one compile job at a time (the build machine is small and shared).
+export FLASHINFER_WORKSPACE_BASE=$tmp/ws FLASHINFER_CUDA_ARCH_LIST=9.0a
+export MAX_JOBS=${MAX_JOBS:-1} FLASHINFER_JIT_PREBUILD_MAX_JOBS=${MAX_JOBS:-1} FLASHINFER_NVCC_THREADS=1
+unset FLASHINFER_DISABLE_JIT FLASHINFER_EXTRA_CFLAGS FLASHINFER_EXTRA_CUDAFLAGS FLASHINFER_EXTRA_LDFLAGS \
+  FLASHINFER_NVCC FLASHINFER_JIT_DEBUG FLASHINFER_JIT_VERBOSE FLASHINFER_JIT_LINEINFO CC CXX
+
+# Import flashinfer.jit's submodules without running flashinfer/__init__.py and flashinfer/jit/
+# __init__.py: those import the whole package (requests, numpy, CUDA queries), none of it needed here.
+cat > "$tmp/fi_stub.py" <<'EOF'
+import sys, types
+def install(root):
+    for name, path in (("flashinfer", f"{root}/flashinfer"), ("flashinfer.jit", f"{root}/flashinfer/jit")):
+        mod = types.ModuleType(name)
+        mod.__path__ = [path]
+        sys.modules[name] = mod
+    from flashinfer.jit.norm import gen_norm_module
+    from flashinfer.jit.rope import gen_rope_module
+    from flashinfer.jit.page import gen_page_module
+    from flashinfer.jit.activation import gen_act_and_mul_module
+    return [gen_norm_module(), gen_rope_module(), gen_page_module()] + [
+        gen_act_and_mul_module(a) for a in ("silu", "gelu", "gelu_tanh")]
+EOF
+
+start=$(date +%s)
+PYTHONPATH=$tmp${PYTHONPATH:+:$PYTHONPATH} "$PYTHON" - "$tmp" <<'EOF'
+import shutil, sys
+from pathlib import Path
+tmp = Path(sys.argv[1])
+import fi_stub
+specs = fi_stub.install(tmp / "fi")
+from flashinfer.jit.core import build_jit_specs
+from flashinfer.jit import env
+assert env.flashinfer_version == "0.7.2.post1", env.flashinfer_version
+build_jit_specs(specs, verbose=True, skip_prebuilt=False)
+for spec in specs:
+    dst = tmp / "out/flashinfer/data/aot" / spec.name / f"{spec.name}.so"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(spec.jit_library_path, dst)
+    print("built", spec.name, dst.stat().st_size, "bytes")
+EOF
+build_s=$(( $(date +%s) - start ))
+
+aot=$tmp/out/flashinfer/data/aot
+{
+  echo "FlashInfer 0.7.2.post1 modules prebuilt for sm_90a by ci/prebuild-flashinfer.sh"
+  echo "date: $(date -u +%FT%TZ)   build time: ${build_s} s   host: $(uname -m), $(ldd --version | head -1)"
+  echo "nvcc: $("$CUDA_HOME/bin/nvcc" --version | grep release)   cxx: $(c++ --version | head -1)"
+  echo "tvm-ffi: $("$PYTHON" -c 'import tvm_ffi; print(tvm_ffi.__version__)')"
+  echo "slim sha256: $(sha256sum "$slim" | cut -d' ' -f1)"
+  (cd "$aot" && sha256sum */*.so)
+} > "$aot/PREBUILT.txt"
+cat "$aot/PREBUILT.txt"
+
+# Check: unpack exactly as on the GPU machine (slim, then this tarball on top), and ask FlashInfer's
+# own lookup in a fresh process, with JIT disabled and ninja made to fail.
+tar czf "$out_tgz" -C "$tmp/out" flashinfer
+tar xzf "$out_tgz" -C "$tmp/fi"
+rm -rf "$tmp/ws"; mkdir -p "$tmp/ws"
+FLASHINFER_DISABLE_JIT=1 PYTHONPATH=$tmp${PYTHONPATH:+:$PYTHONPATH} "$PYTHON" - "$tmp" <<'EOF'
+import sys
+from pathlib import Path
+tmp = Path(sys.argv[1])
+import fi_stub
+specs = fi_stub.install(tmp / "fi")
+import flashinfer.jit.cpp_ext as cpp_ext, flashinfer.jit.core as core
+def no_ninja(*a, **k):
+    raise SystemExit("ninja would run")
+cpp_ext.run_ninja = core.run_ninja = no_ninja
+for spec in specs:
+    arts = spec.aot_artifacts
+    assert spec.is_aot and len(arts) == 1 and arts[0].cuda_architectures is None, (spec.name, arts)
+    assert arts[0].path == tmp / "fi/flashinfer/data/aot" / spec.name / f"{spec.name}.so", arts
+    assert not spec.ninja_path.exists()
+    print(f"AOT ok: {spec.name} -> {arts[0].path.relative_to(tmp / 'fi')}")
+EOF
+ls -la "$out_tgz"
+echo "build ${build_s} s"
