@@ -2,9 +2,11 @@
 # One call on the GPU machine (the `device` tool): install the carried tvm-ffi wheel, build and
 # install the package with its prebuilt library, then run the requested steps. Logs go to $OUT.
 #
-#   bash ci/gpu-session.sh [doctor] [tests] [sanitize] [bench] [custom "<command>"]
+#   bash ci/gpu-session.sh [peers] [doctor] [tests] [sanitize] [bench] [custom "<command>"]
 #
-# Run from the repository root with `.whl` carried (../shared/gpu/fetch-wheels fills it).
+# Run from the repository root with `.whl` carried (../shared/gpu/fetch-wheels fills it). `peers`
+# (carry `.peers` too) puts FlashInfer 0.7.2 on the path for the steps after it, with its prebuilt
+# modules when .peers/flashinfer-jit-cache.tgz is there (ci/prebuild-flashinfer.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,6 +25,10 @@ status=0
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
+    peers)
+      mkdir -p /tmp/fi && tar xzf .peers/flashinfer-slim.tgz -C /tmp/fi || status=1
+      [ -f .peers/flashinfer-jit-cache.tgz ] && tar xzf .peers/flashinfer-jit-cache.tgz -C /tmp/fi
+      export PYTHONPATH=/tmp/site:/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a ;;
     doctor) (cd /tmp && python3 -m jit_kernel doctor) 2>&1 | tee "$OUT/doctor.log" || status=1 ;;
     tests) python3 -m pytest -q -p no:cacheprovider -m "${PYTEST_MARK:-gpu or not gpu}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1 ;;
     sanitize)

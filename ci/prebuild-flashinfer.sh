@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Pre-build FlashInfer 0.7.2's JIT modules for sm_90a here, so the GPU machine loads them instead of
+# Pre-build FlashInfer 0.7.2's JIT modules for sm_90a once, so later GPU calls load them instead of
 # spending minutes of GPU time compiling them on every cold start.
 #
-#   PYTHON=/work/venv/bin/python bash ci/prebuild-flashinfer.sh     # from the repository root
+#   PYTHONPATH=/tmp/site PYTHON=python3 MAX_JOBS=8 bash ci/prebuild-flashinfer.sh   # repository root
+#
+# Run it on the GPU machine (75 s there with MAX_JOBS=8) and bring .peers/flashinfer-jit-cache.tgz back
+# through $OUT: the norm module includes cublasLt.h, which this CPU machine's CUDA 13.0 lacks. No GPU
+# is used: any machine with the full CUDA toolkit can build it.
 #
 # Writes .peers/flashinfer-jit-cache.tgz (git ignores .peers/). Needs: .peers/flashinfer-slim.tgz
 # (../shared/gpu/fetch-peers), nvcc 13.0 at $CUDA_HOME (default /usr/local/cuda), ninja, and a Python
 # with torch (any build, CPU is fine), apache-tvm-ffi 0.1.15.post2 (the version of the wheel in
-# .whl/; any CPython), jinja2, filelock and packaging. No GPU is needed.
+# .whl/; any CPython), jinja2, filelock and packaging.
 #
 # How it works: FlashInfer's JitSpec.build_and_load() first calls try_load(), which asks
 # jit/env.py get_aot_artifacts(name); that returns <package>/data/aot/<name>/<name>.so as soon as the
