@@ -37,7 +37,7 @@ struct FastShape {
 };
 
 template <typename T, int64_t kHeadDim, bool kNeox>
-__global__ void __launch_bounds__(256) qknorm_rope_fast_kernel(const Params p) {
+__global__ void __launch_bounds__(256) qknorm_rope_fast_kernel(const __grid_constant__ Params p) {
   using K = FastShape<T, kHeadDim, kNeox>;
   using Vec = device::AlignedVector<T, K::kV>;
   constexpr int kV = K::kV;
@@ -68,12 +68,11 @@ __global__ void __launch_bounds__(256) qknorm_rope_fast_kernel(const Params p) {
       a.load(ptr + lane * kV);
       wa.load(w + lane * kV);
     }
-    const void* row = valid ? cache_row<T>(p, pos) : nullptr;
-    const int64_t i0 = static_cast<int64_t>(lane) * K::kP;
+    if (valid) {
+      load_cos_sin<T, K::kP>(p, cache_row<T>(p, pos), static_cast<int64_t>(lane) * K::kP, c, s);
+    } else {
 #pragma unroll
-    for (int j = 0; j < K::kP; ++j) {
-      c[j] = valid ? load_cache<T>(p, row, i0 + j) : 1.f;
-      s[j] = valid ? load_cache<T>(p, row, kHalf + i0 + j) : 0.f;
+      for (int j = 0; j < K::kP; ++j) c[j] = 1.f, s[j] = 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kV; ++j) {

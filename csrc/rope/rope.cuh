@@ -56,43 +56,6 @@ struct RopeShape {
   static constexpr int kP = kNeox ? kV : kV / 2;                    // pairs per unit
 };
 
-// cos[i0, i0 + kP) and sin[i0, i0 + kP) of a cache row: 16-byte (or kP-wide) loads when the host
-// found the rows aligned (p.cache_vec), else one element at a time.
-template <typename T, int kP>
-SGL_DEVICE void load_cos_sin(const Params& p, const void* row, int64_t i0, float (&c)[kP], float (&s)[kP]) {
-  if (p.cache_vec && p.cache_f32) {
-    const auto* f = static_cast<const float*>(row);
-    constexpr int kW = kP < 4 ? kP : 4;  // floats per load
-#pragma unroll
-    for (int j = 0; j < kP; j += kW) {
-      device::AlignedVector<float, kW> cv, sv;
-      cv.load(f + i0 + j);
-      sv.load(f + p.half + i0 + j);
-#pragma unroll
-      for (int e = 0; e < kW; ++e) {
-        c[j + e] = cv[e];
-        s[j + e] = sv[e];
-      }
-    }
-  } else if (p.cache_vec) {
-    const auto* t = static_cast<const T*>(row);
-    device::AlignedVector<T, kP> cv, sv;
-    cv.load(t + i0);
-    sv.load(t + p.half + i0);
-#pragma unroll
-    for (int j = 0; j < kP; ++j) {
-      c[j] = dtype_trait<fp32_t>::from(cv[j]);
-      s[j] = dtype_trait<fp32_t>::from(sv[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kP; ++j) {
-      c[j] = load_cache<T>(p, row, i0 + j);
-      s[j] = load_cache<T>(p, row, p.half + i0 + j);
-    }
-  }
-}
-
 template <typename T, bool kVec, bool kNeox>
 __global__ void __launch_bounds__(kMaxBlockThreads) rope_kernel(const __grid_constant__ Params p) {
   using S = RopeShape<T, kVec, kNeox>;
