@@ -169,22 +169,28 @@ __global__ __launch_bounds__(kThreads, 1) void all_layer_kernel(const __grid_con
   }
 }
 
+/// \brief A CUDA cache must be on the indices' GPU (host caches are checked by device_address).
+inline void check_same_gpu(const tvm::ffi::TensorView& t, std::string_view name, DLDevice gpu) {
+  using namespace host;
+  const auto where = t.device();
+  RuntimeCheck(
+      where.device_type != kDLCUDA || where.device_id == gpu.device_id,
+      "hicache: '",
+      name,
+      "' is on cuda:",
+      where.device_id,
+      " but the indices are on cuda:",
+      gpu.device_id);
+}
+
 /// \brief A cache tensor's address as the GPU sees it. CUDA memory is used as is; host memory
 /// (DLPack `cpu` for a pinned torch tensor, or `cuda_host`) must be page-locked, and is
 /// translated with cudaPointerGetAttributes (the UVA device alias). Pageable memory would fault
 /// the GPU, so it is refused with an error that names the argument.
 inline auto device_address(const tvm::ffi::TensorView& t, std::string_view name, DLDevice gpu) -> void* {
   using namespace host;
-  const auto type = t.device().device_type;
-  if (type == kDLCUDA) {
-    RuntimeCheck(
-        t.device().device_id == gpu.device_id,
-        "hicache: '",
-        name,
-        "' is on cuda:",
-        t.device().device_id,
-        " but the indices are on cuda:",
-        gpu.device_id);
+  if (t.device().device_type == kDLCUDA) {
+    check_same_gpu(t, name, gpu);
     return t.data_ptr();
   }
   cudaPointerAttributes attributes{};
@@ -297,8 +303,16 @@ struct HiCache {
     auto dtype = SymbolicDType{};
     check_cache_pair(k_dst, v_dst, kHasV ? "k_cache_dst" : "cache_dst", "v_cache_dst", dtype);
     check_cache_pair(k_src, v_src, kHasV ? "k_cache_src" : "cache_src", "v_cache_src", dtype);
+    check_same_gpu(k_dst, kHasV ? "k_cache_dst" : "cache_dst", idx.device);
+    check_same_gpu(k_src, kHasV ? "k_cache_src" : "cache_src", idx.device);
+    if constexpr (kHasV) {
+      check_same_gpu(*v_dst, "v_cache_dst", idx.device);
+      check_same_gpu(*v_src, "v_cache_src", idx.device);
+    }
     const auto blocks = num_blocks(idx.length, block_quota);
-    if (idx.length == 0) return;
+    // A fake call (torch.compile) stops here, after every check that needs no data and before any
+    // CUDA call; so does an empty transfer.
+    if (idx.length == 0 || has_no_data(indices_dst)) return;
 
     auto p = OneLayerParams{};
     p.length = idx.length;
@@ -369,7 +383,7 @@ struct HiCache {
         dst_stride_bytes);
     const auto num_layers = layers.unwrap();
     const auto blocks = num_blocks(idx.length * num_layers, block_quota);
-    if (idx.length == 0 || num_layers == 0) return;
+    if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
 
     auto p = AllLayerParams{};
     p.k_dst = static_cast<const uint64_t*>(k_ptr_dst.data_ptr());

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import jit_kernel
+from _norm_helpers import fake_cuda
 from jit_kernel import cache, families
 from jit_kernel.dispatch import jit_module
 from jit_kernel.hicache import (
@@ -216,6 +217,31 @@ def test_all_layer(direction: str, index_dtype: torch.dtype, mla: bool) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mla", [False, True])
+def test_one_layer_under_torch_compile(mla: bool) -> None:
+    """The torch.ops form (fullgraph, declared mutations): the same bytes as the reference."""
+    torch._dynamo.reset()
+    k_src, v_src = (make_cache(300, 1024, "cuda") for _ in range(2))
+    k_dst, v_dst = (make_cache(400, 1024, "cpu", poison=True) for _ in range(2))
+    idx_src = make_indices(250, 300, torch.int64, unique=False)
+    idx_dst = make_indices(250, 400, torch.int64, unique=True)
+    expected_k, expected_v = reference(k_dst, idx_dst, k_src, idx_src), reference(v_dst, idx_dst, v_src, idx_src)
+
+    @torch.compile(fullgraph=True)
+    def move() -> None:
+        if mla:
+            transfer_hicache_one_layer_mla(k_dst, idx_dst, k_src, idx_src)
+        else:
+            transfer_hicache_one_layer(k_dst, v_dst, idx_dst, k_src, v_src, idx_src)
+
+    move()
+    torch.cuda.synchronize()
+    assert_same_bytes(k_dst, expected_k)
+    if not mla:
+        assert_same_bytes(v_dst, expected_v)
+
+
+@pytest.mark.gpu
 def test_empty_transfer_is_a_no_op() -> None:
     k = make_cache(16, 256, "cuda", poison=True)
     before = k.clone()
@@ -255,7 +281,10 @@ def test_pageable_cache_is_refused() -> None:
     k = make_cache(64, 256, "cuda")
     host = torch.zeros(64, 128, dtype=torch.bfloat16)  # pageable
     idx = torch.arange(8, device="cuda")
+    pinned = make_cache(64, 256, "cpu")  # k and v of one side share a placement (C++ checks it)
     with pytest.raises(ValueError, match=r"v_cache_dst.*pageable.*pin_memory"):
+        transfer_hicache_one_layer(pinned, host, idx, k, k.clone(), idx)
+    with pytest.raises(ValueError, match=r"(?s)'v_cache_dst'.*Device mismatch: expected cuda:0 but got cpu"):
         transfer_hicache_one_layer(k.clone(), host, idx, k, k.clone(), idx)
     with pytest.raises(ValueError, match=r"cache_src.*pin_memory"):
         transfer_hicache_one_layer_mla(k, idx, host, idx)
@@ -301,31 +330,6 @@ def test_check_indices_names_the_first_bad_position(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.gpu
-def test_bad_all_layer_inputs() -> None:
-    idx = torch.arange(4, device="cuda")
-    table = torch.zeros(2, dtype=torch.uint64, device="cuda")
-    strides = {"kv_cache_src_stride_bytes": 256, "kv_cache_dst_stride_bytes": 256}
-    with pytest.raises(TypeError, match="k_ptr_src must be a uint64"):
-        transfer_hicache_all_layer(table, table, idx, table.long(), table, idx, **strides)
-    with pytest.raises(ValueError, match="v_ptr_dst has 3 layers"):
-        transfer_hicache_all_layer(table, table[:1].repeat(3), idx, table, table, idx, **strides)
-    with pytest.raises(ValueError, match="ptr_dst must be on the indices' device"):
-        transfer_hicache_all_layer_mla(table.cpu(), idx, table, idx, **strides)
-    with pytest.raises(ValueError, match="element_size is required"):
-        transfer_hicache_all_layer_mla(
-            table, idx, table, idx, kv_cache_src_stride_bytes=256, kv_cache_dst_stride_bytes=512
-        )
-    with pytest.raises(ValueError, match="kv_cache_dst_stride_bytes must be a multiple of 16 and at least"):
-        transfer_hicache_all_layer_mla(
-            table, idx, table, idx, kv_cache_src_stride_bytes=512, kv_cache_dst_stride_bytes=256, element_size=512
-        )
-    with pytest.raises(ValueError, match="multiple of 16"):
-        transfer_hicache_all_layer_mla(
-            table, idx, table, idx, kv_cache_src_stride_bytes=40, kv_cache_dst_stride_bytes=40
-        )
-
-
-@pytest.mark.gpu
 def test_misaligned_view_is_refused() -> None:
     base = make_cache(65, 256, "cuda", torch.uint8)
     shifted = base.view(-1)[8 : 8 + 64 * 256].view(64, 256)  # 8 bytes off a 16-byte boundary
@@ -360,65 +364,105 @@ def test_caches_on_the_second_gpu(direction: str) -> None:
     assert_same_bytes(k_dst, expected[0])
     assert_same_bytes(v_dst, expected[1])
     k0 = torch.zeros(300, 512, dtype=torch.bfloat16, device="cuda:0")
-    with pytest.raises(ValueError, match="k_cache_src is on cuda:0 but the indices are on cuda:1"):
+    with pytest.raises(ValueError, match=r"k_cache_src'? is on cuda:0 but the indices are on cuda:1"):
         transfer_hicache_one_layer(k_dst, v_dst, idx_dst, k0, k0.clone(), idx_src)
 
 
-# -- CPU and GPU: bad inputs rejected in Python before any kernel ------------------------------
+# -- CPU: bad inputs refused before any launch ---------------------------------------------------
+# The C++ launcher owns the tensor rules (dtype, rank, length, device, strides); on a machine without a
+# GPU its checks run on fake CUDA tensors (tests/_norm_helpers.py). Python keeps only what picks the
+# kernel (element_dim, unroll, block_quota) and the views it makes.
 
 
-def _indices(n: int = 8, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    return torch.arange(n, dtype=dtype, device="cuda" if torch.cuda.is_available() else "cpu")
+def _cuda(*shape: int, dtype: torch.dtype = torch.bfloat16, strides: tuple[int, ...] | None = None) -> torch.Tensor:
+    if strides is None:
+        return torch.zeros(*shape, dtype=dtype, device="cuda")
+    return torch.empty_strided(shape, strides, dtype=dtype, device="cuda")
 
 
-def _cuda_or_cpu_cache(rows: int = 16, dim: int = 128, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    return torch.zeros(rows, dim, dtype=dtype, device="cuda" if torch.cuda.is_available() else "cpu")
+def _idx(n: int = 8, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.zeros(n, dtype=dtype, device="cuda")
 
 
 def test_bad_indices_are_refused() -> None:
-    k = _cuda_or_cpu_cache()
-    idx = _indices()
-    with pytest.raises(ValueError, match="same length, got 8 and 7"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx[:7])
-    with pytest.raises(TypeError, match=r"indices_src must be int32 or int64, got torch.float32"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx.float())
-    with pytest.raises(TypeError, match="indices_dst must be int32 or int64"):
-        transfer_hicache_one_layer_mla(k, idx.to(torch.int16), k, idx)
-    with pytest.raises(ValueError, match="indices_dst must be on a CUDA device, got cpu"):
-        transfer_hicache_one_layer(k, k, idx.cpu(), k, k, idx.cpu())
-    with pytest.raises(ValueError, match="indices_src must be 1-D"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx.view(2, 4))
+    with fake_cuda():
+        k, idx = _cuda(16, 128), _idx()
+        with pytest.raises(ValueError, match=r"(?s)'indices_src'.*expected 8 but got 7"):
+            transfer_hicache_one_layer(k, k, idx, k, k, _idx(7))
+        with pytest.raises(TypeError, match=r"(?s)'indices_src'.*Dtype mismatch: expected int64 but got float32"):
+            transfer_hicache_one_layer(k, k, idx, k, k, _idx(dtype=torch.float32))
+        with pytest.raises(TypeError, match=r"(?s)'indices_src'.*Dtype mismatch: expected int64 but got int32"):
+            transfer_hicache_one_layer(k, k, idx, k, k, _idx(dtype=torch.int32))
+        with pytest.raises(TypeError, match=r"(?s)'indices_dst'.*expected one of \[int32, int64\] but got int16"):
+            transfer_hicache_one_layer_mla(k, _idx(dtype=torch.int16), k, idx)
+        with pytest.raises(ValueError, match=r"(?s)'indices_src'.*Rank mismatch: expected 1 but got 2"):
+            transfer_hicache_one_layer(k, k, idx, k, k, torch.zeros(2, 4, dtype=torch.int64, device="cuda"))
+        host_idx = torch.zeros(8, dtype=torch.int64, device="cpu")
+        with pytest.raises(ValueError, match=r"(?s)'indices_dst'.*Device mismatch: expected cuda but got cpu"):
+            transfer_hicache_one_layer(k, k, host_idx, k, k, host_idx)
 
 
 def test_mismatched_caches_are_refused() -> None:
-    k = _cuda_or_cpu_cache()
-    idx = _indices()
-    with pytest.raises(TypeError, match=r"v_cache_dst has dtype torch.float16 but k_cache_dst has torch.bfloat16"):
-        transfer_hicache_one_layer(k, k.half(), idx, k, k, idx)
-    with pytest.raises(ValueError, match=r"element_dim=128 does not match v_cache_src of shape \(16, 64\)"):
-        transfer_hicache_one_layer(k, k, idx, k, k[:, :64], idx)
-    with pytest.raises(ValueError, match="element_dim=96 does not match k_cache_dst"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx, element_dim=96)
-    with pytest.raises(ValueError, match="element_dim=64 does not match"):
-        transfer_hicache_one_layer_mla(k, idx, k, idx, element_dim=64)
-    with pytest.raises(ValueError, match="multiple of 16 bytes, got 40"):
-        odd = _cuda_or_cpu_cache(dim=20)
-        transfer_hicache_one_layer_mla(odd, idx, odd, idx)
-    with pytest.raises(ValueError, match="last dimension of cache_src must be contiguous"):
-        transfer_hicache_one_layer_mla(k, idx, k.t().contiguous().t(), idx)
-    with pytest.raises(TypeError, match=r"cache_dst must be a torch.Tensor"):
-        transfer_hicache_one_layer_mla([1, 2], idx, k, idx)  # type: ignore[arg-type]
+    with fake_cuda():
+        k, idx = _cuda(16, 128), _idx()
+        with pytest.raises(TypeError, match=r"(?s)'v_cache_dst'.*Dtype mismatch: expected bfloat16 but got float16"):
+            transfer_hicache_one_layer(k, _cuda(16, 128, dtype=torch.float16), idx, k, k, idx)
+        narrow = _cuda(16, 64, strides=(128, 1))
+        with pytest.raises(ValueError, match=r"element_dim=128 does not match v_cache_src of shape \(16, 64\)"):
+            transfer_hicache_one_layer(k, k, idx, k, narrow, idx)
+        with pytest.raises(ValueError, match="element_dim=96 does not match k_cache_dst"):
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, element_dim=96)
+        with pytest.raises(ValueError, match="element_dim=64 does not match"):
+            transfer_hicache_one_layer_mla(k, idx, k, idx, element_dim=64)
+        odd = _cuda(16, 20)
+        with pytest.raises(ValueError, match="multiple of 16 bytes, got 40"):
+            transfer_hicache_one_layer_mla(odd, idx, odd, idx)
+        with pytest.raises(ValueError, match=r"(?s)'cache_src'.*Stride mismatch"):
+            transfer_hicache_one_layer_mla(k, idx, _cuda(16, 128, strides=(1, 16)), idx)
+        with pytest.raises(TypeError, match=r"cache_dst must be a torch.Tensor"):
+            transfer_hicache_one_layer_mla([1, 2], idx, k, idx)  # type: ignore[arg-type]
 
 
 def test_bad_options_are_refused() -> None:
-    k = _cuda_or_cpu_cache()
-    idx = _indices()
-    with pytest.raises(ValueError, match="unroll must be one of"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx, unroll=3)
-    with pytest.raises(ValueError, match="block_quota must be a positive int"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx, block_quota=0)
-    with pytest.raises(ValueError, match="element_dim must be a positive int"):
-        transfer_hicache_one_layer(k, k, idx, k, k, idx, element_dim=0)
+    with fake_cuda():
+        k, idx = _cuda(16, 128), _idx()
+        with pytest.raises(ValueError, match="unroll must be one of"):
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, unroll=3)
+        with pytest.raises(ValueError, match="block_quota must be a positive int"):
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, block_quota=0)
+        with pytest.raises(ValueError, match="element_dim must be a positive int"):
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, element_dim=0)
+        transfer_hicache_one_layer(k, k, idx, k, k, idx)  # valid: the checks pass and nothing launches
+
+
+def test_bad_all_layer_inputs() -> None:
+    with fake_cuda():
+        idx = _idx(4)
+        table = torch.zeros(2, dtype=torch.uint64, device="cuda")
+        strides = {"kv_cache_src_stride_bytes": 256, "kv_cache_dst_stride_bytes": 256}
+        with pytest.raises(TypeError, match=r"(?s)'k_ptr_src'.*Dtype mismatch: expected uint64 but got int64"):
+            transfer_hicache_all_layer(table, table, idx, _idx(2), table, idx, **strides)
+        with pytest.raises(ValueError, match=r"(?s)'v_ptr_dst'.*expected 2 but got 3"):
+            transfer_hicache_all_layer(
+                table, torch.zeros(3, dtype=torch.uint64, device="cuda"), idx, table, table, idx, **strides
+            )
+        with pytest.raises(ValueError, match=r"(?s)'ptr_dst'.*Device mismatch: expected cuda:0 but got cpu"):
+            transfer_hicache_all_layer_mla(torch.zeros(2, dtype=torch.uint64), idx, table, idx, **strides)
+        with pytest.raises(ValueError, match="element_size is required"):
+            transfer_hicache_all_layer_mla(
+                table, idx, table, idx, kv_cache_src_stride_bytes=256, kv_cache_dst_stride_bytes=512
+            )
+        with pytest.raises(
+            ValueError, match="kv_cache_dst_stride_bytes must be a multiple of 16 and >= the element size 512, got 256"
+        ):
+            transfer_hicache_all_layer_mla(
+                table, idx, table, idx, kv_cache_src_stride_bytes=512, kv_cache_dst_stride_bytes=256, element_size=512
+            )
+        with pytest.raises(ValueError, match="multiple of 16"):
+            transfer_hicache_all_layer_mla(
+                table, idx, table, idx, kv_cache_src_stride_bytes=40, kv_cache_dst_stride_bytes=40
+            )
+        transfer_hicache_all_layer(table, table, idx, table, table, idx, **strides)  # valid: nothing launches
 
 
 def test_can_use_and_defaults() -> None:

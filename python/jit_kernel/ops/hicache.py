@@ -18,13 +18,17 @@ detected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
 from jit_kernel.families import hicache_default_unroll as default_unroll
-from jit_kernel.ops._common import check_dense
+from jit_kernel.ops._common import CHECK_ONLY, explain, register
+from jit_kernel.ops._no_data import checks_only
 
 _HICACHE = Dispatcher(HICACHE)
 
@@ -33,7 +37,9 @@ _HICACHE = Dispatcher(HICACHE)
 #: PCIe saturated, few enough SMs that a background copy leaves the model's compute alone.
 DEFAULT_BLOCK_QUOTA = 4
 _VALID_UNROLLS = HICACHE_UNROLLS
-_INDEX_DTYPES = (torch.int32, torch.int64)
+# Errors a bad argument may raise before or inside the kernel call; `explain` names the argument
+# for what C++ cannot report (a non-tensor, a sparse or meta tensor).
+_CALL_ERRORS = (TypeError, RuntimeError, AttributeError, IndexError)
 
 
 def can_use_hicache_jit_kernel(*, element_size: int, unroll: int | None = None, block_quota: int | None = None) -> bool:
@@ -62,42 +68,10 @@ def _options(fn: str, element_size: int, unroll: int | None, block_quota: int | 
     return unroll, block_quota
 
 
-def _check_index_pair(fn: str, indices_dst: torch.Tensor, indices_src: torch.Tensor) -> None:
-    for name, t in (("indices_dst", indices_dst), ("indices_src", indices_src)):
-        check_dense(fn, name, t)
-        if t.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"{fn}: {name} must be int32 or int64, got {t.dtype}")
-        if t.dim() != 1:
-            raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(t.shape)}")
-    if indices_dst.numel() != indices_src.numel():
-        raise ValueError(
-            f"{fn}: indices_dst and indices_src must have the same length, got {indices_dst.numel()} and "
-            f"{indices_src.numel()}"
-        )
-    if indices_dst.dtype != indices_src.dtype:
-        raise TypeError(
-            f"{fn}: indices_dst and indices_src must have the same dtype, got {indices_dst.dtype} and "
-            f"{indices_src.dtype}"
-        )
-    for name, t in (("indices_dst", indices_dst), ("indices_src", indices_src)):
-        if not t.is_cuda:
-            raise ValueError(f"{fn}: {name} must be on a CUDA device, got {t.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{fn}: {name} must be contiguous")
-    if indices_dst.get_device() != indices_src.get_device():
-        raise ValueError(
-            f"{fn}: indices_dst and indices_src must be on the same device, got {indices_dst.device} and "
-            f"{indices_src.device}"
-        )
-
-
 def _rows(fn: str, name: str, t: torch.Tensor, element_dim: int) -> torch.Tensor:
-    """``t`` viewed as ``[rows, element_dim]`` with unit last stride (any row stride)."""
-    check_dense(fn, name, t)
+    """``t`` viewed as ``[rows, element_dim]`` (C++ checks the unit last stride and the rest)."""
     if t.dim() == 2 and t.size(1) == element_dim:
-        if element_dim == 1 or t.stride(1) == 1:
-            return t  # the common case, checked with the fewest calls
-        rows = t
+        return t  # the common case
     else:
         trailing, matches = 1, False
         for size in reversed(t.shape):
@@ -109,29 +83,14 @@ def _rows(fn: str, name: str, t: torch.Tensor, element_dim: int) -> torch.Tensor
                 "the product of the cache's trailing dimensions"
             )
         try:
-            rows = t.view(-1, element_dim)
+            return t.view(-1, element_dim)
         except RuntimeError as error:
+            if t.layout != torch.strided:
+                raise  # explain() names a sparse tensor
             raise ValueError(
                 f"{fn}: {name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as rows of "
                 f"{element_dim} elements: {error}"
             ) from None
-    if rows.size(1) > 1 and rows.stride(1) != 1:
-        raise ValueError(f"{fn}: the last dimension of {name} must be contiguous (stride 1), got {t.stride()}")
-    return rows
-
-
-def _check_residency(fn: str, name: str, t: torch.Tensor, device: int) -> None:
-    if t.is_cuda:
-        if t.get_device() != device:  # ints: cheaper than building torch.device objects
-            raise ValueError(f"{fn}: {name} is on {t.device} but the indices are on cuda:{device}")
-    elif t.is_cpu:
-        if not t.is_pinned():
-            raise ValueError(
-                f"{fn}: {name} is in pageable (unpinned) CPU memory, which the GPU cannot read or write: "
-                "allocate it with pin_memory=True or call .pin_memory() on it"
-            )
-    else:
-        raise ValueError(f"{fn}: {name} must be a CUDA tensor or a pinned CPU tensor, got {t.device}")
 
 
 def _check_bounds(fn: str, name: str, indices: torch.Tensor, num_rows: int | None) -> None:
@@ -148,6 +107,27 @@ def _check_bounds(fn: str, name: str, indices: torch.Tensor, num_rows: int | Non
     raise IndexError(f"{fn}: {name}[{position}] = {value} is out of range: it must be {limit}")
 
 
+def _kernel(export: str, config: tuple[int, int, int], run: bool) -> Callable[..., Any] | None:
+    """The export's function for a launch; for ``run=CHECK_ONLY`` (a fake call) the same called on
+    tensors without data (the launcher's checks, no launch); for ``run=False`` nothing."""
+    if run is CHECK_ONLY:
+        return checks_only(_HICACHE.function(export, config))
+    return _HICACHE.function(export, config) if run else None
+
+
+def _launch(kernel: Callable[..., Any], args: tuple[Any, ...], run: bool, bounds: Callable[[], None]) -> None:
+    """``kernel(*args)``; with ``JIT_KERNEL_CHECK_INDICES=1`` the launcher's checks run first (on
+    tensors without data), then ``bounds()`` reads the indices, then the launch."""
+    if run is True and env.check_indices():
+        checks_only(kernel)(*args)
+        bounds()
+    kernel(*args)
+
+
+_ONE_ARGS = ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src", "v_cache_src", "indices_src", "block_quota")
+_ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_quota")
+
+
 def _one_layer(
     fn: str,
     caches_dst: tuple[tuple[str, torch.Tensor], ...],
@@ -157,38 +137,87 @@ def _one_layer(
     element_dim: int | None,
     unroll: int | None,
     block_quota: int | None,
+    run: bool = True,
 ) -> None:
     named = caches_dst + caches_src
-    for name, t in named:
-        check_dense(fn, name, t)
-    first_name, first = named[0]
-    for name, t in named[1:]:
-        if t.dtype != first.dtype:
-            raise TypeError(f"{fn}: {name} has dtype {t.dtype} but {first_name} has {first.dtype}; they must match")
-    if element_dim is None:
-        if first.dim() == 0:
-            raise ValueError(f"{fn}: {first_name} must have at least one dimension")
-        element_dim = first.size(-1)
-    elif type(element_dim) is not int or element_dim <= 0:
-        raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
-    element_size = element_dim * first.element_size()
-    unroll, block_quota = _options(fn, element_size, unroll, block_quota)
-    rows = [_rows(fn, name, t, element_dim) for name, t in named]
-    _check_index_pair(fn, indices_dst, indices_src)
-    device = indices_dst.get_device()
-    for name, t in named:
-        _check_residency(fn, name, t, device)
-    if env.check_indices():
-        n_dst = len(caches_dst)
-        _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
-        _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
-    if indices_dst.numel() == 0:
-        return
-    config = (element_size, unroll, HICACHE_NUM_THREADS)
-    if len(caches_dst) == 2:
-        _HICACHE.function("run_one", config)(rows[0], rows[1], indices_dst, rows[2], rows[3], indices_src, block_quota)
-    else:
-        _HICACHE.function("run_one_mla", config)(rows[0], indices_dst, rows[1], indices_src, block_quota)
+    n_dst = len(caches_dst)
+    try:
+        first_name, first = named[0]
+        if element_dim is None:
+            if first.dim() == 0:
+                raise ValueError(f"{fn}: {first_name} must have at least one dimension")
+            element_dim = first.size(-1)
+        elif type(element_dim) is not int or element_dim <= 0:
+            raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
+        element_size = element_dim * first.element_size()
+        unroll, block_quota = _options(fn, element_size, unroll, block_quota)
+        rows = [_rows(fn, name, t, element_dim) for name, t in named]
+        kernel = _kernel("run_one" if n_dst == 2 else "run_one_mla", (element_size, unroll, HICACHE_NUM_THREADS), run)
+        if kernel is None:
+            return
+        args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
+
+        def bounds() -> None:
+            _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
+            _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
+
+        _launch(kernel, args, run, bounds)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = dict(named) | {"indices_dst": indices_dst, "indices_src": indices_src, "block_quota": block_quota}
+        explain(fn, error, _ONE_ARGS if n_dst == 2 else _ONE_MLA_ARGS, values, (*values.keys(),)[:-1])
+        raise
+
+
+def _one_layer_op(
+    k_cache_dst: torch.Tensor,
+    v_cache_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    k_cache_src: torch.Tensor,
+    v_cache_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    element_dim: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+    run: bool = True,
+) -> None:
+    _one_layer(
+        "transfer_hicache_one_layer",
+        (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst)),
+        indices_dst,
+        (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src)),
+        indices_src,
+        element_dim,
+        unroll,
+        block_quota,
+        run,
+    )
+
+
+def _one_layer_mla_op(
+    cache_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    cache_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    element_dim: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+    run: bool = True,
+) -> None:
+    _one_layer(
+        "transfer_hicache_one_layer_mla",
+        (("cache_dst", cache_dst),),
+        indices_dst,
+        (("cache_src", cache_src),),
+        indices_src,
+        element_dim,
+        unroll,
+        block_quota,
+        run,
+    )
+
+
+register("transfer_hicache_one_layer", _one_layer_op, mutates=("k_cache_dst", "v_cache_dst"), fake_checks=True)
+register("transfer_hicache_one_layer_mla", _one_layer_mla_op, mutates=("cache_dst",), fake_checks=True)
 
 
 def transfer_hicache_one_layer(
@@ -210,16 +239,16 @@ def transfer_hicache_one_layer(
     memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
     and ``block_quota`` (most blocks the copy occupies) default to tuned values.
     """
-    _one_layer(
-        "transfer_hicache_one_layer",
-        (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst)),
-        indices_dst,
-        (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src)),
-        indices_src,
-        element_dim,
-        unroll,
-        block_quota,
-    )
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.transfer_hicache_one_layer(
+            k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
+            block_quota,
+        )  # fmt: skip
+    else:
+        _one_layer_op(
+            k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
+            block_quota,
+        )  # fmt: skip
 
 
 def transfer_hicache_one_layer_mla(
@@ -233,16 +262,22 @@ def transfer_hicache_one_layer_mla(
     block_quota: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    _one_layer(
-        "transfer_hicache_one_layer_mla",
-        (("cache_dst", cache_dst),),
-        indices_dst,
-        (("cache_src", cache_src),),
-        indices_src,
-        element_dim,
-        unroll,
-        block_quota,
-    )
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.transfer_hicache_one_layer_mla(
+            cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota
+        )
+    else:
+        _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
+
+
+_ALL_ARGS = (
+    "k_ptr_dst", "v_ptr_dst", "indices_dst", "k_ptr_src", "v_ptr_src", "indices_src", "kv_cache_src_stride_bytes",
+    "kv_cache_dst_stride_bytes", "block_quota",
+)  # fmt: skip
+_ALL_MLA_ARGS = (
+    "ptr_dst", "indices_dst", "ptr_src", "indices_src", "kv_cache_src_stride_bytes", "kv_cache_dst_stride_bytes",
+    "block_quota",
+)  # fmt: skip
 
 
 def _all_layer(
@@ -269,41 +304,25 @@ def _all_layer(
     elif type(element_size) is not int:
         raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
     unroll, block_quota = _options(fn, element_size, unroll, block_quota)
-    for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
-        if value < element_size or value % 16 != 0:
-            raise ValueError(
-                f"{fn}: {name} must be a multiple of 16 and at least element_size={element_size}, got {value}"
-            )
     tables = tables_dst + tables_src
-    for name, t in tables:
-        check_dense(fn, name, t)
-        if t.dtype != torch.uint64:
-            raise TypeError(f"{fn}: {name} must be a uint64 tensor of per-layer addresses, got {t.dtype}")
-        if t.dim() != 1 or not t.is_contiguous():
-            raise ValueError(f"{fn}: {name} must be a contiguous 1-D tensor [num_layers], got shape {tuple(t.shape)}")
-    num_layers = tables[0][1].numel()
-    for name, t in tables[1:]:
-        if t.numel() != num_layers:
-            raise ValueError(f"{fn}: {name} has {t.numel()} layers but {tables[0][0]} has {num_layers}")
-    _check_index_pair(fn, indices_dst, indices_src)
-    for name, t in tables:
-        if not t.is_cuda or t.get_device() != indices_dst.get_device():
-            raise ValueError(f"{fn}: {name} must be on the indices' device {indices_dst.device}, got {t.device}")
-    if env.check_indices():
-        _check_bounds(fn, "indices_dst", indices_dst, None)
-        _check_bounds(fn, "indices_src", indices_src, None)
-    if indices_dst.numel() == 0 or num_layers == 0:
-        return
-    config = (element_size, unroll, HICACHE_NUM_THREADS)
-    if len(tables_dst) == 2:
-        _HICACHE.function("run_all", config)(
-            tables[0][1], tables[1][1], indices_dst, tables[2][1], tables[3][1], indices_src,
-            src_stride, dst_stride, block_quota,
+    n_dst = len(tables_dst)
+    try:
+        kernel = _kernel("run_all" if n_dst == 2 else "run_all_mla", (element_size, unroll, HICACHE_NUM_THREADS), True)
+        assert kernel is not None
+        args = (
+            *(t for _, t in tables_dst), indices_dst, *(t for _, t in tables_src), indices_src, src_stride, dst_stride,
+            block_quota,
         )  # fmt: skip
-    else:
-        _HICACHE.function("run_all_mla", config)(
-            tables[0][1], indices_dst, tables[1][1], indices_src, src_stride, dst_stride, block_quota
-        )
+
+        def bounds() -> None:
+            _check_bounds(fn, "indices_dst", indices_dst, None)
+            _check_bounds(fn, "indices_src", indices_src, None)
+
+        _launch(kernel, args, True, bounds)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = dict(tables) | {"indices_dst": indices_dst, "indices_src": indices_src}
+        explain(fn, error, _ALL_ARGS if n_dst == 2 else _ALL_MLA_ARGS, values, tuple(values))
+        raise
 
 
 def transfer_hicache_all_layer(
@@ -326,6 +345,7 @@ def transfer_hicache_all_layer(
     base. ``element_size`` (bytes per row) defaults to the stride when both strides are equal.
 
     The addresses cannot be checked: they must be valid for every index, and host buffers pinned.
+    Not a ``torch.ops`` op: what it writes lies behind raw addresses that torch.compile cannot see.
     """
     _all_layer(
         "transfer_hicache_all_layer",
