@@ -26,6 +26,8 @@
 // writers.
 #pragma once
 
+#include "quant/fp8_store.cuh"
+
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/type.cuh>
@@ -44,6 +46,8 @@
 #include <type_traits>
 
 namespace jit_kernel::kv_store {
+
+using fp8::store_fp8;
 
 inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
 inline constexpr uint32_t kTasksPerBlock = kThreads / 32;
@@ -82,22 +86,6 @@ SGL_DEVICE float stream_scale(const Stream& s) {
 
 SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
   return slot >= 0 && slot < s.num_slots;
-}
-
-// kN inputs (already multiplied by 1 / scale) as kN fp8 values at `dst`: pairs through the packed
-// conversion (cvt.rn.satfinite.e4m3x2.f32: beyond +-448 and +-inf saturate, NaN stays NaN).
-template <int kN>
-SGL_DEVICE void store_fp8(fp8_e4m3_t* dst, const float (&y)[kN]) {
-  if constexpr (kN == 1) {
-    *reinterpret_cast<__nv_fp8_storage_t*>(dst) = __nv_cvt_float_to_fp8(y[0], __NV_SATFINITE, __NV_E4M3);
-  } else {
-    device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
-#pragma unroll
-    for (int j = 0; j < kN / 2; ++j) {
-      packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
-    }
-    packed.store(dst);
-  }
 }
 
 // One warp per task. Split mode (p.joint false): task 2 * token + j is row `token` of stream j.

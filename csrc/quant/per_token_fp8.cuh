@@ -15,6 +15,8 @@
 // L2) to quantise. Rows that are not whole aligned 16-byte vectors take the scalar kernel (kN = 1).
 #pragma once
 
+#include "fp8_store.cuh"
+
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/ffi.h>
 #include <sgl_kernel/runtime.cuh>
@@ -34,6 +36,8 @@
 #include <cuda_fp8.h>
 
 namespace jit_kernel::token_quant {
+
+using fp8::store_fp8;
 
 inline constexpr float kFp8Max = 448.f;
 
@@ -55,32 +59,6 @@ SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
 // 1 / scale, and 0 for a zero scale (a zero row, or a zero static scale): q is then 0, not NaN.
 SGL_DEVICE float inverse(float scale) {
   return scale > 0.f ? 1.f / scale : 0.f;
-}
-
-// Stores y[0..kN) (already scaled) as kN fp8 values at out[0..kN): pairs through the packed
-// conversion (cvt.rn.satfinite.e4m3x2.f32), one kN-byte store when `aligned`, else byte by byte.
-// SATFINITE: finite values beyond +-448 saturate, NaN stays NaN.
-template <int kN>
-SGL_DEVICE void store_fp8(fp8_e4m3_t* out, const float (&y)[kN], bool aligned = true) {
-  if constexpr (kN == 1) {
-    *reinterpret_cast<__nv_fp8_storage_t*>(out) = __nv_cvt_float_to_fp8(y[0], __NV_SATFINITE, __NV_E4M3);
-  } else {
-    device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
-#pragma unroll
-    for (int j = 0; j < kN / 2; ++j) {
-      packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
-    }
-    if (aligned) {
-      packed.store(out);
-    } else {
-      auto* bytes = reinterpret_cast<uint8_t*>(out);
-#pragma unroll
-      for (int j = 0; j < kN / 2; ++j) {
-        bytes[2 * j] = static_cast<uint8_t>(packed[j] & 0xff);
-        bytes[2 * j + 1] = static_cast<uint8_t>(packed[j] >> 8);
-      }
-    }
-  }
 }
 
 // Quantises vector `x` and stores it as fp8 vector number `v` of `out`.

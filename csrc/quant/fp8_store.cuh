@@ -1,0 +1,39 @@
+// store_fp8: kN scaled floats as kN float8_e4m3 values, shared by the per-token quant kernels
+// and the KV-cache store.
+#pragma once
+
+#include <sgl_kernel/type.cuh>
+#include <sgl_kernel/vec.cuh>
+
+#include <cstdint>
+#include <cuda_fp8.h>
+
+namespace jit_kernel::fp8 {
+
+// Stores y[0..kN) (already scaled) as kN fp8 values at out[0..kN): pairs through the packed
+// conversion (cvt.rn.satfinite.e4m3x2.f32), one kN-byte store when `aligned`, else byte by byte.
+// SATFINITE: finite values beyond +-448 saturate, NaN stays NaN.
+template <int kN>
+SGL_DEVICE void store_fp8(fp8_e4m3_t* out, const float (&y)[kN], bool aligned = true) {
+  if constexpr (kN == 1) {
+    *reinterpret_cast<__nv_fp8_storage_t*>(out) = __nv_cvt_float_to_fp8(y[0], __NV_SATFINITE, __NV_E4M3);
+  } else {
+    device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) {
+      packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
+    }
+    if (aligned) {
+      packed.store(out);
+    } else {
+      auto* bytes = reinterpret_cast<uint8_t*>(out);
+#pragma unroll
+      for (int j = 0; j < kN / 2; ++j) {
+        bytes[2 * j] = static_cast<uint8_t>(packed[j] & 0xff);
+        bytes[2 * j + 1] = static_cast<uint8_t>(packed[j] >> 8);
+      }
+    }
+  }
+}
+
+}  // namespace jit_kernel::fp8
