@@ -43,6 +43,7 @@ struct dtype_trait_base : host::dl_dtype_of<Self> {
 
 template <>
 struct dtype_trait<fp32_t> : device::details::dtype_trait_base<fp32_t, fp32x2_t> {
+  static constexpr float kFloatMax = 3.40282347e38f;  // largest finite value (sglang 0.5.23)
   using dtype_trait_base::from;
   SGL_DEVICE static fp32_t from(const fp16_t& x) {
     return __half2float(x);
@@ -78,6 +79,7 @@ struct dtype_trait<fp32_t> : device::details::dtype_trait_base<fp32_t, fp32x2_t>
 
 template <>
 struct dtype_trait<fp16_t> : device::details::dtype_trait_base<fp16_t, fp16x2_t> {
+  static constexpr float kFloatMax = 65504.0f;  // largest finite value
   using dtype_trait_base::from;
   SGL_DEVICE static fp16_t from(const fp32_t& x) {
     return __float2half_rn(x);
@@ -113,6 +115,7 @@ struct dtype_trait<fp16_t> : device::details::dtype_trait_base<fp16_t, fp16x2_t>
 
 template <>
 struct dtype_trait<bf16_t> : device::details::dtype_trait_base<bf16_t, bf16x2_t> {
+  static constexpr float kFloatMax = 3.38953139e38f;  // largest finite value
   using dtype_trait_base::from;
   SGL_DEVICE static bf16_t from(const fp32_t& x) {
     return __float2bfloat16_rn(x);
@@ -253,10 +256,14 @@ struct dtype_trait<bf16x2_t> : device::details::dtype_trait_base<bf16x2_t, void,
 
 // FP8 types are storage formats: conversions only (the constructors saturate to the finite range).
 template <>
-struct dtype_trait<fp8_e4m3_t> : device::details::dtype_trait_base<fp8_e4m3_t, fp8x2_e4m3_t> {};
+struct dtype_trait<fp8_e4m3_t> : device::details::dtype_trait_base<fp8_e4m3_t, fp8x2_e4m3_t> {
+  static constexpr float kFloatMax = 448.0f;  // largest finite value, the quantisation clamp
+};
 
 template <>
-struct dtype_trait<fp8_e5m2_t> : device::details::dtype_trait_base<fp8_e5m2_t, fp8x2_e5m2_t> {};
+struct dtype_trait<fp8_e5m2_t> : device::details::dtype_trait_base<fp8_e5m2_t, fp8x2_e5m2_t> {
+  static constexpr float kFloatMax = 57344.0f;  // largest finite value
+};
 
 template <>
 struct dtype_trait<fp8x2_e4m3_t> : device::details::dtype_trait_base<fp8x2_e4m3_t, void, fp8_e4m3_t, 2> {};

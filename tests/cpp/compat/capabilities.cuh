@@ -19,6 +19,7 @@
 #include <tvm/ffi/container/tensor.h>
 
 #include <cstdint>
+#include <limits>
 
 namespace compat_caps {
 
@@ -64,6 +65,9 @@ static_assert(
 static_assert(
     device::warp::LoadStorePattern::get_vec_bytes<1024, device::warp::LoadStorePattern::WARP_UNIFORM_16B>() == 16);
 static_assert(device::warp::LoadStorePattern::get_vec_bytes<40, device::LoadStoreBytes::MAX_PORTABLE>() == 8);
+static_assert(DTypeTrait<fp8_e4m3_t>::kFloatMax == 448.0f && DTypeTrait<fp16_t>::kFloatMax == 65504.0f);
+static_assert(DTypeTrait<fp32_t>::kFloatMax == std::numeric_limits<float>::max());
+static_assert(DTypeTrait<bf16_t>::kFloatMax == 0x1.fep127f && DTypeTrait<fp8_e5m2_t>::kFloatMax == 57344.0f);
 static_assert(DTypeTrait<bf16x2_t>::kVecSize == 2 && std::is_same_v<DTypeTrait<fp16x2_t>::unpacked_t, fp16_t>);
 
 // ---- warp scans: out[i, :] for element i (lane i % 32 of warp i / 32).
