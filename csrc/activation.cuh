@@ -11,11 +11,11 @@
 // threads shaped tx x ty (tx = min(128, pow2 >= vectors per row)): a row of d = 14336 bf16 (1792
 // vectors) spreads over 14 blocks, so a decode step (1-16 tokens) is one short launch over many
 // SMs rather than one block per token; short rows put several tokens in one block. silu and
-// gelu_tanh launch one block row per token group (measured fastest: 4096 x 14336 bf16 on an H100,
-// 116.5 us against 122.8 us with the grid capped at 4 waves). gelu (erff, about 3x the
-// instructions) caps the grid at about 4 waves and loops over tokens, two per iteration with both
-// loads issued before either store (120.0 us against 136.5 us uncapped). Plain loads: evict_first
-// cost 2-4% at 4096 tokens in the same run.
+// gelu_tanh launch one block row per token group. gelu (erff, about 3x the instructions and 58
+// registers) caps the grid at about 4 waves and loops over tokens, two per iteration with both
+// loads issued before either store: uncapped it was 14% slower at 4096 x 14336 on an H100, while
+// silu and gelu_tanh were 2% faster uncapped. Plain loads: evict_first cost 2-4% there. (The
+// variant timings: docs/benchmarks.md, ninth session.)
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>

@@ -37,9 +37,6 @@ _HICACHE = Dispatcher(HICACHE)
 #: PCIe saturated, few enough SMs that a background copy leaves the model's compute alone.
 DEFAULT_BLOCK_QUOTA = 4
 _VALID_UNROLLS = HICACHE_UNROLLS
-# Errors a bad argument may raise before or inside the kernel call; `explain` names the argument
-# for what C++ cannot report (a non-tensor, a sparse or meta tensor).
-_CALL_ERRORS = (TypeError, RuntimeError, AttributeError, IndexError)
 
 
 def can_use_hicache_jit_kernel(*, element_size: int, unroll: int | None = None, block_quota: int | None = None) -> bool:
@@ -307,8 +304,9 @@ def _all_layer(
     tables = tables_dst + tables_src
     n_dst = len(tables_dst)
     try:
-        kernel = _kernel("run_all" if n_dst == 2 else "run_all_mla", (element_size, unroll, HICACHE_NUM_THREADS), True)
-        assert kernel is not None
+        kernel = _HICACHE.function(
+            "run_all" if n_dst == 2 else "run_all_mla", (element_size, unroll, HICACHE_NUM_THREADS)
+        )
         args = (
             *(t for _, t in tables_dst), indices_dst, *(t for _, t in tables_src), indices_src, src_stride, dst_stride,
             block_quota,
