@@ -47,14 +47,13 @@ __global__ void add_constant_vec_kernel(int32_t* __restrict__ dst, const int32_t
 template <int32_t kConstant>
 void run_cuda(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   using namespace host;
-  auto num_elements = SymbolicSize{"num_elements"};
   auto device = SymbolicDevice{};
-  TensorMatcher({num_elements})  //
+  TensorMatcher::same_shape_as(src)  // any shape, contiguous
       .with_dtype<int32_t>()
       .with_device<kDLCUDA>(device)
       .verify(src, "src")
       .verify(dst, "out");
-  const auto n = static_cast<std::size_t>(num_elements.unwrap());
+  const auto n = static_cast<std::size_t>(src.numel());
   if (n == 0) return;
   const bool aligned = reinterpret_cast<std::uintptr_t>(dst.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<std::uintptr_t>(src.data_ptr()) % 16 == 0;

@@ -16,15 +16,14 @@ namespace jit_kernel::add_constant {
 template <int32_t kConstant>
 void run_host(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   using namespace host;
-  auto num_elements = SymbolicSize{"num_elements"};
-  TensorMatcher({num_elements})  //
+  TensorMatcher::same_shape_as(src)  // any shape, contiguous
       .with_dtype<int32_t>()
       .with_device<kDLCPU>()
       .verify(src, "src")
       .verify(dst, "out");
   auto* out = static_cast<int32_t*>(dst.data_ptr());
   const auto* in = static_cast<const int32_t*>(src.data_ptr());
-  for (const auto i : irange(num_elements.unwrap())) {
+  for (const auto i : irange(src.numel())) {
     out[i] = in[i] + kConstant;
   }
 }

@@ -1,4 +1,4 @@
-// scale: out = T(float(src) * factor) over a flat fp16, bf16 or fp32 tensor; factor is a run-time
+// scale: out = T(float(src) * factor) over a contiguous fp16, bf16 or fp32 tensor of any shape; factor is a run-time
 // argument (one compiled kernel per dtype, not per value). 16-byte vectors when both pointers
 // allow it, a scalar loop otherwise.
 #pragma once
@@ -43,10 +43,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 void run(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   using namespace host;
-  auto n = SymbolicSize{"num_elements"};
   auto device = SymbolicDevice{};
-  TensorMatcher({n}).with_device<kDLCUDA>(device).with_dtype<T>().verify(src, "src").verify(dst, "out");
-  const int64_t num = n.unwrap();
+  TensorMatcher::same_shape_as(src).with_device<kDLCUDA>(device).with_dtype<T>().verify(src, "src").verify(dst, "out");
+  const int64_t num = src.numel();
   if (num == 0 || has_no_data(dst)) return;
   constexpr int kN = 16 / sizeof(T);
   const bool vec =

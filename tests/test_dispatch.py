@@ -56,6 +56,10 @@ def test_add_constant_cpu_results() -> None:
         assert torch.equal(out, src + constant)
     grid = torch.randint(-1000, 1000, (3, 5), dtype=torch.int32)
     assert torch.equal(jit_kernel.add_constant(grid, 2), grid + 2)
+    cube = torch.randint(-1000, 1000, (2, 3, 4), dtype=torch.int32)  # any rank, no flattening view
+    assert torch.equal(jit_kernel.add_constant(cube, -7, out=torch.empty_like(cube)), cube - 7)
+    scalar = torch.tensor(41, dtype=torch.int32)
+    assert jit_kernel.add_constant(scalar, 1).item() == 42
     empty = torch.empty(0, dtype=torch.int32)
     assert jit_kernel.add_constant(empty, 1).numel() == 0
 
@@ -70,13 +74,12 @@ def test_add_constant_cpu_results() -> None:
         (
             lambda: jit_kernel.add_constant(_i32(4, 4).t(), 1),
             ValueError,
-            "src must be contig",
+            "(?s)'src'.*not contiguous",
         ),
-        (
-            lambda: jit_kernel.add_constant(_i32(4), 1, out=_i32(5)),
-            ValueError,
-            "out must have the shape of src",
-        ),
+        (lambda: jit_kernel.add_constant(_i32(4), 1, out=_i32(5)), ValueError, r"(?s)'out'.*Size mismatch"),
+        (lambda: jit_kernel.add_constant(_i32(3, 5), 1, out=_i32(5, 3)), ValueError, r"(?s)'out'.*Size mismatch"),
+        (lambda: jit_kernel.add_constant(_i32(4), 1, out=_i32(2, 2)), ValueError, r"(?s)'out'.*Rank mismatch"),
+        (lambda: jit_kernel.add_constant(_i32(4, 4), 1, out=_i32(4, 4).t()), ValueError, "(?s)'out'.*not contig"),
     ],
 )
 def test_add_constant_bad_input_names_the_argument(call, error: type[Exception], pattern: str) -> None:

@@ -330,6 +330,37 @@ def test_check_indices_names_the_first_bad_position(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.gpu
+def test_fast_path_serves_every_form_the_full_path_does() -> None:
+    """A call with the default options remembers its kernel; later ones launch it directly, and what
+    its launcher refuses goes through the full path: 3-D caches are still viewed as rows, and bad
+    inputs still get the full path's errors."""
+    from jit_kernel.ops import hicache as ops
+
+    rows, idx = 64, torch.arange(16, device="cuda")
+    k_src, v_src = (make_cache(rows, 256, "cuda") for _ in range(2))
+    k_dst, v_dst = (make_cache(rows, 256, "cuda", poison=True) for _ in range(2))
+    transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)
+    assert ("run_one", torch.bfloat16, 128) in ops._DEFAULT_KERNELS
+    k_dst.view(torch.uint8).fill_(POISON)
+    transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)  # the fast path
+    torch.cuda.synchronize()
+    assert_same_bytes(k_dst[:16], k_src[:16])
+    # [rows, 2, 128]: the remembered 256-byte kernel refuses rank 3; the full path copies rows of 128
+    k3_src, v3_src = (make_cache(rows, 512, "cuda").view(rows, 2, 128) for _ in range(2))
+    k3_dst, v3_dst = (make_cache(rows, 512, "cuda", poison=True).view(rows, 2, 128) for _ in range(2))
+    transfer_hicache_one_layer(k3_dst, v3_dst, idx, k3_src, v3_src, idx)
+    torch.cuda.synchronize()
+    assert_same_bytes(k3_dst.reshape(-1, 128)[:16], k3_src.reshape(-1, 128)[:16])
+    assert_same_bytes(v3_dst.reshape(-1, 128)[16:], make_cache(2 * rows - 16, 256, "cuda", poison=True))
+    with pytest.raises(TypeError, match=r"(?s)'indices_dst'.*Dtype mismatch"):
+        transfer_hicache_one_layer(k_dst, v_dst, idx.float(), k_src, v_src, idx)
+    with pytest.raises(TypeError, match=r"k_cache_src must be a torch\.Tensor, got list"):
+        transfer_hicache_one_layer(k_dst, v_dst, idx, [1], v_src, idx)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"element_dim=128 does not match v_cache_src"):
+        transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, make_cache(rows, 512, "cuda"), idx)
+
+
+@pytest.mark.gpu
 def test_misaligned_view_is_refused() -> None:
     base = make_cache(65, 256, "cuda", torch.uint8)
     shifted = base.view(-1)[8 : 8 + 64 * 256].view(64, 256)  # 8 bytes off a 16-byte boundary

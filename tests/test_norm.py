@@ -264,7 +264,7 @@ def test_fused_add_rmsnorm_op_takes_the_flag() -> None:
     with fake_cuda():
         x, w = _bf16(4, 4096), _bf16(4096)
         torch.ops.jit_kernel.fused_add_rmsnorm(x, torch.empty_like(x), w, 1e-6, None, True)
-        with pytest.raises(ValueError, match="residual must have the shape"):
+        with pytest.raises(ValueError, match=r"(?s)'residual'.*Size mismatch"):
             torch.ops.jit_kernel.fused_add_rmsnorm(x, _bf16(4, 8), w, 1e-6, None, True)
 
 
@@ -417,7 +417,17 @@ def test_rmsnorm_rejects_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
             ValueError,
             r"(?s)'weight'.*not contiguous",
         ),
-        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), out=_bf16(4, 9)), ValueError, "out must have the shape"),
+        (lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), out=_bf16(4, 9)), ValueError, r"(?s)'out'.*Size mismatch"),
+        (
+            lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), out=_bf16(2, 2, 8)),
+            ValueError,
+            r"(?s)'out'.*Rank mismatch",
+        ),
+        (
+            lambda: jit_kernel.rmsnorm(_bf16(2, 2, 8), _bf16(8), out=_bf16(4, 8)),
+            ValueError,
+            r"out must have the shape of \(2, 2, 8\), got \(4, 8\)",
+        ),
         (
             lambda: jit_kernel.rmsnorm(_bf16(4, 8), _bf16(8), out=_bf16(4, 8).half()),
             TypeError,
@@ -429,12 +439,17 @@ def test_rmsnorm_rejects_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 9), _bf16(8)),
             ValueError,
-            "residual must have the shape",
+            r"(?s)'residual'.*Size mismatch",
         ),
         (
             lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 8).float(), _bf16(8)),
             TypeError,
             r"(?s)'residual'.*Dtype mismatch",
+        ),
+        (
+            lambda: jit_kernel.fused_add_rmsnorm(_bf16(2, 2, 8), _bf16(2, 8), _bf16(8)),
+            ValueError,
+            r"residual must have the shape of \(2, 2, 8\), got \(2, 8\)",
         ),
         (
             lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(8, 4).t(), _bf16(8)),
@@ -459,7 +474,7 @@ def test_rmsnorm_rejects_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             lambda: jit_kernel.fused_add_rmsnorm(_bf16(4, 8), _bf16(4, 9), _bf16(8), cast_x_before_out_mul=True),
             ValueError,
-            "residual must have the shape",
+            r"(?s)'residual'.*Size mismatch",
         ),
         (
             lambda: jit_kernel.fused_inplace_qknorm(_bf16(4, 2, 8), _bf16(5, 2, 8), _bf16(8), _bf16(8)),

@@ -18,7 +18,8 @@ def ref_scale(x: torch.Tensor, factor: float) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "shape", [(1,), (7,), (1000,), (128, 4096), (4097, 1000), pytest.param((16 * 2**20 + 3,), id="big")]
+    "shape",
+    [(), (1,), (7,), (1000,), (128, 4096), (4097, 1000), (3, 5, 7), pytest.param((16 * 2**20 + 3,), id="big")],
 )
 @pytest.mark.parametrize("factor", [2.5, -0.3])
 def test_scale(shape: tuple[int, ...], factor: float, dtype: torch.dtype) -> None:
@@ -49,6 +50,8 @@ def test_add_constant_vectorized(n: int) -> None:
     assert torch.equal(out, x + 2)
     y = torch.randint(-1000, 1000, (n + 1,), device="cuda", dtype=torch.int32)[1:]  # misaligned: scalar path
     assert torch.equal(jit_kernel.add_constant(y, 3), y + 3)
+    rows = x[: n - n % 4].view(4, -1)  # any rank is taken as is (no flattening view)
+    assert torch.equal(jit_kernel.add_constant(rows, 5, out=torch.empty_like(rows)), rows + 5)
 
 
 @pytest.mark.gpu
@@ -73,9 +76,11 @@ def test_scale_rejects_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (lambda e: jit_kernel.scale(e(8, dtype=torch.int32), 2.0), TypeError, "src must be one of"),
         (lambda e: jit_kernel.scale(e(8), "2"), TypeError, "factor must be a float"),
-        (lambda e: jit_kernel.scale(e(8), 2.0, out=e(9)), ValueError, "out must have the shape"),
+        (lambda e: jit_kernel.scale(e(8), 2.0, out=e(9)), ValueError, r"(?s)'out'.*Size mismatch"),
+        (lambda e: jit_kernel.scale(e(2, 4), 2.0, out=e(4, 2)), ValueError, r"(?s)'out'.*Size mismatch"),
+        (lambda e: jit_kernel.scale(e(8), 2.0, out=e(2, 4)), ValueError, r"(?s)'out'.*Rank mismatch"),
         (lambda e: jit_kernel.scale(e(8), 2.0, out=e(8, dtype=torch.float16)), TypeError, r"(?s)'out'.*Dtype mismatch"),
-        (lambda e: jit_kernel.scale(e(4, 2).t(), 2.0), ValueError, "src must be contiguous"),
+        (lambda e: jit_kernel.scale(e(4, 2).t(), 2.0), ValueError, r"(?s)'src'.*not contiguous"),
     ],
 )
 def test_scale_bad_inputs(call, error: type[Exception], match: str) -> None:

@@ -550,6 +550,14 @@ class TensorMatcher {
   TensorMatcher(const TensorMatcher&) = delete;
   TensorMatcher& operator=(const TensorMatcher&) = delete;
 
+  /// \brief A matcher for `reference`'s exact shape, of any rank: elementwise ops take tensors of
+  ///        any shape, and callers need not flatten them into a view first (a view costs a
+  ///        microsecond of host time per call). `TensorMatcher::same_shape_as(src).verify(src,
+  ///        "src").verify(out, "out")`: a rank or size difference names `out`.
+  static auto same_shape_as(const tvm::ffi::TensorView& reference, DebugInfo where = {}) -> TensorMatcher {
+    return TensorMatcher(reference, where);
+  }
+
   /// \brief Expected strides (in elements). Omit to require a contiguous tensor.
   auto with_strides(std::initializer_list<SizeRef> strides, DebugInfo where = {}) && -> TensorMatcher&& {
     RuntimeCheck(where, !m_has_strides, "with_strides() was already given");
@@ -622,6 +630,10 @@ class TensorMatcher {
   }
 
  private:
+  TensorMatcher(const tvm::ffi::TensorView& reference, const DebugInfo& where) {
+    for (int32_t i = 0; i < reference.dim(); ++i) m_shape.push_back(SizeRef(reference.size(i)), where);
+  }
+
   template <has_dl_dtype... Ts>
   auto set_dtype_options(const DebugInfo& where) -> void {
     RuntimeCheck(where, !m_has_dtype, "with_dtype() was already given");

@@ -91,9 +91,17 @@ def aot_archs() -> str | None:
     return os.environ.get("JIT_KERNEL_AOT_ARCHS")
 
 
+# os.environ.get of an unset variable raises and catches a KeyError inside (about 1 us), which an
+# op that reads a switch on every call cannot afford; os.environ keeps its encoded copy in _data.
+_ENCODED_ENVIRON = getattr(os.environ, "_data", None)
+_CHECK_INDICES_KEY = getattr(os.environ, "encodekey", lambda key: key)("JIT_KERNEL_CHECK_INDICES")
+
+
 def check_indices() -> bool:
-    """``JIT_KERNEL_CHECK_INDICES=1``: hicache validates index bounds before a transfer (one
-    reduction and a sync); read at every call so that it can be toggled at run time."""
+    """``JIT_KERNEL_CHECK_INDICES=1``: hicache, rope and the KV-cache store validate indices before
+    a launch (one reduction and a sync); read at every call so that it can be toggled at run time."""
+    if isinstance(_ENCODED_ENVIRON, dict) and _ENCODED_ENVIRON.get(_CHECK_INDICES_KEY) is None:
+        return False  # the common case, without os.environ.get's cost
     return _flag("JIT_KERNEL_CHECK_INDICES")
 
 

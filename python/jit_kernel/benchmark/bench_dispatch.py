@@ -95,7 +95,7 @@ class Inputs:
         # per_tensor_quant_fp8 (dynamic): preallocated outputs; the raw call gets flat views
         self.fp8 = torch.empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn, device=device)
         self.fp8_scale = torch.empty(1, dtype=torch.float32, device=device)
-        # scale and add_constant take flat tensors (the ops view them as such on every call)
+        # scale and add_constant: contiguous tensors of any shape
         self.scale_out = act(tokens, HIDDEN)
         self.ints = torch.randint(-1000, 1000, (tokens, HIDDEN), dtype=torch.int32, device=device)
         self.ints_out = torch.empty_like(self.ints)
@@ -146,18 +146,18 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
             t.pdl,
         ),
     ),
-    # csrc/scale.cuh run(dst, src, factor): flat tensors, no enable_pdl
+    # csrc/scale.cuh run(dst, src, factor): contiguous tensors of any shape, no enable_pdl
     "scale (out=)": lambda t: (
         partial(jit_kernel.scale, t.x, FACTOR, out=t.scale_out),
-        partial(kernel(families.SCALE, "run", (CPP,)), t.scale_out.view(-1), t.x.view(-1), FACTOR),
+        partial(kernel(families.SCALE, "run", (CPP,)), t.scale_out, t.x, FACTOR),
     ),
-    # csrc/add_constant.cuh run_cuda(dst, src) / csrc/add_constant.h run_host(dst, src): flat int32
+    # csrc/add_constant.cuh run_cuda(dst, src) / csrc/add_constant.h run_host(dst, src): int32, any shape
     "add_constant (out=)": lambda t: (
         partial(jit_kernel.add_constant, t.ints, 1, out=t.ints_out),
         partial(
             kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,)),
-            t.ints_out.view(-1),
-            t.ints.view(-1),
+            t.ints_out,
+            t.ints,
         ),
     ),
     # csrc/hicache.cuh HiCache::run_one(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)

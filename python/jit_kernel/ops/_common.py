@@ -156,6 +156,17 @@ def rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
         ) from None
 
 
+def rows_like(op: str, name: str, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t``, which must have ``like``'s shape, as the rows the kernel takes. A 2-D ``like`` is
+    passed as is and C++ matches ``t`` against it; a reshaped one is checked here, because its
+    rows could agree with ``like``'s while its shape does not."""
+    if like.dim() == 2:
+        return t
+    if t.shape != like.shape:
+        raise ValueError(f"{op}: {name} must have the shape of {tuple(like.shape)}, got {tuple(t.shape)}")
+    return rows(op, name, t)
+
+
 def flat(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor of any shape as the flat one the elementwise kernels take."""
     if t.dim() == 1:

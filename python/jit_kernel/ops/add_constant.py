@@ -28,19 +28,8 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
         kernel = _KERNELS[src.is_cuda][constant]
         if out is None:
             out = torch.empty_like(src, memory_format=torch.contiguous_format)
-        elif out.shape != src.shape:
-            raise ValueError(f"add_constant: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
-        if src.dim() == 1:
-            kernel(out, src)
-        else:  # the kernels take flat tensors; a view costs ~0.5 us, so only when needed
-            kernel(_flat("out", out), _flat("src", src))
+        kernel(out, src)  # C++ checks the shapes, contiguity, dtype and device
     except (TypeError, RuntimeError, AttributeError) as error:
         explain("add_constant", error, _KERNEL_ARGS, {"src": src, "out": out}, ("src", "out"))
         raise
     return out
-
-
-def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
-    if not t.is_contiguous():
-        raise ValueError(f"add_constant: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    return t.view(-1)

@@ -121,8 +121,31 @@ def _launch(kernel: Callable[..., Any], args: tuple[Any, ...], run: bool, bounds
     kernel(*args)
 
 
+_EXPORTS = {2: "run_one", 1: "run_one_mla"}  # by the number of destination caches
 _ONE_ARGS = ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src", "v_cache_src", "indices_src", "block_quota")
 _ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_quota")
+
+
+# The eager fast path: (export, dtype, row width) of a call with default options and 2-D caches ->
+# its kernel, filled by the first such call.
+_DEFAULT_KERNELS: dict[tuple[str, torch.dtype, int], Callable[..., Any]] = {}
+
+
+def _fast_path(export: str, first: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Launch the kernel a first call chose for caches like ``first`` with the default options, if
+    there is one. Its launcher checks every tensor before launching; what it refuses (other ranks too,
+    which the full path views as rows) is left to the full path, which explains any error. Not with
+    index checking on, which the full path does."""
+    if env.check_indices():
+        return False
+    try:
+        kernel = _DEFAULT_KERNELS.get((export, first.dtype, first.shape[-1]))
+        if kernel is None:
+            return False
+        kernel(first, *tensors, DEFAULT_BLOCK_QUOTA)
+        return True
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return False
 
 
 def _one_layer(
@@ -138,6 +161,7 @@ def _one_layer(
 ) -> None:
     named = caches_dst + caches_src
     n_dst = len(caches_dst)
+    defaults = element_dim is None and unroll is None and block_quota is None
     try:
         first_name, first = named[0]
         if element_dim is None:
@@ -149,9 +173,11 @@ def _one_layer(
         element_size = element_dim * first.element_size()
         unroll, block_quota = _options(fn, element_size, unroll, block_quota)
         rows = [_rows(fn, name, t, element_dim) for name, t in named]
-        kernel = _kernel("run_one" if n_dst == 2 else "run_one_mla", (element_size, unroll, HICACHE_NUM_THREADS), run)
+        kernel = _kernel(_EXPORTS[n_dst], (element_size, unroll, HICACHE_NUM_THREADS), run)
         if kernel is None:
             return
+        if run is True and defaults and all(t.dim() == 2 for _, t in named):
+            _DEFAULT_KERNELS[(_EXPORTS[n_dst], first.dtype, element_dim)] = kernel
         args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
 
         def bounds() -> None:
@@ -241,11 +267,13 @@ def transfer_hicache_one_layer(
             k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
             block_quota,
         )  # fmt: skip
-    else:
-        _one_layer_op(
-            k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
-            block_quota,
-        )  # fmt: skip
+        return
+    caches = (k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src)
+    if element_dim is None and unroll is None and block_quota is None and _fast_path("run_one", *caches):
+        return
+    _one_layer_op(
+        k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota
+    )
 
 
 def transfer_hicache_one_layer_mla(
@@ -263,8 +291,11 @@ def transfer_hicache_one_layer_mla(
         torch.ops.jit_kernel.transfer_hicache_one_layer_mla(
             cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota
         )
-    else:
-        _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
+        return
+    caches = (cache_dst, indices_dst, cache_src, indices_src)
+    if element_dim is None and unroll is None and block_quota is None and _fast_path("run_one_mla", *caches):
+        return
+    _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
 
 
 _ALL_ARGS = (

@@ -26,7 +26,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows, rows_like
 
 _RMSNORM = Dispatcher(RMSNORM)
 _QKNORM = Dispatcher(QKNORM)
@@ -96,13 +96,7 @@ def _rmsnorm(
         in_rows = rows("rmsnorm", "input", input)
         if out is None:
             out = input.new_empty(input.shape)
-            out_rows = out.view(in_rows.shape)
-        else:
-            if out.shape != input.shape:
-                raise ValueError(
-                    f"rmsnorm: out must have the shape of input {tuple(input.shape)}, got {tuple(out.shape)}"
-                )
-            out_rows = rows("rmsnorm", "out", out)
+        out_rows = rows_like("rmsnorm", "out", out, input)
         if run:
             kernel(out_rows, in_rows, weight, eps, enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:
@@ -133,12 +127,8 @@ def _fused_add_rmsnorm(
         raise TypeError(f"{op}: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}")
     try:
         kernel = kernels.get_kernel(_key(op, "input", input), run)
-        if isinstance(residual, torch.Tensor) and residual.shape != input.shape:
-            raise ValueError(
-                f"{op}: residual must have the shape of input {tuple(input.shape)}, got {tuple(residual.shape)}"
-            )
         in_rows = rows(op, "input", input)
-        res_rows = rows(op, "residual", residual)
+        res_rows = rows_like(op, "residual", residual, input)
         if run:
             kernel(in_rows, res_rows, weight, eps, enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:

@@ -11,7 +11,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import SCALE
-from jit_kernel.ops._common import KernelTable, explain, flat, float_dtype, register
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, register
 
 _SCALE = Dispatcher(SCALE)
 _KERNELS = KernelTable(_SCALE, "run", lambda dtype: (float_dtype("scale", "src", dtype),))
@@ -23,10 +23,8 @@ def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None, run: bool
         kernel = _KERNELS.get_kernel(src.dtype, run)
         if out is None:
             out = src.new_empty(src.shape)
-        elif out.shape != src.shape:
-            raise ValueError(f"scale: out must have the shape of src {tuple(src.shape)}, got {tuple(out.shape)}")
-        if run:
-            kernel(flat("scale", "out", out), flat("scale", "src", src), factor)
+        if run:  # C++ checks the shapes, contiguity, dtype and device
+            kernel(out, src, factor)
     except (TypeError, RuntimeError, AttributeError) as error:
         explain("scale", error, _KERNEL_ARGS, {"src": src, "out": out, "factor": factor}, ("src", "out"))
         raise
