@@ -128,15 +128,6 @@ def _dense(op: str, name: str, t: torch.Tensor) -> None:
         )
 
 
-def check_dense(op: str, name: str, t: object) -> torch.Tensor:
-    """``t`` is a tensor with data: not some other object, not sparse, not on the meta device.
-    For ops whose rules stay in Python (hicache's index checks, stream_wait's flags)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    _dense(op, name, t)
-    return t
-
-
 def not_a_tensor(op: str, name: str, value: object) -> NoReturn:
     raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
 

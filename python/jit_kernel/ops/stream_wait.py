@@ -37,7 +37,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import STREAM_WAIT
-from jit_kernel.ops._common import check_dense
+from jit_kernel.ops._common import explain
 
 _STREAM_WAIT = Dispatcher(STREAM_WAIT)
 
@@ -51,22 +51,10 @@ class StreamWaitTimeout(RuntimeError):
 
 
 def _check_value(fn: str, value: object) -> int:
+    """C++ takes an int32 already converted, so a value out of range is Python's to refuse."""
     if type(value) is not int or not _INT32_MIN <= value <= _INT32_MAX:
         raise ValueError(f"{fn}: value must be an int32, got {value!r}")
     return value
-
-
-def _check_flag(fn: str, flag: torch.Tensor, value: int) -> None:
-    check_dense(fn, "flag", flag)
-    if flag.dtype != torch.int32:
-        raise TypeError(f"{fn}: flag must be int32, got {flag.dtype}")
-    if not flag.is_cuda:
-        raise ValueError(f"{fn}: flag must be on a CUDA device, got {flag.device}")
-    if flag.numel() < 1:
-        raise ValueError(f"{fn}: flag must have at least one element")
-    if flag.dim() != 1 or not flag.is_contiguous():
-        raise ValueError(f"{fn}: flag must be a contiguous 1-D tensor, got shape {tuple(flag.shape)}")
-    _check_value(fn, value)
 
 
 def _check_timeout(fn: str, timeout_s: object) -> float:
@@ -75,16 +63,26 @@ def _check_timeout(fn: str, timeout_s: object) -> float:
     return float(timeout_s)
 
 
+def _call(fn: str, export: str, kernel_args: tuple[str, ...], *args: object) -> None:
+    """The export's launcher owns the tensor rules (csrc/stream_wait.cuh: ``flag`` one-dimensional
+    int32 on a GPU, ``status`` one int32 on that GPU or pinned); what it cannot report (a
+    non-tensor, a sparse or meta tensor) is explained here, naming the argument."""
+    try:
+        _STREAM_WAIT.function(export, ())(*args)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = dict(zip(kernel_args, args, strict=True))
+        explain(fn, error, kernel_args, values, tuple(name for name in ("flag", "status") if name in values))
+        raise
+
+
 def stream_wait_value(flag: torch.Tensor, value: int) -> None:
     """Make the current stream wait until ``flag[0] == value`` (no timeout)."""
-    _check_flag("stream_wait_value", flag, value)
-    _STREAM_WAIT.function("wait", ())(flag, value)
+    _call("stream_wait_value", "wait", ("flag", "value"), flag, _check_value("stream_wait_value", value))
 
 
 def stream_write_value(flag: torch.Tensor, value: int) -> None:
     """Set ``flag[0] = value`` on the current stream once its earlier work is done (no kernel)."""
-    _check_flag("stream_write_value", flag, value)
-    _STREAM_WAIT.function("write", ())(flag, value)
+    _call("stream_write_value", "write", ("flag", "value"), flag, _check_value("stream_write_value", value))
 
 
 def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> None:
@@ -97,15 +95,11 @@ def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tens
     busy). Read it once the wait has run, e.g. with :func:`check_status`.
     """
     fn = "stream_wait_value_bounded"
-    _check_flag(fn, flag, value)
-    if check_dense(fn, "status", status).dtype != torch.int32 or status.numel() != 1:
-        raise TypeError(f"{fn}: status must be an int32 tensor with one element")
-    if status.is_cuda and status.device != flag.device:
-        raise ValueError(f"{fn}: status must be on the flag's device {flag.device}, got {status.device}")
-    if not status.is_cuda and not status.is_pinned():
-        raise ValueError(f"{fn}: a host status must be pinned memory (pin_memory=True), got a pageable tensor")
+    value = _check_value(fn, value)
     timeout_ns = min(int(_check_timeout(fn, timeout_s) * 1e9), 2**63 - 1)
-    _STREAM_WAIT.function("wait_bounded", ())(flag, value, status.view(1), timeout_ns)
+    if isinstance(status, torch.Tensor) and status.dim() != 1 and status.numel() == 1:
+        status = status.view(1)  # one element of any shape; C++ checks the rest
+    _call(fn, "wait_bounded", ("flag", "value", "status", "timeout_ns"), flag, value, status, timeout_ns)
 
 
 def check_status(status: torch.Tensor, what: str = "stream wait") -> None:
