@@ -1,0 +1,198 @@
+"""Before/after: the same op calls timed under two installed versions of jit_kernel.
+
+Self-contained on purpose (torch, triton and jit_kernel's public top-level API only, which every
+version since the first release has): the script can run against an older build on the
+``PYTHONPATH`` and time exactly what it times against the current one. Each case is timed twice:
+
+* **graph**: ``triton.testing.do_bench_cudagraph`` median (us) of one call replayed in a CUDA graph,
+  i.e. kernel time, at decode sizes and at the large sizes of ``bench_norm``, ``bench_quant``,
+  ``bench_elementwise`` and ``bench_hicache``;
+* **eager** (cases up to 4096 tokens): host time per call of a loop of back-to-back calls with every
+  output given (median of 5 repeats of 2,000 calls), i.e. the Python and launch path.
+
+Usage (ci/bench-versions.sh drives both versions, interleaved, on one GPU)::
+
+    python -m jit_kernel.benchmark.bench_versions --out after.json
+    python -m jit_kernel.benchmark.bench_versions --compare before1.json,before2.json after1.json,after2.json
+
+``--compare`` takes, per side, one or more result files (repeats) and prints a markdown table of
+the per-case minimum over repeats, after / before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+Case = tuple[str, Callable[[], Callable[[], object]], bool]  # (name, setup -> call, time eager)
+
+
+def _cases() -> list[Case]:
+    import torch
+
+    import jit_kernel as jk
+
+    dev, bf16 = "cuda", torch.bfloat16
+    cases: list[Case] = []
+
+    def rand(*shape: int, dtype: torch.dtype = bf16) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=torch.float32).to(dtype)
+
+    for n, d in ((1, 4096), (16, 4096), (4096, 4096), (16384, 8192)):
+        eager = n <= 4096
+
+        def rms(n: int = n, d: int = d) -> Callable[[], object]:
+            x, w, out = rand(n, d), rand(d), torch.empty(n, d, device=dev, dtype=bf16)
+            return lambda: jk.rmsnorm(x, w, 1e-6, out=out)
+
+        def fused(n: int = n, d: int = d) -> Callable[[], object]:
+            x, r, w = rand(n, d), rand(n, d), rand(d)
+            return lambda: jk.fused_add_rmsnorm(x, r, w, 1e-6)
+
+        cases += [(f"rmsnorm {n}x{d}", rms, eager), (f"fused_add_rmsnorm {n}x{d}", fused, eager)]
+
+    for n in (1, 16, 4096, 16384):
+
+        def qk(n: int = n) -> Callable[[], object]:
+            qkv = rand(n, (32 + 16) * 128)
+            q = qkv[:, : 32 * 128].view(n, 32, 128)
+            k = qkv[:, 32 * 128 : 40 * 128].view(n, 8, 128)
+            qw, kw = rand(128), rand(128)
+            return lambda: jk.fused_inplace_qknorm(q, k, qw, kw, 1e-6)
+
+        def across(n: int = n) -> Callable[[], object]:
+            qkv = rand(n, 4096 + 2 * 1024)
+            q, k = qkv[:, :4096], qkv[:, 4096 : 4096 + 1024]
+            qw, kw = rand(4096), rand(1024)
+            return lambda: jk.qknorm_across_heads(q, k, qw, kw, 1e-6)
+
+        cases += [(f"fused_inplace_qknorm {n}x(32+8)x128", qk, n <= 4096)]
+        cases += [(f"qknorm_across_heads {n}x(4096+1024)", across, n <= 4096)]
+
+    for numel in (4096, 4096 * 4096, 16384 * 8192):
+
+        def quant(numel: int = numel) -> Callable[[], object]:
+            x = rand(numel // 4096, 4096)
+            q = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+            s = torch.empty(1, device=dev, dtype=torch.float32)
+            return lambda: jk.per_tensor_quant_fp8(x, q, s)
+
+        def scale(numel: int = numel) -> Callable[[], object]:
+            x = rand(numel // 4096, 4096)
+            out = torch.empty_like(x)
+            return lambda: jk.scale(x, 2.0, out)
+
+        def add(numel: int = numel) -> Callable[[], object]:
+            x = torch.randint(-1000, 1000, (numel // 4096, 4096), device=dev, dtype=torch.int32)
+            out = torch.empty_like(x)
+            return lambda: jk.add_constant(x, 2, out)
+
+        eager = numel <= 4096 * 4096
+        cases += [(f"per_tensor_quant_fp8 {numel}", quant, eager), (f"scale {numel}", scale, eager)]
+        cases += [(f"add_constant {numel}", add, eager)]
+
+    for rows in (16, 4096, 65536):
+
+        def hicache(rows: int = rows) -> Callable[[], object]:
+            # One layer, rows of 8 x 128 bf16 (2 KiB) K and V, device -> device, random slots.
+            slots = 2 * rows
+            src_k, src_v = rand(slots, 1024), rand(slots, 1024)
+            dst_k = torch.empty(slots, 1024, device=dev, dtype=bf16)
+            dst_v = torch.empty_like(dst_k)
+            i_src = torch.randperm(slots, device=dev)[:rows].to(torch.int64)
+            i_dst = torch.randperm(slots, device=dev)[:rows].to(torch.int64)
+            return lambda: jk.transfer_hicache_one_layer(dst_k, dst_v, i_dst, src_k, src_v, i_src)
+
+        cases += [(f"transfer_hicache_one_layer {rows} rows x 2 KiB", hicache, rows <= 4096)]
+    return cases
+
+
+def _eager_us(call: Callable[[], object], calls: int = 2000, repeats: int = 5) -> float:
+    import torch
+
+    for _ in range(200):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def measure(out_path: str) -> None:
+    import torch
+    import triton.testing
+
+    import jit_kernel
+
+    results: dict[str, Any] = {"version": getattr(jit_kernel, "__version__", "?"), "cases": {}}
+    for name, setup, eager in _cases():
+        try:
+            call = setup()
+            call()
+            torch.cuda.synchronize()
+            graph = triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3
+            results["cases"][name] = {"graph_us": graph, "eager_us": _eager_us(call) if eager else None}
+        except Exception as error:  # one failing case must not hide the others
+            results["cases"][name] = {"error": f"{type(error).__name__}: {error}"[:200]}
+        print(name, results["cases"][name], flush=True)
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def _best(paths: str) -> dict[str, dict[str, float | None]]:
+    """Per case and column, the minimum over repeats (None where a case failed in every repeat)."""
+    runs = [json.loads(Path(p).read_text())["cases"] for p in paths.split(",")]
+    best: dict[str, dict[str, float | None]] = {}
+    for name in runs[0]:
+        best[name] = {}
+        for column in ("graph_us", "eager_us"):
+            values = [r[name][column] for r in runs if r.get(name, {}).get(column) is not None]
+            best[name][column] = min(values) if values else None
+    return best
+
+
+def compare(before: str, after: str) -> str:
+    b, a = _best(before), _best(after)
+    lines = [
+        "| case | graph before us | graph after us | after/before | eager before us | eager after us | after/before |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def cells(column: str, name: str) -> list[str]:
+        x, y = b.get(name, {}).get(column), a[name][column]
+        if x is None or y is None:
+            return [f"{x:.2f}" if x else "-", f"{y:.2f}" if y else "-", "-"]
+        return [f"{x:.2f}", f"{y:.2f}", f"{y / x:.2f}"]
+
+    for name in a:
+        lines.append("| " + " | ".join([name, *cells("graph_us", name), *cells("eager_us", name)]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write this version's measurements (JSON) here")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="comma-separated result files")
+    args = parser.parse_args(argv)
+    if args.compare:
+        print(compare(*args.compare))
+    elif args.out:
+        measure(args.out)
+    else:
+        parser.error("give --out or --compare")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
