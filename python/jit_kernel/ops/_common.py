@@ -65,10 +65,10 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         """``self[key]`` for a call that launches; for ``run=CHECK_ONLY`` (a fake call), the kernel
         called on tensors without data (its launcher checks, launches nothing); for ``run=False``,
         only the config choice, which raises for a key no kernel serves."""
+        if run is True:
+            return self[key]
         if run is CHECK_ONLY:
             return checks_only(self[key])
-        if run:
-            return self[key]
         self.config(key)
         return None
 
