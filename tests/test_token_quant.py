@@ -421,8 +421,10 @@ def test_per_token_bad_inputs(kwargs, error: type[Exception], match: str) -> Non
 
 def test_per_token_static_scale_must_be_one_value() -> None:
     with fake_cuda():
-        with pytest.raises(ValueError, match="output_s must hold one float32 scale"):
+        with pytest.raises(ValueError, match=r"(?s)'output_s'.*Size mismatch"):
             jit_kernel.per_token_quant_fp8(_e(8, 64), output_s=_e(2, dtype=torch.float32), is_static=True)
+        with pytest.raises(ValueError, match="output_s must hold one float32 scale"):
+            jit_kernel.per_token_quant_fp8(_e(8, 64), output_s=_e(1, 2, dtype=torch.float32), is_static=True)
         with pytest.raises(TypeError, match=r"(?s)'output_s'.*Dtype mismatch: expected float32"):
             jit_kernel.per_token_quant_fp8(_e(8, 64), output_s=_e(1), is_static=True)
 

@@ -265,10 +265,11 @@ struct PerTensorQuantFp8 {
   static void verify(
       tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, tvm::ffi::TensorView input, DLDevice& dev) {
     using namespace host;
-    auto n = SymbolicSize{"num_elements"};
     auto device = SymbolicDevice{};
-    TensorMatcher({n}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
-    TensorMatcher({n}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
+    // Any shape, contiguous: output_q has input's.
+    TensorMatcher::same_shape_as(input).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    TensorMatcher::same_shape_as(input).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(
+        output_q, "output_q");
     TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
     dev = device.unwrap();
   }
@@ -293,7 +294,7 @@ struct PerTensorQuantFp8 {
     DLDevice dev;
     verify(output_q, output_s, input, dev);
     if (has_no_data(output_s)) return;
-    const int64_t n = input.size(0);
+    const int64_t n = input.numel();
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     auto* s = static_cast<float*>(output_s.data_ptr());
     const auto* x = static_cast<const T*>(input.data_ptr());
@@ -392,7 +393,7 @@ struct PerTensorQuantFp8 {
     verify(output_q, output_s, input, dev);
     if (host::has_no_data(output_s)) return;
     const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
-    const int64_t n = input.size(0);
+    const int64_t n = input.numel();
     if (n == 0) return;
     auto* q = static_cast<fp8_e4m3_t*>(output_q.data_ptr());
     const auto* s = static_cast<const float*>(output_s.data_ptr());

@@ -92,7 +92,7 @@ class Inputs:
         # qknorm_across_heads: whole rows, q [T, Hq*D], k [T, Hk*D], weights of those widths
         self.q2, self.k2 = act(tokens, HQ * HEAD_DIM), act(tokens, HK * HEAD_DIM)
         self.qw2, self.kw2 = weight(HQ * HEAD_DIM), weight(HK * HEAD_DIM)
-        # per_tensor_quant_fp8 (dynamic): preallocated outputs; the raw call gets flat views
+        # per_tensor_quant_fp8 (dynamic): preallocated outputs, any shape
         self.fp8 = torch.empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn, device=device)
         self.fp8_scale = torch.empty(1, dtype=torch.float32, device=device)
         # scale and add_constant: contiguous tensors of any shape
@@ -140,9 +140,9 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
         partial(jit_kernel.per_tensor_quant_fp8, t.x, t.fp8, t.fp8_scale),
         partial(
             kernel(families.PER_TENSOR_QUANT_FP8, "dynamic", (CPP,)),
-            t.fp8.view(-1),
-            t.fp8_scale.view(1),
-            t.x.view(-1),
+            t.fp8,
+            t.fp8_scale,
+            t.x,
             t.pdl,
         ),
     ),

@@ -158,15 +158,6 @@ def rows_like(op: str, name: str, t: torch.Tensor, like: torch.Tensor) -> torch.
     return rows(op, name, t)
 
 
-def flat(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor of any shape as the flat one the elementwise kernels take."""
-    if t.dim() == 1:
-        return t
-    if not t.is_contiguous():
-        raise ValueError(f"{op}: {name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    return t.view(-1)
-
-
 def _launchers_can_check(args: Sequence[object]) -> bool:
     """Whether a fake call can reach the C++ launcher: the tensors' sizes are concrete (symbolic
     ones have no DLPack form) and a kernel can be loaded (a GPU, or an arch override)."""

@@ -12,7 +12,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import PER_TENSOR_QUANT_FP8
-from jit_kernel.ops._common import KernelTable, explain, flat, float_dtype, not_a_tensor, register
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register
 
 _QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
 FP8_E4M3_MAX = 448.0
@@ -42,10 +42,13 @@ def same_shape_q(op: str, output_q: torch.Tensor, input: torch.Tensor) -> None:
 
 
 def one_scale(op: str, output_s: torch.Tensor) -> torch.Tensor:
-    """``output_s`` holding exactly one float32 scale, as the ``(1,)`` tensor the kernels take."""
+    """``output_s`` holding exactly one float32 scale, as the ``(1,)`` tensor the kernels take (any
+    shape of one element is reshaped here, so C++ cannot see it)."""
+    if output_s.dim() == 1:
+        return output_s  # C++ checks the size
     if output_s.numel() != 1:
         raise ValueError(f"{op}: output_s must hold one float32 scale, got shape {tuple(output_s.shape)}")
-    return output_s if output_s.dim() == 1 else output_s.view(1)
+    return output_s.view(1)
 
 
 def _quant(
@@ -59,10 +62,9 @@ def _quant(
     kernels = table_for(_OP, _KERNELS, is_static)
     try:
         kernel = kernels.get_kernel(input.dtype, run)
-        same_shape_q(_OP, output_q, input)
         scale = one_scale(_OP, output_s)
-        if run:
-            kernel(flat(_OP, "output_q", output_q), scale, flat(_OP, "input", input), enable_pdl)
+        if run:  # C++ checks the shapes (output_q has input's, any rank), contiguity, dtypes, devices
+            kernel(output_q, scale, input, enable_pdl)
     except (TypeError, RuntimeError, AttributeError) as error:
         values = {"input": input, "output_q": output_q, "output_s": output_s, "enable_pdl": enable_pdl}
         explain(_OP, error, _KERNEL_ARGS, values, ("input", "output_q", "output_s"))
