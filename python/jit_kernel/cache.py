@@ -110,8 +110,9 @@ def _dependencies(request: BuildRequest, files: list[Path]) -> dict[str, list[An
     Files under the package, the sources' folders or an include folder we were given always count."""
     import tvm_ffi.libinfo
 
-    prefix = toolchain.host_compiler().parent.parent
-    versioned = [prefix / "include", prefix / "lib", Path(tvm_ffi.libinfo.find_include_path()).parent]
+    compiler = toolchain.host_compiler()
+    versioned = [compiler.parent.parent / "include", compiler.parent.parent / "lib"]
+    versioned += [*toolchain.system_include_dirs(compiler), Path(tvm_ffi.libinfo.find_include_path()).parent]
     versioned += [toolchain.cuda_home()] if request.has_cuda else []
     ours = [
         env.DATA_ROOT,

@@ -115,6 +115,25 @@ def tool_version(binary: Path) -> str:
     return _memoised(binary, "", ask)
 
 
+def system_include_dirs(compiler: Path) -> tuple[Path, ...]:
+    """The folders ``compiler`` searches for ``#include <...>`` by default (its own headers, the C
+    library's), as ``compiler -E -v`` lists them; memoised on disk by the compiler's identity."""
+
+    def ask() -> str:
+        result = subprocess.run(
+            [str(compiler), "-x", "c++", "-E", "-v", os.devnull], capture_output=True, text=True, check=False
+        )
+        lines = [line.strip() for line in result.stderr.splitlines()]
+        if "#include <...> search starts here:" not in lines or "End of search list." not in lines:
+            return ""
+        start = lines.index("#include <...> search starts here:") + 1
+        return "\n".join(lines[start : lines.index("End of search list.", start)])
+
+    listed = (Path(line).resolve() for line in _memoised(compiler, "include-dirs", ask).splitlines())
+    # /usr/local/include holds what the machine's owner installed, not the compiler's or libc's.
+    return tuple(folder for folder in listed if folder != Path("/usr/local/include"))
+
+
 def nvcc_release() -> tuple[int, int]:
     match = re.search(r"release (\d+)\.(\d+)", tool_version(nvcc_path()))
     if match is None:

@@ -126,23 +126,27 @@ _ONE_ARGS = ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src", "v_cach
 _ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_quota")
 
 
-# The eager fast path: (export, dtype, row width) of a call with default options and 2-D caches ->
-# its kernel, filled by the first such call.
+# The eager fast path: (export, dtype, row width) of a call with the default unroll and 2-D caches
+# -> its kernel, filled by the first such call (the block quota is a run-time argument).
 _DEFAULT_KERNELS: dict[tuple[str, torch.dtype, int], Callable[..., Any]] = {}
 
 
-def _fast_path(export: str, first: torch.Tensor, *tensors: torch.Tensor) -> bool:
-    """Launch the kernel a first call chose for caches like ``first`` with the default options, if
+def _fast_path(export: str, block_quota: int | None, first: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Launch the kernel a first call chose for caches like ``first`` with the default unroll, if
     there is one. Its launcher checks every tensor before launching; what it refuses (other ranks too,
     which the full path views as rows) is left to the full path, which explains any error. Not with
-    index checking on, which the full path does."""
+    index checking on, which the full path does, nor for a block quota the full path would refuse."""
+    if block_quota is None:
+        block_quota = DEFAULT_BLOCK_QUOTA
+    elif type(block_quota) is not int or block_quota < 1:
+        return False
     if env.check_indices():
         return False
     try:
         kernel = _DEFAULT_KERNELS.get((export, first.dtype, first.shape[-1]))
         if kernel is None:
             return False
-        kernel(first, *tensors, DEFAULT_BLOCK_QUOTA)
+        kernel(first, *tensors, block_quota)
         return True
     except (TypeError, ValueError, AttributeError, IndexError):
         return False
@@ -161,7 +165,7 @@ def _one_layer(
 ) -> None:
     named = caches_dst + caches_src
     n_dst = len(caches_dst)
-    defaults = element_dim is None and unroll is None and block_quota is None
+    unroll_by_default = element_dim is None and unroll is None
     try:
         first_name, first = named[0]
         if element_dim is None:
@@ -176,7 +180,7 @@ def _one_layer(
         kernel = _kernel(_EXPORTS[n_dst], (element_size, unroll, HICACHE_NUM_THREADS), run)
         if kernel is None:
             return
-        if run is True and defaults and all(t.dim() == 2 for _, t in named):
+        if run is True and unroll_by_default and all(t.dim() == 2 for _, t in named):
             _DEFAULT_KERNELS[(_EXPORTS[n_dst], first.dtype, element_dim)] = kernel
         args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
 
@@ -269,7 +273,7 @@ def transfer_hicache_one_layer(
         )  # fmt: skip
         return
     caches = (k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src)
-    if element_dim is None and unroll is None and block_quota is None and _fast_path("run_one", *caches):
+    if element_dim is None and unroll is None and _fast_path("run_one", block_quota, *caches):
         return
     _one_layer_op(
         k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota
@@ -293,7 +297,7 @@ def transfer_hicache_one_layer_mla(
         )
         return
     caches = (cache_dst, indices_dst, cache_src, indices_src)
-    if element_dim is None and unroll is None and block_quota is None and _fast_path("run_one_mla", *caches):
+    if element_dim is None and unroll is None and _fast_path("run_one_mla", block_quota, *caches):
         return
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
 
