@@ -83,6 +83,33 @@ def test_rmsnorm_input_1_view_and_3d_and_inplace() -> None:
     assert jit_kernel.rmsnorm(empty, w).shape == (0, 4096)
 
 
+@pytest.mark.gpu
+def test_eager_fast_path_keeps_every_form_and_error() -> None:
+    """A 2-D call with ``out`` remembers its kernel and later calls launch it directly; what the
+    launcher refuses still goes through the full path: a 3-D input is viewed as rows, and a bad
+    ``out`` gets the launcher's error naming it."""
+    dtype = torch.bfloat16
+    x = torch.randn(4, 3, 4096, device="cuda").to(dtype)
+    w = torch.randn(4096, device="cuda").to(dtype)
+    rows = torch.full((12, 4096), float("nan"), device="cuda", dtype=dtype)
+    jit_kernel.rmsnorm(x.view(12, 4096), w, out=rows)
+    jit_kernel.rmsnorm(x.view(12, 4096), w, out=rows)  # the fast path
+    assert_close(rows, ref_rmsnorm(x.view(12, 4096), w), dtype)
+    out3 = torch.full_like(x, float("nan"))
+    assert jit_kernel.rmsnorm(x, w, out=out3) is out3
+    assert_close(out3, ref_rmsnorm(x, w), dtype)
+    with pytest.raises(ValueError, match=r"(?s)'out'.*Size mismatch"):
+        jit_kernel.rmsnorm(x.view(12, 4096), w, out=rows[:6])
+    with pytest.raises(TypeError, match=r"rmsnorm: weight must be a torch\.Tensor, got list"):
+        jit_kernel.rmsnorm(x.view(12, 4096), [1.0], out=rows)  # type: ignore[arg-type]
+    r3 = torch.randn_like(x)
+    x3, expected = x.clone(), ref_fused_add(x, r3, w)
+    jit_kernel.fused_add_rmsnorm(x.view(12, 4096).clone(), r3.view(12, 4096).clone(), w)  # remembers
+    jit_kernel.fused_add_rmsnorm(x3, r3, w)  # 3-D: refused by the remembered kernel, served as rows
+    torch.testing.assert_close(r3, expected[1], rtol=0, atol=0)
+    assert_close(x3, expected[0], dtype)
+
+
 def ref_fused_add(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
     new_r = (x.float() + r.float()).to(x.dtype)
     return ref_rmsnorm(new_r, w), new_r

@@ -73,6 +73,22 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         return None
 
 
+def launch_known(kernels: KernelTable, like: torch.Tensor, *args: Any) -> bool:
+    """The eager fast path: launch the kernel an earlier call chose for ``like``'s (dtype, last
+    dimension), if there is one, with the launcher's exact arguments. The launcher checks every
+    tensor before launching; on a refusal (or anything not a tensor) nothing ran and this returns
+    False, so the op's full path runs and explains the error (or serves a form, such as a 3-D input
+    it views as rows, that the kernel takes only reshaped)."""
+    try:
+        kernel = dict.get(kernels, (like.dtype, like.shape[-1]))
+        if kernel is None:
+            return False
+        kernel(*args)
+        return True
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return False
+
+
 class _CheckOnly:
     """The ``run`` of a fake call whose launcher checks tensors without data: true, like a launch."""
 

@@ -26,7 +26,16 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows, rows_like
+from jit_kernel.ops._common import (
+    KernelTable,
+    explain,
+    float_dtype,
+    launch_known,
+    not_a_tensor,
+    register,
+    rows,
+    rows_like,
+)
 
 _RMSNORM = Dispatcher(RMSNORM)
 _QKNORM = Dispatcher(QKNORM)
@@ -286,6 +295,8 @@ def rmsnorm(
             return torch.ops.jit_kernel.rmsnorm(input, weight, eps, enable_pdl)
         torch.ops.jit_kernel.rmsnorm_out(out, input, weight, eps, enable_pdl)
         return out
+    if out is not None and launch_known(_RMSNORM_KERNELS, input, out, input, weight, eps, enable_pdl):
+        return out
     return _rmsnorm(input, weight, eps, out, enable_pdl)
 
 
@@ -307,6 +318,9 @@ def fused_add_rmsnorm(
     rounded). The default rounds once, after the weight multiply."""
     if torch.compiler.is_compiling():
         torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
+        return
+    fast = _FUSED_ADD_KERNELS[False] if cast_x_before_out_mul is False else None
+    if fast is not None and launch_known(fast, input, input, residual, weight, eps, enable_pdl):
         return
     _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
 
