@@ -17,7 +17,7 @@ arguments (see ``ARG_CANDIDATES`` / ``OVERRIDES``). The first call that reaches 
 representative instantiation of its entry file. An entry file that no builder reached is compiled
 without exports (marked ``file-only`` in the table).
 
-Flags: nvcc -std=c++20 -O3 --expt-relaxed-constexpr for sm_90a, plus the wrapper's own
+Flags: nvcc -std=c++20 -O3 --expt-relaxed-constexpr for sm_90a (``--arch``), plus the wrapper's own
 extra_cuda_cflags; include path: our include/ first, then tvm-ffi's. Upstream's load_jit also
 passes -DSGL_CUDA_ARCH; ours does not, so by default neither does this check (the headers derive
 the arch themselves); ``--sgl-cuda-arch`` adds it.
@@ -28,8 +28,8 @@ files are made visible from a temp overlay searched *after* ours; the seed's hea
 files in ``CORE``) always comes from ours. The table names the family headers each entry used.
 
 Results: ``pass``; ``FAIL`` (with the first error); ``third-party`` when the entry needs a header
-from outside sglang and CUDA (CUTLASS, FlashInfer, ...): compiling it would test the third-party
-package, not our headers.
+from outside sglang and CUDA (CUTLASS, FlashInfer, ...) that no ``--third-party`` folder holds.
+``--arch 10.0a`` drives the wrappers that refuse an older GPU (NVFP4, MXFP8).
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ THIRD_PARTY = re.compile(
 
 FFI_HEADERS = ("container/tensor.h", "dtype.h", "error.h", "extra/c_env_api.h", "function.h")
 BASE_FLAGS = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC"]
-ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+# The GPU the release's wrappers are told they run on (--arch): "9.0a" (H100) by default; "10.0a"
+# (B200) drives the wrappers that refuse anything older, such as the NVFP4 / MXFP8 kernels.
+ARCH_ENV = "CHECK_SEED_HEADERS_ARCH"
 
 
 def find_nvcc() -> str:
@@ -267,13 +269,14 @@ def _discover_child(pkg_root: str, kernel_root: str) -> None:
         "is_hip_runtime": lambda *a, **k: False,
         "is_musa_runtime": lambda *a, **k: False,
     }
-    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    major, minor = (int(part) for part in os.environ.get(ARCH_ENV, "9.0a").rstrip("af").split("."))
+    torch.cuda.get_device_capability = lambda *a, **k: (major, minor)
     torch.cuda.current_device = lambda *a, **k: 0
     torch.cuda.is_available = lambda *a, **k: True
     torch.cuda.device_count = lambda *a, **k: 1
     torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H100 80GB HBM3"
     h100 = types.SimpleNamespace(
-        major=9, minor=0, name="NVIDIA H100 80GB HBM3", multi_processor_count=132, total_memory=80 << 30,
+        major=major, minor=minor, name="NVIDIA H100 80GB HBM3", multi_processor_count=132, total_memory=80 << 30,
         gcnArchName="", warp_size=32, max_threads_per_multi_processor=2048, shared_memory_per_block_optin=232448,
     )  # fmt: skip
     torch.cuda.get_device_properties = lambda *a, **k: h100
@@ -398,9 +401,10 @@ def _discover_child(pkg_root: str, kernel_root: str) -> None:
     print(json.dumps({"calls": results, "static": static}))
 
 
-def discover(pkg_root: Path, kernel_root: Path) -> dict:
+def discover(pkg_root: Path, kernel_root: Path, arch: str) -> dict:
     process = subprocess.run(
         [sys.executable, __file__, "--_discover", str(pkg_root), str(kernel_root)],
+        env={**os.environ, ARCH_ENV: arch},
         capture_output=True,
         text=True,
         check=False,
@@ -510,14 +514,15 @@ def compile_entry(entry: Entry, args, kernel_root: Path, overlay: Path, workdir:
     for directory in entry.include_paths:
         if Path(directory).is_dir():
             includes += ["-I", directory]
-    for directory in tvm_ffi_includes():
+    for directory in [*tvm_ffi_includes(), *map(str, args.third_party)]:
         includes += ["-isystem", directory]
     cflags = [f for f in entry.cflags if not f.startswith(("-gencode", "-arch", "--generate-code"))]
     defines = ["-DSGL_CUDA_ARCH=900"] if args.sgl_cuda_arch else []
     depfile = source.with_suffix(".d")
     # --frontend: PTX only (no ptxas) and no host compile: every name, type and instantiation error
     # still shows (cudafe++ and cicc run), in a fraction of the time for the big kernels.
-    arch = ["-gencode=arch=compute_90a,code=compute_90a"] if args.frontend else ARCH_FLAGS
+    digits = args.arch.replace(".", "")
+    arch = [f"-gencode=arch=compute_{digits},code={'compute' if args.frontend else 'sm'}_{digits}"]
     command = [nvcc, *BASE_FLAGS, *arch, *defines, *includes, *cflags, "-MD", "-MF", str(depfile)]
     if args.frontend:  # parse and instantiate (both sides), no code generation
         command += ["-x", "cu", "-cuda", str(source), "-o", str(source.with_suffix(".ii"))]
@@ -573,13 +578,21 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="build here and keep the logs (default: a temp dir)")
     parser.add_argument("--list", action="store_true", help="only print the entries and instantiations")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--arch", default="9.0a", help="the GPU the wrappers see and nvcc targets (default 9.0a)")
+    parser.add_argument(
+        "--third-party",
+        type=Path,
+        action="append",
+        default=[],
+        help="a third-party include folder to search last, e.g. FlashInfer's data/cutlass/include (repeatable)",
+    )
     args = parser.parse_args()
 
     pkg_root, kernel_root = locate(args.sglang.resolve())
     # The release's headers live in `namespace sglang` exactly when its loader wraps the exports in it.
     utils_h = (kernel_root / "include" / "sgl_kernel" / "utils.h").read_text()
     args.sglang_namespace = "namespace sglang" in utils_h
-    found = discover(pkg_root, kernel_root)
+    found = discover(pkg_root, kernel_root, args.arch)
     entries = collect(kernel_root, found)
     if args.only:
         entries = [e for e in entries if any(s in e.path for s in args.only)]
@@ -609,7 +622,7 @@ def main() -> int:
     counts = {s: sum(e.status == s for e in entries) for s in ("pass", "FAIL", "third-party", "not-sm90", "timeout")}
     print(
         f"\n{kernel_root}: {counts['pass']}/{len(entries)} entry files pass, {counts['FAIL']} fail, "
-        f"{counts['third-party']} need third-party headers, {counts['not-sm90']} are not built for sm_90 "
+        f"{counts['third-party']} need third-party headers, {counts['not-sm90']} are not built for {args.arch} "
         f"by the release itself, {counts['timeout']} timed out (logs: {workdir})"
     )
     if args.json:
