@@ -79,13 +79,19 @@ inline auto has_no_data(const tvm::ffi::TensorView& t) -> bool {
   return t.data_ptr() == nullptr;
 }
 
+/// \brief `a.device() == b.device()`: the same device type and id. In `host` (as in sglang's headers),
+///        found by kernels that say `using namespace host;`.
+inline constexpr auto operator==(DLDevice lhs, DLDevice rhs) -> bool {
+  return lhs.device_type == rhs.device_type && lhs.device_id == rhs.device_id;
+}
+
 namespace details {
 
 /// \brief Device id meaning "any device of this type" in an allowed-device list.
 inline constexpr int32_t kAnyDeviceId = -1;
 
 inline constexpr auto same_device(DLDevice a, DLDevice b) -> bool {
-  return a.device_type == b.device_type && a.device_id == b.device_id;
+  return a == b;
 }
 
 /// \brief Does `device` satisfy `option` (whose id may be `kAnyDeviceId`)?

@@ -21,6 +21,13 @@ namespace compat_aliases {
 
 using tvm::ffi::TensorView;
 
+// sglang's kernels compare devices with `==` after `using namespace host;` (0.5.12's NVFP4 quant).
+namespace device_equality {
+using namespace host;
+static_assert(DLDevice{kDLCUDA, 1} == DLDevice{kDLCUDA, 1});
+static_assert(DLDevice{kDLCUDA, 0} != DLDevice{kDLCUDA, 1} && DLDevice{kDLCUDA, 0} != DLDevice{kDLCPU, 0});
+}  // namespace device_equality
+
 // Upstream passes -DSGL_CUDA_ARCH; ours derives it, the same in both passes.
 static_assert(SGL_CUDA_ARCH >= 800, "SGL_CUDA_ARCH is the build's arch");
 #if SGL_ARCH_HOPPER_OR_GREATER
