@@ -13,10 +13,10 @@ import tvm_ffi
 
 from jit_helpers import fake_gpu, recorded_logs  # noqa: F401 (fake_gpu is a fixture)
 from jit_kernel import aot, builder, cache, families, jit, prebuilt, target
-from jit_kernel.arch import Arch
 from jit_kernel.dispatch import jit_request
 from jit_kernel.jit import make_build_request
 from jit_kernel.spec import IntRange, KernelSpec, symbol_name
+from jit_kernel.target import Arch
 from jit_kernel.unit import TranslationUnit
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ import torch
 import jit_kernel
 from jit_helpers import fake_gpu, recorded_logs  # noqa: F401 (fake_gpu is a fixture)
 from jit_kernel import env, families, prebuilt
-from jit_kernel.arch import Arch, parse_arch_list, runs_on
 from jit_kernel.dispatch import Dispatcher, JitDisabledError
 from jit_kernel.spec import IntRange, KernelSpec, OneOf, symbol_name
+from jit_kernel.target import Arch, parse_arch_list, runs_on
 
 installed = pytest.mark.skipif(
     env.DATA_ROOT != env.PACKAGE_DIR, reason="needs the installed wheel (a source checkout has no prebuilt library)"

@@ -1,16 +1,12 @@
 """Generate the prebuilt library's translation units and manifest from ``families.py``.
 
-CMake runs this at configure time::
-
-    python -m jit_kernel.aot --output-dir build/gen --archs "9.0a;12.0+PTX" --cuda-version 13.0
-
-and compiles what it writes. CMake keeps no list and no flag of its own: the grid lives in
-``families.py``, and each config's source text, compile options and digest come from the same
-:class:`jit_kernel.unit.TranslationUnit` that JIT compiles, so the two builds cannot drift.
-After linking, ``python -m jit_kernel.aot seal`` writes the installed manifest: the generated one
-plus the library's size and SHA-256, which the runtime checks before it maps the library.
-Each config gets its own translation unit, as in JIT, so that the build parallelises. Files are only
-rewritten when their content changes, so a re-configure does not rebuild everything.
+At configure time CMake runs ``python -m jit_kernel.aot generate --output-dir DIR --archs 9.0a
+--cuda-version 13.0`` and compiles what it writes, keeping no list and no flag of its own: each
+config's source text, compile options and digest come from the same
+:class:`~jit_kernel.unit.TranslationUnit` that JIT compiles, so the two builds cannot drift. One
+unit per config, as in JIT, so the build parallelises; files are rewritten only when their content
+changes. After linking, ``seal`` writes the installed manifest: the generated one plus the
+library's size and SHA-256, which the runtime checks before it maps the library.
 """
 
 from __future__ import annotations
@@ -18,14 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from jit_kernel import env
-from jit_kernel.arch import parse_arch_list
 from jit_kernel.families import ALL_FAMILIES
-from jit_kernel.sources import sha256_file
+from jit_kernel.target import parse_arch_list
+from jit_kernel.toolchain import sha256_file
 from jit_kernel.unit import LIBRARY_NAME, LIBRARY_OUTPUT_NAME, MANIFEST_NAME, TranslationUnit
 from jit_kernel.version import __version__
 
@@ -45,17 +41,15 @@ def cmake_quote(*words: object) -> str:
     return '"' + ";".join(escaped) + '"'
 
 
-def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi_version: str) -> dict[str, object]:
+def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi_version: str) -> dict[str, Any]:
     """Write one source per prebuilt config (the unit's text, as JIT compiles it), ``sources.cmake``
     (the sources with each unit's own compile options) and the manifest (with each unit's digest)."""
-    targets = parse_arch_list(arch_list)
-    build_cuda = bool(targets) and cuda_version is not None
-    wanted = [spec for spec in ALL_FAMILIES if build_cuda or spec.target == "host"]
+    targets = parse_arch_list(arch_list) if cuda_version else []  # no CUDA toolkit: host code only
     cmake = [_GENERATED]
     sources: dict[str, list[Path]] = {"host": [], "cuda": []}
     symbols: dict[str, dict[str, object]] = {}
-    for spec in wanted:
-        cuda = spec.target == "cuda"
+    for spec in (spec for spec in ALL_FAMILIES if targets or spec.target == "host"):
+        archs = targets if spec.target == "cuda" else []
         for index, config in enumerate(spec.prebuilt):
             unit = TranslationUnit.for_config(spec, config)
             path = output_dir / spec.target / f"{spec.family}_{index:03d}{unit.suffix}"
@@ -69,27 +63,23 @@ def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi
                     "export": export,
                     "config": list(config),
                     "target": spec.target,
-                    "machine_code": [str(t.arch) for t in targets] if cuda else [],
-                    "ptx": [str(t.arch) for t in targets if t.ptx] if cuda else [],
+                    "machine_code": [str(t.arch) for t in archs],
+                    "ptx": [str(t.arch) for t in archs if t.ptx],
                     "unit_digest": unit.digest(),
-                    "cuda_version": cuda_version if cuda else None,
-                    "tvm_ffi_version": tvm_ffi_version,
                 }
     manifest = {
         "format": 2,
         "library": LIBRARY_NAME,
         "jit_kernel_version": __version__,
-        "cuda_version": cuda_version if build_cuda else None,
+        "cuda_version": cuda_version if targets else None,
         "tvm_ffi_version": tvm_ffi_version,
         "symbols": symbols,
     }
     _write_if_changed(output_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    gencode = [t.gencode() for t in targets] if build_cuda else []
     cmake += [
         f"set(JIT_KERNEL_AOT_HOST_SOURCES {cmake_quote(*sources['host'])})\n",
         f"set(JIT_KERNEL_AOT_CUDA_SOURCES {cmake_quote(*sources['cuda'])})\n",
-        f"set(JIT_KERNEL_AOT_GENCODE {cmake_quote(*gencode)})\n",
-        f"set(JIT_KERNEL_AOT_SYMBOL_COUNT {len(symbols)})\n",
+        f"set(JIT_KERNEL_AOT_GENCODE {cmake_quote(*(t.gencode() for t in targets))})\n",
         f"set(JIT_KERNEL_LIBRARY_OUTPUT_NAME {LIBRARY_OUTPUT_NAME})\n",
         f"set(JIT_KERNEL_MANIFEST_NAME {MANIFEST_NAME})\n",
     ]
@@ -97,7 +87,7 @@ def generate(output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi
     return manifest
 
 
-def seal(manifest_path: Path, library_path: Path, output: Path) -> dict[str, object]:
+def seal(manifest_path: Path, library_path: Path, output: Path) -> dict[str, Any]:
     """The manifest to install: the generated one plus the built library's size and SHA-256."""
     manifest = json.loads(manifest_path.read_text())
     manifest["library_sha256"] = sha256_file(library_path)
@@ -106,38 +96,28 @@ def seal(manifest_path: Path, library_path: Path, output: Path) -> dict[str, obj
     return manifest
 
 
-def _main_seal(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jit_kernel.aot seal", description=seal.__doc__)
-    parser.add_argument("--manifest", type=Path, required=True, help="the manifest generate wrote")
-    parser.add_argument("--library", type=Path, required=True, help="the linked prebuilt library")
-    parser.add_argument("--output", type=Path, required=True, help="where to write the installed manifest")
-    args = parser.parse_args(argv)
-    sealed = seal(args.manifest, args.library, args.output)
-    print(f"jit_kernel.aot: sealed {args.output} ({sealed['library_size']} bytes, sha256 {sealed['library_sha256']})")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["seal"]:
-        return _main_seal(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m jit_kernel.aot", description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", type=Path, required=True)
-    default_archs = env.aot_archs() or DEFAULT_AOT_ARCHS
-    parser.add_argument(
-        "--archs",
-        default=default_archs,
-        help=f"arch list or 'none' (default: $JIT_KERNEL_AOT_ARCHS, else {DEFAULT_AOT_ARCHS})",
-    )
-    parser.add_argument("--cuda-version", default=None, help="CUDA toolkit version; omit when there is none")
-    parser.add_argument("--tvm-ffi-version", required=True)
+    commands = parser.add_subparsers(dest="command", required=True)
+    generating = commands.add_parser("generate", help=generate.__doc__)
+    generating.add_argument("--output-dir", type=Path, required=True)
+    generating.add_argument("--archs", default="", help=f"default: $JIT_KERNEL_AOT_ARCHS, else {DEFAULT_AOT_ARCHS}")
+    generating.add_argument("--cuda-version", default="", help="the CUDA toolkit's version; empty when there is none")
+    sealing = commands.add_parser("seal", help=seal.__doc__)
+    for name in ("manifest", "library", "output"):  # the generated manifest, the linked library, the installed one
+        sealing.add_argument(f"--{name}", type=Path, required=True)
     args = parser.parse_args(argv)
-    manifest = generate(args.output_dir, args.archs, args.cuda_version or None, args.tvm_ffi_version)
-    symbols = manifest["symbols"]
-    assert isinstance(symbols, dict)
+    if args.command == "seal":
+        sealed = seal(args.manifest, args.library, args.output)
+        print(f"jit_kernel.aot: sealed {args.output} ({sealed['library_size']} bytes)")
+        return 0
+    import tvm_ffi
+
+    archs = args.archs or env.aot_archs() or DEFAULT_AOT_ARCHS
+    symbols = generate(args.output_dir, archs, args.cuda_version or None, tvm_ffi.__version__)["symbols"]
     cuda = sum(1 for s in symbols.values() if s["target"] == "cuda")
-    host = len(symbols) - cuda
-    print(f"jit_kernel.aot: {len(symbols)} prebuilt symbols ({cuda} CUDA, {host} host) in {args.output_dir}")
+    built = f"{cuda} CUDA for {archs}" if cuda else "no CUDA"
+    print(f"jit_kernel.aot: {len(symbols)} prebuilt symbols ({built}, {len(symbols) - cuda} host) in {args.output_dir}")
     return 0
 
 

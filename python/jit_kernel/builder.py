@@ -1,14 +1,12 @@
 """Write one module's ``build.ninja`` and run ninja on it: the only place a JIT build meets a shell.
 
-We render the build file ourselves rather than call ``tvm_ffi.cpp.build_inline``, which joins
-flags and include paths into the file unquoted and unescaped: a space or a ``$`` in the cache,
-venv or source path broke every build. Here each argument is one shell word (``shlex.quote``) with
-``$`` doubled for ninja, and build statements name only files inside the build folder, so any path
-works. A flag given as one list item is one argument, as in ``subprocess``.
+Not ``tvm_ffi.cpp.build_inline``: it writes flags and paths into the file unquoted, so a space or
+a ``$`` in the cache, venv or source path broke every build. Here each argument is one shell word
+with ``$`` doubled for ninja, and build statements name only files inside the build folder.
 
-ninja runs in its own session and receives SIGTERM when the thread that started it dies (Linux's
-parent-death signal), so a killed Python process leaves no orphaned compiles behind: ninja answers
-SIGTERM by signalling each compiler's process group (nvcc with its cicc, ptxas and cc1plus).
+ninja runs in its own session and gets SIGTERM when the thread that started it dies (Linux's
+parent-death signal), and signals each compiler's process group in turn (nvcc with its cicc,
+ptxas and cc1plus): a killed Python process leaves no orphaned compiles behind.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jit_kernel import env, toolchain
-from jit_kernel.arch import Arch, ArchTarget
+from jit_kernel.target import Arch, ArchTarget
 
 if TYPE_CHECKING:
     from jit_kernel.cache import BuildRequest
@@ -37,75 +35,61 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _words(*args: str | Path) -> str:
-    """Arguments as one ninja variable value: shell-quoted, with ninja's ``$`` escaped."""
+    """Arguments as text for a ninja command: shell-quoted, with ninja's ``$`` escaped."""
     for arg in args:
         if "\n" in str(arg):
             raise ValueError(f"jit_kernel: cannot pass an argument with a newline to a compiler: {str(arg)!r}")
     return " ".join(shlex.quote(str(arg)) for arg in args).replace("$", "$$")
 
 
-def render(request: BuildRequest) -> tuple[str, dict[str, str]]:
-    """The build file and the sources (file name -> text) that build ``request``'s library. Each
-    compile writes a depfile (``-MD -MF``): the cache records every file the compiler read."""
+def render(request: BuildRequest) -> dict[str, str]:
+    """The files (name -> text) that build ``request``'s library: ``build.ninja`` and one source per
+    unit. Each compile writes a depfile (``-MD -MF``): the cache records every file the compiler read."""
     import tvm_ffi.libinfo
 
+    if not request.name.isidentifier():  # it names files in build statements, unescaped
+        raise ValueError(f"jit_kernel: module name {request.name!r} is not an identifier")
     tvm_ffi_includes = [f"-I{tvm_ffi.libinfo.find_include_path()}", f"-I{tvm_ffi.libinfo.find_dlpack_include_path()}"]
-    tvm_ffi_library = Path(tvm_ffi.libinfo.find_libtvm_ffi())
-    ldflags: list[str | Path] = ["-shared", f"-L{tvm_ffi_library.parent}", "-ltvm_ffi"]
-    variables = {"cxx": _words(toolchain.host_compiler())}
-    rules = {"link": "$cxx $in $ldflags -o $out"}
-    sources: dict[str, str] = {}
+    ldflags: list[str | Path] = ["-shared", f"-L{Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent}", "-ltvm_ffi"]
+    cxx = _words(toolchain.host_compiler())
+    lines = ["ninja_required_version = 1.3"]
+    files: dict[str, str] = {}
     objects: list[str] = []
-    statements: list[str] = []
     for unit in request.units:
         stem = "cuda" if unit.language == "cuda" else "main"
+        compiler, target_args = cxx, ["-fPIC"]
         if unit.language == "cuda":
             assert request.arch is not None
             cuda_lib = toolchain.cuda_home() / "lib64"
             # The rpath lets the module load without LD_LIBRARY_PATH, also on a machine with no GPU.
             ldflags += [f"-L{cuda_lib}", "-lcudart", f"-Wl,-rpath,{cuda_lib}"]
-            ccbin = ("-ccbin", toolchain.host_compiler()) if env.cxx() else ()  # one host compiler per module
-            gencode = ArchTarget(Arch.parse(request.arch)).gencode()
-            variables["nvcc"] = _words(toolchain.nvcc_path())
-            target_args: tuple[str | Path, ...] = ("-Xcompiler", "-fPIC", gencode, *ccbin)
-            command = "$nvcc"
-        else:
-            target_args, command = ("-fPIC",), "$cxx"
-        variables[f"{stem}_flags"] = _words(*target_args, *unit.compile_args(), *tvm_ffi_includes)
-        rules[f"compile_{stem}"] = f"{command} ${stem}_flags -MD -MF $out.d -c $in -o $out"
-        sources[f"{stem}{unit.suffix}"] = unit.text()
+            compiler = _words(toolchain.nvcc_path())
+            target_args = ["-Xcompiler", "-fPIC", ArchTarget(Arch.parse(request.arch)).gencode()]
+            target_args += ["-ccbin", str(toolchain.host_compiler())] if env.cxx() else []  # one host compiler
+        flags = _words(*target_args, *unit.compile_args(), *tvm_ffi_includes)
+        lines += [f"rule compile_{stem}\n  command = {compiler} {flags} -MD -MF $out.d -c $in -o $out"]
+        lines += [f"build {stem}.o: compile_{stem} {stem}{unit.suffix}"]
+        files[f"{stem}{unit.suffix}"] = unit.text()
         objects.append(f"{stem}.o")
-        statements.append(f"build {stem}.o: compile_{stem} {stem}{unit.suffix}")
-    variables["ldflags"] = _words(*ldflags, *request.extra_ldflags)
-    library = library_name(request)
-    lines = ["ninja_required_version = 1.3", *(f"{name} = {value}" for name, value in variables.items())]
-    lines += [f"rule {name}\n  command = {command}" for name, command in rules.items()]
-    lines += [*statements, f"build {library}: link {' '.join(objects)}", f"default {library}"]
-    return "\n".join(lines) + "\n", sources
-
-
-def library_name(request: BuildRequest) -> str:
-    if not request.name.isidentifier():  # it names files in build statements, unescaped
-        raise ValueError(f"jit_kernel: module name {request.name!r} is not an identifier")
-    return f"{request.name}.so"
+    library = f"{request.name}.so"
+    lines += [f"rule link\n  command = {cxx} $in {_words(*ldflags, *request.extra_ldflags)} -o $out"]
+    lines += [f"build {library}: link {' '.join(objects)}", f"default {library}"]
+    return {**files, "build.ninja": "\n".join(lines) + "\n"}
 
 
 def build(request: BuildRequest, folder: Path) -> tuple[Path, list[Path]]:
     """Compile ``request`` in ``folder`` (an empty, private folder): the library, and every file the
     compilers read outside ``folder`` (from their depfiles)."""
-    build_file, sources = render(request)
-    for name, text in sources.items():
+    for name, text in render(request).items():
         (folder / name).write_text(text)
-    (folder / "build.ninja").write_text(build_file)
     run_ninja(folder)
     read = {path for depfile in folder.glob("*.o.d") for path in depfile_inputs(depfile)}
-    return folder / library_name(request), sorted(p for p in read if not p.is_relative_to(folder))
+    return folder / f"{request.name}.so", sorted(p for p in read if not p.is_relative_to(folder))
 
 
 def depfile_inputs(depfile: Path) -> list[Path]:
-    """The prerequisites a Make-style depfile lists (``-MD -MF``), as absolute paths. g++ writes a
-    ``$`` as ``$$``, nvcc writes it as is: a name is taken as written unless only its unescaped
-    form exists."""
+    """The prerequisites a Make-style depfile lists, as absolute paths. g++ writes a ``$`` as ``$$``,
+    nvcc as is: a name is taken as written unless only its unescaped form exists."""
     text = depfile.read_text().replace("\\\n", " ")
     _, _, prerequisites = text.partition(": ")
     paths = []
@@ -114,14 +98,6 @@ def depfile_inputs(depfile: Path) -> list[Path]:
         unescaped = Path(str(written).replace("$$", "$"))
         paths.append(unescaped if not written.exists() and unescaped.exists() else written)
     return paths
-
-
-def _ninja() -> str:
-    # The ninja wheel puts it next to the interpreter, which is on PATH only in an activated venv.
-    found = shutil.which("ninja") or shutil.which("ninja", path=str(Path(sys.executable).parent))
-    if found is None:
-        raise toolchain.ToolchainError("ninja not found: `pip install ninja` (JIT builds run through it)")
-    return found
 
 
 def _die_with_this_thread() -> Callable[[], None] | None:
@@ -143,7 +119,11 @@ def _die_with_this_thread() -> Callable[[], None] | None:
 
 def run_ninja(folder: Path) -> None:
     """Run ninja in ``folder``; stop it (and so its compilers) if this thread is interrupted."""
-    command = [_ninja(), "-v"]
+    # The ninja wheel puts it next to the interpreter, which is on PATH only in an activated venv.
+    ninja = shutil.which("ninja") or shutil.which("ninja", path=str(Path(sys.executable).parent))
+    if ninja is None:
+        raise toolchain.ToolchainError("ninja not found: `pip install ninja` (JIT builds run through it)")
+    command = [ninja, "-v"]
     jobs = env.max_jobs()
     if jobs is not None:
         command += ["-j", str(jobs)]

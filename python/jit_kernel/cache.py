@@ -2,31 +2,26 @@
 
 Layout under the cache root (``$JIT_KERNEL_CACHE_DIR``, default ``~/.cache/jit_kernel``)::
 
-    <name>-<key>/                      one published entry: <name>.so, meta.json, the generated sources
+    <name>-<key>/                      one published entry: the library, meta.json, the generated sources
     .staging/<entry>.<pid>.<rand>/     private build folders, renamed into place when complete
     .locks/<entry>.lock                one file lock per entry, taken only on a miss
 
-The key hashes the recipe: the translation units' text, flags and include folders, the arch, the
-compiler versions, tvm-ffi's and this package's versions. The headers are covered the way ninja
-covers them: each compile writes a depfile (``-MD``), and ``meta.json`` records the content hash
-of every file the compiler read, however it was reached (an ``-I`` in the flags, ``#include
-MACRO``). A hit reads ``meta.json``, checks the library's hash and that every recorded file still
-has its content, and loads it: no subprocess, no lock, no write, so a read-only (baked) cache
-serves what it holds. An entry whose files changed is rebuilt in its place. A miss builds in a staging
-folder under the lock and publishes with one ``rename``, which is atomic on local filesystems and
-on NFS, so no process ever sees a half-written library.
-
-A staging folder exists only while its builder holds the entry's lock. A folder whose lock can be
-taken is therefore left by a builder that died (kill -9, OOM, a lost node), and the next build in
-the cache removes it. The lock, not the pid in the name, decides: pids are reused and say nothing
-about processes on other hosts sharing the cache.
+The key hashes the recipe (:func:`cache_key`). Headers are covered the way ninja covers them: each
+compile writes a depfile, and ``meta.json`` records the content hash of every file the compiler
+read, however it was reached (an ``-I`` in the flags, ``#include MACRO``). A hit checks the
+library's hash and that every recorded file still has its content, then loads it: no subprocess,
+no lock, no write, so a read-only (baked) cache serves what it holds. An entry whose files changed
+is rebuilt in its place. A miss builds in a staging folder under the lock and publishes with one
+``rename`` (atomic on local filesystems and on NFS): no process ever sees a half-written library.
+A staging folder exists only while its builder holds the entry's lock, so one whose lock can be
+taken was left by a builder that died (kill -9, OOM, a lost node); the next build removes it. The
+lock decides, not the pid in the name: pids are reused and say nothing about other hosts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -38,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from jit_kernel import builder, env, toolchain
-from jit_kernel.arch import Arch
-from jit_kernel.sources import sha256_file
-from jit_kernel.unit import TranslationUnit
+from jit_kernel.target import Arch
+from jit_kernel.toolchain import sha256_file
+from jit_kernel.unit import TranslationUnit, relocatable_hash
 from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")
@@ -58,8 +53,7 @@ class CacheDirError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class BuildRequest:
-    """Everything that defines one module build: one unit per language. ``arch`` is None for a
-    host-only module."""
+    """Everything that defines one module build: one unit per language; ``arch`` None for host code."""
 
     name: str
     units: tuple[TranslationUnit, ...]
@@ -74,12 +68,15 @@ class BuildRequest:
 
 
 def cache_key(request: BuildRequest) -> str:
-    """The entry's name: the recipe, not the headers' contents. Those are the entry's recorded
-    dependencies, checked on every load (:func:`stale_dependency`)."""
+    """The entry's name: the units' text, flags and include folders, the arch, the compilers' and
+    tvm-ffi's and this package's versions. Not the headers' contents: those are the entry's recorded
+    dependencies, checked on every load (:func:`verified_library`)."""
+    import tvm_ffi
+
     material: dict[str, Any] = {
         "format": KEY_FORMAT,
         "jit_kernel": __version__,
-        "tvm_ffi": _tvm_ffi_version(),
+        "tvm_ffi": str(tvm_ffi.__version__),
         "name": request.name,
         "units": [[unit.language, unit.text(), unit.compile_args()] for unit in request.units],
         "extra_ldflags": request.extra_ldflags,
@@ -88,26 +85,18 @@ def cache_key(request: BuildRequest) -> str:
     if request.has_cuda:
         material["nvcc"] = toolchain.tool_version(toolchain.nvcc_path())
         material["arch"] = request.arch
-    # The same package installed elsewhere gives the same key: only contents count.
-    serialized = json.dumps(material, sort_keys=True).replace(str(env.DATA_ROOT), "<jit_kernel>")
-    return hashlib.sha256(serialized.encode()).hexdigest()[:24]
+    return relocatable_hash(json.dumps(material, sort_keys=True))
 
 
-def _tvm_ffi_version() -> str:
-    import tvm_ffi
-
-    return str(tvm_ffi.__version__)
-
-
-def entry_name(request: BuildRequest, key: str) -> str:
-    return f"{request.name}-{key}"
+def entry_path(request: BuildRequest, root: Path | None = None) -> Path:
+    """Where ``request``'s build lives (or would live) in the cache."""
+    return (root or env.cache_dir()) / f"{request.name}-{cache_key(request)}"
 
 
 def _dependencies(request: BuildRequest, files: list[Path]) -> dict[str, list[Any]]:
-    """``path -> [size, sha256]`` for every file the compilers read, except the system's, the CUDA
-    toolkit's and tvm-ffi's own headers: the key holds their versions, and checking ~300 of them on
-    every load would cost more than the whole warm load (the entry's ``depends.txt`` lists them).
-    Files under the package, the sources' folders or an include folder we were given always count."""
+    """``path -> [size, sha256]`` for every file the compilers read, except the system's, CUDA's and
+    tvm-ffi's headers (the key holds their versions; checking ~300 of them would cost more than the
+    whole warm load). Files under the package, the sources' folders or a given include folder count."""
     import tvm_ffi.libinfo
 
     compiler = toolchain.host_compiler()
@@ -126,28 +115,25 @@ def _dependencies(request: BuildRequest, files: list[Path]) -> dict[str, list[An
     }
 
 
-def stale_dependency(meta: dict[str, Any]) -> str | None:
-    """The first recorded dependency whose content changed (or that is gone), else None."""
-    for name, (size, digest) in meta["dependencies"].items():
-        try:
-            if os.stat(name).st_size != size or sha256_file(Path(name)) != digest:
-                return name
-        except OSError:
-            return name
-    return None
+def _has_content(path: Path, size: int, digest: str) -> bool:
+    try:
+        return path.stat().st_size == size and sha256_file(path) == digest
+    except OSError:
+        return False
 
 
 def _check_entry(entry: Path) -> tuple[Path | None, str | None]:
-    """(library, None) when the entry is complete, matches its recorded hash and was built from the
-    current content of every file its compilers read; else (None, the file that changed), or
-    (None, None) when it is missing, incomplete or corrupt."""
+    """(library, None) when the entry is complete and every file it records (the library, what its
+    compilers read) has its content; (None, the file that changed); (None, None) when it is corrupt."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
         library = entry / meta["library"]
-        if library.stat().st_size != meta["size"] or sha256_file(library) != meta["sha256"]:
+        if not _has_content(library, meta["size"], meta["sha256"]):
             return None, None
-        changed = stale_dependency(meta)
-        return (None, changed) if changed is not None else (library, None)
+        for name, (size, digest) in meta["dependencies"].items():
+            if not _has_content(Path(name), size, digest):
+                return None, name
+        return library, None
     except (OSError, ValueError, KeyError, TypeError):
         return None, None
 
@@ -165,10 +151,10 @@ def _unusable(root: Path, error: OSError) -> CacheDirError:
     )
 
 
-def _discard(entry: Path, root: Path) -> None:
+def _discard(entry: Path) -> None:
     """Move a bad entry out of the way atomically, then delete it. The trash folder is named after
     the entry, so that the sweep removes it if this process dies before the delete ends."""
-    trash = root / ".staging" / f"{entry.name}.discarded.{secrets.token_hex(4)}"
+    trash = entry.parent / ".staging" / f"{entry.name}.discarded.{secrets.token_hex(4)}"
     trash.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.rename(entry, trash)
@@ -176,11 +162,11 @@ def _discard(entry: Path, root: Path) -> None:
 
 
 @contextlib.contextmanager
-def _lock(root: Path, entry: str, wait: bool = True) -> Iterator[bool]:
+def _lock(entry: Path, wait: bool = True) -> Iterator[bool]:
     """Hold ``entry``'s file lock. With ``wait=False``, yields False at once if another holds it."""
     import filelock  # only a miss needs it; importing it costs ~8 ms of every process start
 
-    path = root / ".locks" / f"{entry}.lock"
+    path = entry.parent / ".locks" / f"{entry.name}.lock"
     lock = filelock.FileLock(str(path))
     held = True
     try:
@@ -188,20 +174,17 @@ def _lock(root: Path, entry: str, wait: bool = True) -> Iterator[bool]:
         try:
             lock.acquire(timeout=1 if wait else 0)
         except filelock.Timeout:
-            held = False
-        if not held and wait:
-            logger.info("waiting for another process to finish building %s", entry)
-            lock.acquire()
-            held = True
+            held = wait
+            if wait:
+                logger.info("waiting for another process to finish building %s", entry.name)
+                lock.acquire()
     except OSError as error:  # filelock.Timeout (an OSError) never gets here
-        raise _unusable(root, error) from error
-    if not held:
-        yield False
-        return
+        raise _unusable(entry.parent, error) from error
     try:
-        yield True
+        yield held
     finally:
-        lock.release()
+        if held:
+            lock.release()
 
 
 def sweep_staging(root: Path, held: str | None = None) -> None:
@@ -215,22 +198,16 @@ def sweep_staging(root: Path, held: str | None = None) -> None:
     for folder in folders:
         by_entry.setdefault(folder.name.split(".", 1)[0], []).append(folder)
     for entry, stale in by_entry.items():
-        if entry == held:
-            _remove(stale)
-        elif entry not in _building:
-            with _lock(root, entry, wait=False) as free:
-                if free:
-                    _remove(stale)
+        if entry in _building and entry != held:
+            continue
+        with contextlib.nullcontext(True) if entry == held else _lock(root / entry, wait=False) as free:
+            for folder in stale if free else []:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
-def _remove(folders: list[Path]) -> None:
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _publish(request: BuildRequest, key: str, root: Path) -> Path:
+def _publish(request: BuildRequest, entry: Path) -> Path:
     """Build into a private folder and rename it into place. The caller holds the entry's lock."""
-    entry = root / entry_name(request, key)
+    root = entry.parent
     staging = root / ".staging" / f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
         staging.mkdir(parents=True)
@@ -250,13 +227,10 @@ def _publish(request: BuildRequest, key: str, root: Path) -> Path:
         meta = {
             "name": request.name,
             "description": request.description,
-            "key": key,
             "library": library.name,
             "size": library.stat().st_size,
             "sha256": digest,
             "arch": request.arch,
-            "jit_kernel": __version__,
-            "created": time.time(),
             "dependencies": _dependencies(request, read),
         }
         (staging / "depends.txt").write_text("".join(f"{path}\n" for path in read))
@@ -292,39 +266,30 @@ def _load_entry(entry: Path, warn: bool = True) -> Any | None:
         return None
 
 
-def entry_path(request: BuildRequest, root: Path | None = None) -> Path:
-    """Where ``request``'s build lives (or would live) in the cache."""
-    root = root if root is not None else env.cache_dir()
-    return root / entry_name(request, cache_key(request))
-
-
 def load_cached(request: BuildRequest, root: Path | None = None) -> Any | None:
-    """The module if the cache holds a good build of ``request``, else None. It only reads: no
-    lock, no subprocess, no write."""
+    """The module if the cache holds a good build of ``request``, else None; only reads."""
     return _load_entry(entry_path(request, root))
 
 
 def load_or_build(request: BuildRequest, root: Path | None = None) -> Any:
     """Return the loaded tvm-ffi Module for ``request``, building it on a miss."""
-    root = root if root is not None else env.cache_dir()
-    key = cache_key(request)
-    entry = root / entry_name(request, key)
+    entry = entry_path(request, root)
     module = _load_entry(entry)
     if module is not None:
         return module
-    with _lock(root, entry.name):
+    with _lock(entry):
         module = _load_entry(entry, warn=False)  # another process may have built it meanwhile
         if module is not None:
             return module
         _building.add(entry.name)
         try:
-            sweep_staging(root, held=entry.name)
+            sweep_staging(entry.parent, held=entry.name)
             if entry.exists():
                 changed = _check_entry(entry)[1]
                 if changed is not None:
                     logger.info("%s changed since %s was built; rebuilding it", changed, entry.name)
-                _discard(entry, root)
-            library = _publish(request, key, root)
+                _discard(entry)
+            library = _publish(request, entry)
         finally:
             _building.discard(entry.name)
     return _load(library)
@@ -337,7 +302,6 @@ class CacheEntry:
     description: str
     arch: str | None
     size_bytes: int
-    created: float
     valid: bool
     changed: str | None = None  # a file the build read that has changed since (the entry is stale)
 
@@ -349,11 +313,9 @@ class CacheEntry:
 
 
 def list_entries(root: Path | None = None) -> list[CacheEntry]:
-    root = root if root is not None else env.cache_dir()
+    root = root or env.cache_dir()
     entries = []
-    if not root.is_dir():
-        return entries
-    for entry in sorted(root.iterdir()):
+    for entry in sorted(root.iterdir()) if root.is_dir() else []:
         if entry.name.startswith(".") or not entry.is_dir():
             continue
         try:
@@ -369,7 +331,6 @@ def list_entries(root: Path | None = None) -> list[CacheEntry]:
                 description=str(meta.get("description", "")),
                 arch=meta.get("arch"),
                 size_bytes=size,
-                created=float(meta.get("created", 0.0)),
                 valid=library is not None,
                 changed=changed,
             )
@@ -378,18 +339,14 @@ def list_entries(root: Path | None = None) -> list[CacheEntry]:
 
 
 def total_size(root: Path | None = None) -> int:
-    root = root if root is not None else env.cache_dir()
-    if not root.is_dir():
-        return 0
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in (root or env.cache_dir()).rglob("*") if f.is_file())
 
 
 def clear(root: Path | None = None) -> int:
     """Remove every entry (and leftover staging folders); returns how many entries went."""
-    root = root if root is not None else env.cache_dir()
-    removed = 0
-    for entry in list_entries(root):
-        _discard(entry.path, root)
-        removed += 1
+    root = root or env.cache_dir()
+    entries = list_entries(root)
+    for entry in entries:
+        _discard(entry.path)
     sweep_staging(root)  # leaves the folders of builds still running
-    return removed
+    return len(entries)

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jit_kernel import cache, env, families, prebuilt, target, toolchain
-from jit_kernel.arch import Arch
 from jit_kernel.dispatch import jit_module
 from jit_kernel.spec import Config, ConfigValue, KernelSpec, symbol_name
+from jit_kernel.target import Arch
 from jit_kernel.unit import TranslationUnit
 from jit_kernel.version import __version__
 

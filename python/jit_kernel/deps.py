@@ -1,10 +1,8 @@
 """Header-only dependencies a JIT module asks for by name: ``load_jit(..., extra_dependencies=["cutlass"])``.
 
-A name maps to a function that returns include directories; it is called when a module that
-names it is built (so a missing package only matters to the modules that need it). The JIT
-cache key covers every header the compiler read, so upgrading a dependency rebuilds what uses
-it. ``flashinfer`` and ``cutlass`` are registered here, as in the seed; add others with
-:func:`register_dependency`.
+A name maps to a function returning include directories, called only when a module that names it
+is built (a missing package matters only to the modules that need it). ``flashinfer`` and
+``cutlass`` are registered here, as in the seed; add others with :func:`register_dependency`.
 """
 
 from __future__ import annotations
@@ -46,9 +44,11 @@ def include_paths(names: Sequence[str]) -> list[str]:
 def _package_dir(package: str) -> Path | None:
     """The directory of an installed top-level package, without importing it."""
     spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve().parent
+    return Path(spec.origin).resolve().parent if spec is not None and spec.origin is not None else None
+
+
+def _bundled_cutlass(data: Path) -> list[Path]:
+    return [data / "cutlass" / "include", data / "cutlass" / "tools" / "util" / "include"]
 
 
 @register_dependency("flashinfer")
@@ -60,13 +60,7 @@ def flashinfer_include_paths() -> list[str]:
             "load_jit: dependency 'flashinfer' needs the flashinfer package (pip install flashinfer-python)"
         )
     data = root / "data"
-    wanted = [
-        data / "include",
-        data / "csrc",
-        data / "cutlass" / "include",
-        data / "cutlass" / "tools" / "util" / "include",
-        data / "spdlog" / "include",
-    ]
+    wanted = [data / "include", data / "csrc", *_bundled_cutlass(data), data / "spdlog" / "include"]
     missing = [str(p) for p in wanted if not p.is_dir()]
     if missing:
         raise RuntimeError(f"load_jit: the flashinfer installation at {root} lacks the header folders {missing}")
@@ -76,15 +70,10 @@ def flashinfer_include_paths() -> list[str]:
 @register_dependency("cutlass")
 def cutlass_include_paths() -> list[str]:
     """CUTLASS headers, from the copy bundled with flashinfer or deep_gemm (whichever are installed)."""
-    found: list[Path] = []
-    flashinfer = _package_dir("flashinfer")
-    if flashinfer is not None:
-        cutlass = flashinfer / "data" / "cutlass"
-        found += [cutlass / "include", cutlass / "tools" / "util" / "include"]
-    deep_gemm = _package_dir("deep_gemm")
-    if deep_gemm is not None:
-        found.append(deep_gemm / "include")
-    paths = [str(p) for p in dict.fromkeys(found) if p.is_dir()]
+    flashinfer, deep_gemm = _package_dir("flashinfer"), _package_dir("deep_gemm")
+    found = _bundled_cutlass(flashinfer / "data") if flashinfer else []
+    found += [deep_gemm / "include"] if deep_gemm else []
+    paths = [str(p) for p in found if p.is_dir()]
     if not paths:
         raise RuntimeError(
             "load_jit: dependency 'cutlass' found no CUTLASS headers; install flashinfer or deep_gemm (both ship them)"

@@ -1,7 +1,5 @@
-"""Where the package's files live, and every environment variable it reads.
-
-An installed wheel carries ``include/`` and ``csrc/`` inside the package directory. A source
-checkout keeps them at the repository root, two levels above ``python/jit_kernel``.
+"""Where the package's files live, and every environment variable it reads. An installed wheel
+carries ``include/`` and ``csrc/`` inside the package; a source checkout, at the repository root.
 """
 
 from __future__ import annotations
@@ -35,10 +33,7 @@ def _flag(name: str) -> bool:
 
 def cache_dir() -> Path:
     """Root of the on-disk JIT cache: ``$JIT_KERNEL_CACHE_DIR`` or ``~/.cache/jit_kernel``."""
-    configured = os.environ.get("JIT_KERNEL_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser().resolve()
-    return Path("~/.cache/jit_kernel").expanduser().resolve()
+    return Path(os.environ.get("JIT_KERNEL_CACHE_DIR") or "~/.cache/jit_kernel").expanduser().resolve()
 
 
 def max_jobs() -> int | None:
@@ -106,10 +101,8 @@ def check_indices() -> bool:
 
 
 def in_ci() -> bool:
-    """``CI`` or ``JIT_KERNEL_BENCH_CI`` set to 1/true/yes: tests and benchmarks use their CI-sized ranges."""
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in ("CI", "JIT_KERNEL_BENCH_CI")
-    )
+    """``CI`` or ``JIT_KERNEL_BENCH_CI`` set to 1/true/yes/on: tests and benchmarks use their CI-sized ranges."""
+    return _flag("CI") or _flag("JIT_KERNEL_BENCH_CI")
 
 
 def run_full_tests() -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from jit_kernel import cache, deps, env, target
-from jit_kernel.arch import Arch
 from jit_kernel.spec import name_part
+from jit_kernel.target import Arch
 from jit_kernel.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
 
 if TYPE_CHECKING:
@@ -26,12 +26,9 @@ R = TypeVar("R")
 
 
 def cache_once(fn: Callable[P, R]) -> Callable[P, R]:
-    """Cache ``fn``'s result per argument tuple, like ``functools.lru_cache(maxsize=None)``.
-
-    Unlike ``lru_cache``, the wrapper is plain Python (a dict lookup), which TorchDynamo traces
-    without a graph break, so cached lookups work inside ``torch.compile(fullgraph=True)``.
-    Arguments must be hashable.
-    """
+    """Cache ``fn``'s result per (hashable) argument tuple, like ``functools.lru_cache(maxsize=None)``,
+    but as plain Python (a dict lookup), which TorchDynamo traces without a graph break: cached
+    lookups work inside ``torch.compile(fullgraph=True)``."""
     results: dict[Any, Any] = {}
 
     @functools.wraps(fn)
@@ -128,23 +125,23 @@ def make_build_request(
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str] | None = None,
     cuda_arch: str | None = None,
-    description: str = "",
 ) -> cache.BuildRequest:
     """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the target's."""
-    includes = [Path(p) for p in extra_include_paths or ()]
+    includes = extra_include_paths or ()
+    languages = (
+        ("host", cpp_files, cpp_wrappers, extra_cflags),
+        ("cuda", cuda_files, cuda_wrappers, extra_cuda_cflags),
+    )
     units = [
         TranslationUnit.make(language, map(_resolve_source, files or ()), wrappers or (), flags or (), includes)
-        for language, files, wrappers, flags in (
-            ("host", cpp_files, cpp_wrappers, extra_cflags),
-            ("cuda", cuda_files, cuda_wrappers, extra_cuda_cflags),
-        )
+        for language, files, wrappers, flags in languages
         if files or wrappers
     ]
     if not units:
         raise ValueError("load_jit: give at least one of cpp_files, cuda_files, cpp_wrappers, cuda_wrappers")
     has_cuda = units[-1].language == "cuda"
     arch = (str(Arch.parse(cuda_arch)) if cuda_arch else str(target.current().arch)) if has_cuda else None
-    return cache.BuildRequest(module_name(args), tuple(units), tuple(extra_ldflags or ()), arch, description)
+    return cache.BuildRequest(module_name(args), tuple(units), tuple(extra_ldflags or ()), arch)
 
 
 _loaded: dict[tuple[cache.BuildRequest, Path | None], Module] = {}
@@ -180,8 +177,7 @@ def load_jit(
         raise ValueError(
             "load_jit: header_only=False means the files export their own functions; pass no cpp_wrappers/cuda_wrappers"
         )
-    if extra_dependencies:
-        extra_include_paths = [*(extra_include_paths or ()), *deps.include_paths(extra_dependencies)]
+    includes = [*(extra_include_paths or ()), *deps.include_paths(extra_dependencies or ())]
     request = make_build_request(
         *args,
         cpp_files=cpp_files,
@@ -191,31 +187,26 @@ def load_jit(
         extra_cflags=extra_cflags,
         extra_cuda_cflags=extra_cuda_cflags,
         extra_ldflags=extra_ldflags,
-        extra_include_paths=extra_include_paths,
+        extra_include_paths=includes,
     )
     return load_request(request, Path(build_directory).resolve() if build_directory else None)
 
 
 def load_request(request: cache.BuildRequest, root: Path | None = None) -> Module:
     """Load a described build through the in-process memo and the disk cache."""
-    memo_key = (request, root)
-    module = _loaded.get(memo_key)
-    if module is None:
+    if (request, root) not in _loaded:
         with _loaded_lock:
-            module = _loaded.get(memo_key)
-            if module is None:
-                module = cache.load_or_build(request, root)
-                _loaded[memo_key] = module
-    return module
+            if (request, root) not in _loaded:
+                _loaded[(request, root)] = cache.load_or_build(request, root)
+    return _loaded[(request, root)]
 
 
 def load_cached(request: cache.BuildRequest, root: Path | None = None) -> Module | None:
     """The module if it is already built, in this process or in the disk cache; never compiles."""
-    memo_key = (request, root)
-    module = _loaded.get(memo_key)
-    if module is None:
+    if (request, root) not in _loaded:
         module = cache.load_cached(request, root)
-        if module is not None:
-            with _loaded_lock:
-                module = _loaded.setdefault(memo_key, module)
-    return module
+        if module is None:
+            return None
+        with _loaded_lock:
+            _loaded.setdefault((request, root), module)
+    return _loaded[(request, root)]

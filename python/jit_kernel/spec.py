@@ -2,11 +2,8 @@
 
 A spec names a family's sources, its template parameters and one C++ wrapper expression per
 export. A *config* is a tuple of template argument values, in parameter order: ints, bools and
-C++ type names such as ``"bf16_t"``. :func:`symbol_name` turns (spec, export, config) into the
-exported symbol; CMake's generated translation units and the runtime lookup both call it, so the
-prebuilt library and the dispatcher cannot disagree on a name.
-
-This module must not import torch: CMake runs it at configure time in a bare build environment.
+C++ type names such as ``"bf16_t"``. :func:`symbol_name` names the exported symbol for the
+prebuilt library and the runtime lookup alike. Torch-free: CMake runs this at configure time.
 """
 
 from __future__ import annotations
@@ -59,13 +56,10 @@ Domain = OneOf | IntRange
 
 @dataclasses.dataclass(frozen=True, eq=False)  # specs are singletons: identity equality and hash
 class KernelSpec:
-    """One kernel family.
-
-    ``exports`` maps an export name to a wrapper expression with ``{args}`` standing for the
-    template arguments, e.g. ``{"run": "RMSNormKernel<{args}>::run"}``. ``target`` says whether
-    the sources are CUDA (compiled by nvcc for a GPU arch) or host C++. ``domains`` gives each
-    parameter's allowed values: ``warm`` and the dispatcher check them before any compiler runs.
-    """
+    """One kernel family. ``exports`` maps an export name to a wrapper expression with ``{args}``
+    standing for the template arguments, e.g. ``{"run": "RMSNormKernel<{args}>::run"}``. ``target``
+    says whether the sources are CUDA (nvcc, for a GPU arch) or host C++. ``domains`` gives each
+    parameter's allowed values: ``warm`` and the dispatcher check them before any compiler runs."""
 
     family: str
     sources: tuple[str, ...]
@@ -130,21 +124,9 @@ def name_part(text: str) -> str:
 
 
 def symbol_name(spec: KernelSpec, export: str, config: Config) -> str:
-    """The exported symbol of one (family, export, config): a C identifier, unique per input.
-
-    For example ``rmsnorm__run__4096_bf16_t``.
-    """
+    """The exported symbol of one (family, export, config), e.g. ``rmsnorm__run__4096_bf16_t``: a C
+    identifier, unique per input."""
     if export not in spec.exports:
         raise KeyError(f"{spec.family} has no export {export!r}; exports: {list(spec.exports)}")
     parts = [name_part(cpp_literal(v)) for v in config]
     return "__".join([spec.family, export, "_".join(parts)]) if parts else f"{spec.family}__{export}"
-
-
-# Every generated export goes through host::ffi_export, which raises a PanicError as the Python
-# exception its kind names (ValueError, TypeError); translation units include this header first.
-EXPORT_HEADER = "sgl_kernel/export.h"
-
-
-def export_line(symbol: str, expression: str) -> str:
-    """The C++ line that exports ``expression`` (a function or functor) as ``symbol``."""
-    return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, (::host::ffi_export({expression})));"

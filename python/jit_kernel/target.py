@@ -1,18 +1,81 @@
-"""The one :class:`Target` per device: what to compile for and what the GPU can do.
+"""CUDA archs, and the one :class:`Target` per device: what to compile for and what the GPU can do.
 
-Dispatch, JIT, the prebuilt lookup and the CLI all ask :func:`current`; nothing else derives an
-arch from a compute capability or reads ``JIT_KERNEL_CUDA_ARCH``. The override wins over the
-device, for the prebuilt decision as well as for JIT: a prebuilt symbol is used only when its code
-runs on the arch being targeted, so ``JIT_KERNEL_CUDA_ARCH=9.0a`` never silently serves sm_80 code.
+Arch strings follow ``TORCH_CUDA_ARCH_LIST``: ``MAJOR.MINOR`` with an optional ``a`` (arch-specific:
+that exact GPU) or ``f`` (family: the same major, an equal or newer minor) suffix; ``+PTX`` in arch
+lists also embeds PTX. Dispatch, JIT, the prebuilt lookup and the CLI all ask :func:`current`;
+nothing else reads ``JIT_KERNEL_CUDA_ARCH``, which wins over the device for the prebuilt decision
+as well as for JIT (``9.0a`` never silently serves sm_80 code). Torch-free until a device is asked
+for: CMake parses arch lists here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+from collections.abc import Iterable
 
 from jit_kernel import env, toolchain
-from jit_kernel.arch import Arch
+
+_ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Arch:
+    major: int
+    minor: int
+    suffix: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Arch:
+        match = _ARCH.match(text.strip())
+        if match is None:
+            raise ValueError(f"invalid CUDA arch {text!r}: expected MAJOR.MINOR with an optional a/f suffix, e.g. 9.0a")
+        return cls(int(match.group(1)), int(match.group(2)), match.group(3))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}{self.suffix}"
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def compute(self) -> str:
+        return f"compute_{self.major}{self.minor}{self.suffix}"
+
+    def machine_code_runs_on(self, capability: tuple[int, int]) -> bool:
+        """SASS built for this arch runs on a GPU of ``capability``."""
+        if self.suffix == "a":
+            return capability == (self.major, self.minor)
+        return capability[0] == self.major and capability[1] >= self.minor
+
+    def ptx_runs_on(self, capability: tuple[int, int]) -> bool:
+        """The driver can compile PTX for this arch for a GPU of ``capability``: any newer GPU, unless
+        the PTX is arch- or family-specific (then the same GPUs as its machine code)."""
+        return self.machine_code_runs_on(capability) if self.suffix else capability >= (self.major, self.minor)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchTarget:
+    """One entry of an arch list: machine code for ``arch``, plus PTX when ``ptx``."""
+
+    arch: Arch
+    ptx: bool = False
+
+    def gencode(self) -> str:
+        code = f"[{self.arch.sm},{self.arch.compute}]" if self.ptx else self.arch.sm
+        return f"-gencode=arch={self.arch.compute},code={code}"
+
+
+def parse_arch_list(text: str) -> list[ArchTarget]:
+    """``"8.0;9.0a 12.0+PTX"`` (separated by ``;``, ``,`` or spaces). ``none`` or empty: no CUDA."""
+    entries = [e for e in re.split(r"[;,\s]+", text.strip()) if e not in ("", "none")]
+    return [ArchTarget(Arch.parse(re.sub(r"(?i)\+PTX$", "", e)), e.upper().endswith("+PTX")) for e in entries]
+
+
+def runs_on(machine_code: Iterable[Arch], ptx: Iterable[Arch], capability: tuple[int, int]) -> bool:
+    return any(a.machine_code_runs_on(capability) for a in machine_code) or any(a.ptx_runs_on(capability) for a in ptx)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,17 +90,14 @@ class Target:
 
     @property
     def capability(self) -> tuple[int, int]:
-        """The compute capability the prebuilt lookup checks code against."""
         return self.arch.major, self.arch.minor
 
     @property
-    def pdl(self) -> bool:
-        """Programmatic dependent launch: sm_90 and newer."""
+    def pdl(self) -> bool:  # programmatic dependent launch
         return self.arch.major >= 9
 
     @property
-    def arch_list(self) -> str:
-        """The arch list for a build (``TORCH_CUDA_ARCH_LIST`` / ``TVM_FFI_CUDA_ARCH_LIST`` form)."""
+    def arch_list(self) -> str:  # as TORCH_CUDA_ARCH_LIST / TVM_FFI_CUDA_ARCH_LIST spell it
         return str(self.arch)
 
     def describe(self) -> str:
@@ -47,11 +107,8 @@ class Target:
 
 
 def arch_for_capability(major: int, minor: int) -> Arch:
-    """The arch to compile for a device of this compute capability.
-
-    Hopper and datacenter Blackwell get their arch-specific ``a`` targets (wgmma, tcgen05).
-    For 12.x the family target ``f`` needs CUDA 12.9+; older toolkits get ``a``.
-    """
+    """The arch JIT compiles for on such a GPU: Hopper and datacenter Blackwell get their ``a``
+    targets (wgmma, tcgen05); 12.x gets the family target ``f`` from CUDA 12.9 on, else ``a``."""
     if major in (9, 10):
         return Arch(major, minor, "a")
     if major == 12:
@@ -75,17 +132,13 @@ def _current_device() -> int | None:
 
 @functools.cache
 def _target(device: int | None, override: str | None) -> Target:
-    properties = device_properties(device) if device is not None else None
-    if override:
-        arch = Arch.parse(override)
-    elif properties is not None:
-        arch = arch_for_capability(*properties[0])
-    else:
+    if device is None and not override:
         raise toolchain.ToolchainError(
             "no CUDA GPU is visible, so the CUDA arch to compile for is unknown; "
             "set JIT_KERNEL_CUDA_ARCH (for example JIT_KERNEL_CUDA_ARCH=9.0a for an H100) to compile anyway"
         )
-    sm_count, name = (properties[1], properties[2]) if properties else (None, None)
+    capability, sm_count, name = device_properties(device) if device is not None else (None, None, None)
+    arch = Arch.parse(override) if override else arch_for_capability(*capability)
     return Target(arch, device, name, sm_count, from_override=bool(override))
 
 

@@ -1,13 +1,14 @@
 """Compilers: where they are and what version they are (the arch is :mod:`jit_kernel.target`'s).
 
-Versions enter the cache key. Asking a compiler for its version costs 5-50 ms, too much for a
-warm load, so each answer is remembered in the cache folder, keyed by the binary's path, size
-and mtime: a new or upgraded compiler is asked again.
+Versions enter the cache key. Asking a compiler costs 5-50 ms, too much for a warm load, so each
+answer about a file (a compiler's version, the prebuilt library's hash) is remembered in the cache
+folder by :func:`memoised`, keyed by the file's identity: a new or upgraded file is asked again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -27,11 +28,8 @@ class ToolchainError(RuntimeError):
 
 @functools.cache
 def cuda_home() -> Path:
-    """The CUDA toolkit root: ``$CUDA_HOME`` / ``$CUDA_PATH``, else the home of the real nvcc.
-
-    The ``nvcc`` on PATH may be a wrapper script (as ``/usr/local/bin/nvcc`` is on our dev
-    machines), so its parent is not the toolkit. nvcc's dry run prints the real ``TOP``.
-    """
+    """The CUDA toolkit root: ``$CUDA_HOME`` / ``$CUDA_PATH``, else the home of the real nvcc (the
+    one on PATH may be a wrapper script, as on our dev machines: its dry run prints the real ``TOP``)."""
     configured = env.cuda_home()
     if configured is not None:
         var, home = configured
@@ -43,7 +41,13 @@ def cuda_home() -> Path:
         real = Path(nvcc_on_path).resolve()
         if (real.parent.parent / "include" / "cuda_runtime.h").is_file():
             return real.parent.parent
-        top = _memoised(Path(nvcc_on_path), "TOP", lambda: _toolkit_of_wrapper(nvcc_on_path))
+
+        def ask() -> str:
+            dry_run = _output([nvcc_on_path, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull])
+            match = re.search(r"^#\$ TOP=(.+)$", dry_run, re.MULTILINE)
+            return match.group(1) if match else ""
+
+        top = memoised(Path(nvcc_on_path), "TOP", ask)
         if top and (Path(top) / "bin" / "nvcc").is_file():
             return Path(top).resolve()
     if (DEFAULT_CUDA_HOME / "bin" / "nvcc").is_file():
@@ -68,25 +72,18 @@ def host_compiler() -> Path:
     return Path(found).resolve()
 
 
-def _version_memo_path() -> Path:
-    return env.cache_dir() / "toolchain-versions.json"
+def _output(command: list[str]) -> str:
+    """What ``command`` prints (stdout, then stderr): an answer for :func:`memoised`."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    return result.stdout + result.stderr
 
 
-def _toolkit_of_wrapper(nvcc: str) -> str:
-    """The toolkit root behind an nvcc wrapper script: nvcc's dry run prints it as ``TOP``."""
-    dry_run = subprocess.run(
-        [nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull], capture_output=True, text=True, check=False
-    )
-    match = re.search(r"^#\$ TOP=(.+)$", dry_run.stdout + dry_run.stderr, re.MULTILINE)
-    return match.group(1) if match else ""
-
-
-def _memoised(binary: Path, question: str, ask: Callable[[], str]) -> str:
-    """``ask()`` about ``binary``, memoised on disk by the binary's identity (path, size, mtime):
-    a warm load starts no subprocess, and a new or upgraded binary is asked again."""
-    stat = binary.stat()
-    identity = f"{binary}:{stat.st_size}:{stat.st_mtime_ns}" + (f":{question}" if question else "")
-    memo_path = _version_memo_path()
+def memoised(path: Path, question: str, ask: Callable[[], str]) -> str:
+    """``ask()`` about the file at ``path``, memoised on disk by its identity (path, size, mtime,
+    inode): a warm load starts no subprocess and hashes nothing twice."""
+    stat = path.stat()
+    identity = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:{question}"
+    memo_path = env.cache_dir() / "memo.json"
     try:
         memo: dict[str, str] = json.loads(memo_path.read_text())
     except (OSError, ValueError):
@@ -100,36 +97,41 @@ def _memoised(binary: Path, question: str, ask: Callable[[], str]) -> str:
         staging.write_text(json.dumps(memo, indent=1, sort_keys=True))
         os.replace(staging, memo_path)
     except OSError:
-        pass  # A read-only cache folder only costs the next process one more probe.
+        pass  # A read-only cache folder only costs the next process one more question.
     return answer
 
 
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB chunks (``hashlib.file_digest`` needs Python 3.11)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def tool_version(binary: Path) -> str:
-    """The first meaningful lines of ``binary --version``, memoised on disk by binary identity."""
+    """The first meaningful lines of ``binary --version``."""
 
     def ask() -> str:
-        result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
-        lines = [line for line in result.stdout.splitlines() if line.strip() and "Copyright" not in line]
+        output = _output([str(binary), "--version"])
+        lines = [line for line in output.splitlines() if line.strip() and "Copyright" not in line]
         return " | ".join(lines[-2:] if "nvcc" in binary.name else lines[:1])
 
-    return _memoised(binary, "", ask)
+    return memoised(binary, "version", ask)
 
 
 def system_include_dirs(compiler: Path) -> tuple[Path, ...]:
-    """The folders ``compiler`` searches for ``#include <...>`` by default (its own headers, the C
-    library's), as ``compiler -E -v`` lists them; memoised on disk by the compiler's identity."""
+    """The folders ``compiler`` searches for ``#include <...>`` by default, as ``-E -v`` lists them."""
 
     def ask() -> str:
-        result = subprocess.run(
-            [str(compiler), "-x", "c++", "-E", "-v", os.devnull], capture_output=True, text=True, check=False
-        )
-        lines = [line.strip() for line in result.stderr.splitlines()]
+        lines = [line.strip() for line in _output([str(compiler), "-x", "c++", "-E", "-v", os.devnull]).splitlines()]
         if "#include <...> search starts here:" not in lines or "End of search list." not in lines:
             return ""
         start = lines.index("#include <...> search starts here:") + 1
         return "\n".join(lines[start : lines.index("End of search list.", start)])
 
-    listed = (Path(line).resolve() for line in _memoised(compiler, "include-dirs", ask).splitlines())
+    listed = (Path(line).resolve() for line in memoised(compiler, "include-dirs", ask).splitlines())
     # /usr/local/include holds what the machine's owner installed, not the compiler's or libc's.
     return tuple(folder for folder in listed if folder != Path("/usr/local/include"))
 

@@ -1,12 +1,10 @@
 """One translation unit: everything needed to compile one configuration, as one value.
 
 JIT (``builder``) and the prebuilt build (``aot`` -> the generated ``sources.cmake``) both render
-the same :class:`TranslationUnit`: the same text, the same flags, the same include folders. Only
-what belongs to the target (the gencode, ``-fPIC``, ``-ccbin``, tvm-ffi's own include folders)
-is added by each build system. The prebuilt manifest records each entry's :meth:`digest`, and the
-dispatcher uses a prebuilt symbol only when it equals the digest of the unit JIT would compile now.
-
-Torch-free: CMake runs this at configure time.
+the same :class:`TranslationUnit`; each adds only what belongs to the target (the gencode,
+``-fPIC``, ``-ccbin``, tvm-ffi's include folders). The prebuilt manifest records each unit's
+:meth:`~TranslationUnit.digest`, and the dispatcher uses a prebuilt symbol only when it equals the
+digest of the unit JIT would compile now. Torch-free: CMake runs this at configure time.
 """
 
 from __future__ import annotations
@@ -21,17 +19,17 @@ from pathlib import Path
 from typing import Literal
 
 from jit_kernel import env
-from jit_kernel.sources import included_files
-from jit_kernel.spec import EXPORT_HEADER, Config, KernelSpec, export_line, symbol_name
+from jit_kernel.spec import Config, KernelSpec, symbol_name
 
 DEFAULT_CFLAGS = ("-std=c++20", "-O3")
 DEFAULT_CUDA_CFLAGS = ("-std=c++20", "-O3", "--expt-relaxed-constexpr")
 
 # What tvm-ffi's build_inline put ahead of every source: the export macro and the types wrappers use.
-PRELUDE = tuple(
-    f"#include <tvm/ffi/{header}>"
-    for header in ("container/tensor.h", "dtype.h", "error.h", "extra/c_env_api.h", "function.h")
-)
+_PRELUDE_HEADERS = ("container/tensor.h", "dtype.h", "error.h", "extra/c_env_api.h", "function.h")
+PRELUDE = tuple(f"#include <tvm/ffi/{header}>" for header in _PRELUDE_HEADERS)
+# Every generated export goes through host::ffi_export, which raises a PanicError as the Python
+# exception its kind names (ValueError, TypeError); a unit with exports includes this header first.
+EXPORT_HEADER = "sgl_kernel/export.h"
 
 Language = Literal["cuda", "host"]
 
@@ -59,13 +57,12 @@ class TranslationUnit:
         sources: Iterable[Path],
         exports: Iterable[tuple[str, str]] = (),
         extra_flags: Sequence[str] = (),
-        extra_include_dirs: Iterable[Path] = (),
+        extra_include_dirs: Iterable[str | Path] = (),
     ) -> TranslationUnit:
         exports = tuple(exports)
         for symbol, _ in exports:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", symbol):
                 raise ValueError(f"load_jit: export name {symbol!r} is not a C identifier")
-        # Wrappers export through host::ffi_export: its header goes first.
         first = (env.INCLUDE_DIR / EXPORT_HEADER,) if exports else ()
         sources = (*first, *(Path(s).resolve() for s in sources))
         for path in sources:
@@ -87,32 +84,43 @@ class TranslationUnit:
         return ".cu" if self.language == "cuda" else ".cpp"
 
     def text(self) -> str:
-        lines = [*PRELUDE, *(f'#include "{path}"' for path in self.sources)]
-        lines += [export_line(symbol, expression) for symbol, expression in self.exports]
-        return "\n".join(lines) + "\n"
+        exports = (f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({s}, (::host::ffi_export({e})));" for s, e in self.exports)
+        return "\n".join([*PRELUDE, *(f'#include "{path}"' for path in self.sources), *exports]) + "\n"
 
     def compile_args(self) -> tuple[str, ...]:
         """The unit's own compiler arguments: flags, then ``-I`` per include folder."""
         return (*self.flags, *(f"-I{folder}" for folder in self.include_dirs))
 
     def digest(self) -> str:
-        """Hash of the unit, wherever the package is installed: text, flags, include folders and the
-        content of every file the sources reach through ``#include`` (by path under the package)."""
+        """Hash of the unit's text, flags, include folders and included files, wherever it is installed."""
         description = json.dumps([self.language, self.text(), self.compile_args()])
-        return _digest(_relocatable(description), _closure_digest(self.sources, self.include_dirs))
+        return relocatable_hash(description, _closure_digest(self.sources, self.include_dirs))
 
 
-def _relocatable(text: str) -> str:
-    return text.replace(str(env.DATA_ROOT), "<jit_kernel>")
+def relocatable_hash(*parts: str) -> str:
+    """A short hash of ``parts`` that is the same wherever the package is installed (the unit digest,
+    the JIT cache key): the package's folder is hashed as a placeholder."""
+    joined = "\0".join(parts).replace(str(env.DATA_ROOT), "<jit_kernel>")
+    return hashlib.sha256(joined.encode()).hexdigest()[:24]
+
+
+_INCLUDE_LINE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
 
 
 @functools.cache
 def _closure_digest(sources: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> str:
-    """Memoised per process: every config of a family shares its sources."""
-    files = included_files(sources, include_dirs)
-    hashes = (f"{_relocatable(str(path))}\0{hashlib.sha256(text).hexdigest()}" for path, text in sorted(files.items()))
-    return _digest(*hashes)
-
-
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    """Hash of every file the sources reach through ``#include`` lines (those in ``#if`` blocks too)
+    in our folders; the others (the standard library, CUDA, tvm-ffi) are left to the versions the
+    manifest records. Memoised per process: every config of a family shares its sources."""
+    found: dict[Path, bytes] = {}
+    pending = [path.resolve() for path in sources]
+    while pending:
+        path = pending.pop()
+        if path in found:
+            continue
+        found[path] = path.read_bytes()
+        for quote, name in _INCLUDE_LINE.findall(found[path]):
+            folders = [path.parent, *include_dirs] if quote == b'"' else include_dirs
+            header = next((f / name.decode() for f in folders if (f / name.decode()).is_file()), None)
+            pending += [header.resolve()] if header else []
+    return relocatable_hash(*(f"{path}\0{hashlib.sha256(text).hexdigest()}" for path, text in sorted(found.items())))

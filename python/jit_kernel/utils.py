@@ -31,11 +31,11 @@ from typing import Any, TypeAlias, TypeVar
 import torch
 
 from jit_kernel import env, toolchain
-from jit_kernel.arch import Arch
 from jit_kernel.deps import register_dependency
 from jit_kernel.jit import DEFAULT_CFLAGS as _DEFAULT_CFLAGS
 from jit_kernel.jit import CPPArgList, _dtype_names, cache_once, load_jit
 from jit_kernel.jit import make_cpp_args as _make_cpp_args
+from jit_kernel.target import Arch
 
 logger = logging.getLogger("jit_kernel")
 T = TypeVar("T")
