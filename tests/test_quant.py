@@ -134,3 +134,212 @@ def test_quant_bad_inputs(kwargs, error: type[Exception], match: str) -> None:
         args = {"input": _e(8)} | {k: v() for k, v in kwargs.items()}
         with pytest.raises(error, match=match):
             jit_kernel.per_tensor_quant_fp8(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# per_tensor_absmax_fp8: output_s = max(output_s, absmax(x) / 448), an absmax-only kernel.
+
+ABSMAX_SIZES = [0, 1, 7, 4095, 4096, 65537, (1 << 22) + 3]
+
+
+def _absmax(x: torch.Tensor, s: torch.Tensor, enable_pdl: bool | None = None) -> None:
+    from jit_kernel.ops.quant import per_tensor_absmax_fp8
+
+    assert per_tensor_absmax_fp8(x, s, enable_pdl) is None
+
+
+def _bits(t: torch.Tensor) -> int:
+    return t.view(torch.int32).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset1"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", ABSMAX_SIZES)
+def test_absmax(n: int, dtype: torch.dtype, offset: int) -> None:
+    x = (torch.randn(n + offset, device="cuda") * 3).to(dtype)[offset:]  # offset 1: not 16-byte aligned
+    x_copy = x.clone()
+    s = torch.zeros(1, device="cuda")
+    _absmax(x, s)
+    expected = ref_scale(x) if n else torch.tensor(0.0)
+    assert _bits(s.cpu()) == _bits(expected.view(1).cpu())  # exact: a max, then one fp32 division
+    assert torch.equal(x, x_copy)
+    # Bit-equal to the scale dynamic quantisation computes (for n = 0 both are 0).
+    _, dynamic = jit_kernel.per_tensor_quant_fp8(x)
+    assert _bits(s) == _bits(dynamic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("enable_pdl", [None, True, False])
+@pytest.mark.parametrize("n", [4096, 1 << 20])
+def test_absmax_accumulates(n: int, enable_pdl: bool | None) -> None:
+    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = a * 4
+    sa, sb = ref_scale(a).item(), ref_scale(b).item()
+    s = torch.full((1,), sb * 2, device="cuda")  # larger: unchanged
+    _absmax(a, s, enable_pdl)
+    assert s.item() == sb * 2
+    s.fill_(sa / 2)  # smaller: replaced
+    _absmax(a, s, enable_pdl)
+    assert s.item() == sa
+    s.zero_()  # two tensors: the maximum of both, in either order
+    _absmax(b, s, enable_pdl)
+    _absmax(a, s, enable_pdl)
+    assert s.item() == sb
+    s.zero_()
+    _absmax(a, s, enable_pdl)
+    _absmax(b, s, enable_pdl)
+    assert s.item() == sb
+    for old in (-1.0, -0.0, float("-inf")):  # negative old values compare as floats too
+        s.fill_(old)
+        _absmax(a, s, enable_pdl)
+        assert s.item() == sa
+    s.fill_(float("inf"))
+    _absmax(a, s, enable_pdl)
+    assert s.item() == float("inf")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_absmax_zero_empty_and_shapes(dtype: torch.dtype) -> None:
+    s = torch.zeros(1, device="cuda")
+    _absmax(torch.zeros(1 << 20, device="cuda", dtype=dtype), s)
+    assert _bits(s) == 0  # +0.0
+    s.fill_(0.5)
+    _absmax(torch.zeros(100, device="cuda", dtype=dtype), s)
+    assert s.item() == 0.5
+    _absmax(torch.empty(0, 4096, device="cuda", dtype=dtype), s)  # empty: no launch, unchanged
+    assert s.item() == 0.5
+    x = torch.randn(3, 5, 4097, device="cuda").to(dtype)  # any shape; a 0-d output_s
+    s0 = torch.zeros((), device="cuda")
+    _absmax(x, s0)
+    assert s0.item() == ref_scale(x).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_absmax_non_finite(dtype: torch.dtype) -> None:
+    """NaN elements are ignored, as in dynamic mode; an inf gives inf. A (positive) NaN already in
+    output_s stays (the documented difference from a float max: the atomic compares bits)."""
+    x = (torch.randn(70000, device="cuda") * 3).to(dtype)
+    x[[0, 12345, 69999]] = float("nan")
+    s = torch.zeros(1, device="cuda")
+    _absmax(x, s)
+    assert s.item() == ref_scale(torch.nan_to_num(x, nan=0.0)).item()
+    _, dynamic = jit_kernel.per_tensor_quant_fp8(x)
+    assert _bits(s) == _bits(dynamic)
+    s.zero_()
+    _absmax(torch.full((9,), float("nan"), device="cuda", dtype=dtype), s)
+    assert s.item() == 0.0
+    x[5] = float("-inf")
+    _absmax(x, s)
+    assert s.item() == float("inf")
+    s.fill_(float("nan"))
+    _absmax(x[6:100], s)
+    assert s.isnan().item()
+
+
+@pytest.mark.gpu
+def test_absmax_seed_form_and_compile() -> None:
+    from jit_kernel.ops.quant import per_tensor_absmax_fp8
+    from jit_kernel.per_tensor_quant_fp8 import per_tensor_absmax_fp8 as seed_absmax
+
+    x = torch.randn(3000, 7, device="cuda", dtype=torch.float16)
+    s = torch.zeros(1, device="cuda")
+    assert seed_absmax(x, s) is None
+    assert s.item() == ref_scale(x).item()
+
+    def scale_of(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(1, device=t.device)
+        per_tensor_absmax_fp8(t, out)
+        return out
+
+    compiled = torch.compile(scale_of, fullgraph=True)
+    assert compiled(x).item() == ref_scale(x).item()
+    g = torch.cuda.CUDAGraph()
+    s.zero_()
+    with torch.cuda.graph(g):
+        per_tensor_absmax_fp8(x, s)
+    s.zero_()
+    g.replay()
+    assert s.item() == ref_scale(x).item()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"input": lambda: _e(8, dtype=torch.int32)}, TypeError, "per_tensor_absmax_fp8: input must be one of"),
+        ({"input": lambda: [1.0]}, TypeError, "input must be a torch.Tensor, got list"),
+        ({"output_s": lambda: 0.5}, TypeError, "output_s must be a torch.Tensor, got float"),
+        (
+            {"input": lambda: torch.empty_strided((8,), (2,), device="cuda", dtype=torch.bfloat16)},
+            ValueError,
+            r"(?s)'input'.*not contiguous",
+        ),
+        ({"input": lambda: torch.empty(8, dtype=torch.bfloat16)}, ValueError, r"(?s)'input'.*Device mismatch"),
+        ({"output_s": lambda: _e(1)}, TypeError, r"(?s)'output_s'.*Dtype mismatch: expected float32"),
+        ({"output_s": lambda: _e(1, dtype=torch.float64)}, TypeError, r"(?s)'output_s'.*Dtype mismatch"),
+        ({"output_s": lambda: _e(2, dtype=torch.float32)}, ValueError, r"(?s)'output_s'.*Size mismatch"),
+        ({"output_s": lambda: _e(0, dtype=torch.float32)}, ValueError, r"(?s)'output_s'.*Size mismatch"),
+        ({"output_s": lambda: _e(2, 1, dtype=torch.float32)}, ValueError, "output_s must hold one"),
+        (
+            {"output_s": lambda: torch.empty(1, dtype=torch.float32)},
+            ValueError,
+            r"(?s)'output_s'.*Device mismatch: expected cuda:0 but got cpu",
+        ),
+        (
+            {"output_s": lambda: torch.empty(1, device="cuda:1", dtype=torch.float32)},
+            ValueError,
+            r"(?s)'output_s'.*Device mismatch: expected cuda:0 but got cuda:1",
+        ),
+        ({"enable_pdl": lambda: "yes"}, TypeError, "enable_pdl must be a bool or None, got str"),
+    ],
+)
+def test_absmax_bad_inputs(kwargs, error: type[Exception], match: str) -> None:
+    from jit_kernel.ops.quant import per_tensor_absmax_fp8
+
+    with fake_cuda():
+        args = {"input": _e(8), "output_s": _e(1, dtype=torch.float32)} | {k: v() for k, v in kwargs.items()}
+        with pytest.raises(error, match=match):
+            per_tensor_absmax_fp8(**args)
+
+
+def test_absmax_checks_pass_without_a_gpu() -> None:
+    """Good arguments reach the C++ launcher (fake tensors: checked, nothing launched), for every
+    dtype, any input shape (empty too) and an output_s of any one-element shape; the seed form and
+    torch.ops' fake implementation run the same checks."""
+    from jit_kernel.ops.quant import per_tensor_absmax_fp8
+    from jit_kernel.per_tensor_quant_fp8 import per_tensor_absmax_fp8 as seed_absmax
+
+    with fake_cuda():
+        s = _e(1, dtype=torch.float32)
+        for x in (_e(8), _e(0), _e(3, 5, 4097), _e(1 << 22, dtype=torch.float32), _e(9, dtype=torch.float16)):
+            assert per_tensor_absmax_fp8(x, s) is None
+        assert per_tensor_absmax_fp8(_e(8), torch.empty((), device="cuda")) is None  # a 0-d output_s
+        assert per_tensor_absmax_fp8(_e(8), _e(1, 1, dtype=torch.float32), enable_pdl=False) is None
+        assert seed_absmax(_e(8), s) is None
+        with pytest.raises(ValueError, match=r"(?s)'input'.*not contiguous"):
+            seed_absmax(torch.empty_strided((4, 4), (1, 4), device="cuda", dtype=torch.bfloat16), s)
+        torch.ops.jit_kernel.per_tensor_absmax_fp8(_e(8), s, None)
+        with pytest.raises(TypeError, match=r"(?s)'output_s'.*Dtype mismatch"):
+            torch.ops.jit_kernel.per_tensor_absmax_fp8(_e(8), _e(1), None)
+
+
+def test_absmax_registered_op() -> None:
+    schema = torch.ops.jit_kernel.per_tensor_absmax_fp8.default._schema
+    mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert mutated == {"output_s"}, schema
+
+
+def test_absmax_compiles_for_sm90a() -> None:
+    """Every export of the fp32 config (the widest element, so the fewest elements per vector)
+    builds for sm_90a without a GPU."""
+    from jit_kernel import families
+    from jit_kernel.dispatch import jit_module
+    from jit_kernel.spec import symbol_name
+
+    spec, config = families.PER_TENSOR_QUANT_FP8, ("fp32_t",)
+    assert "absmax" in spec.exports
+    module = jit_module(spec, config, cuda_arch="9.0a")
+    for export in spec.exports:
+        assert module.implements_function(symbol_name(spec, export, config))

@@ -875,6 +875,17 @@ def test_gpu_seed_per_tensor_absmax_fp8_accumulates_a_maximum() -> None:
     torch.testing.assert_close(scale, b.float().abs().amax().view(1) / 448.0)
     per_tensor_absmax_fp8(a, scale)  # smaller: the maximum stays
     torch.testing.assert_close(scale, b.float().abs().amax().view(1) / 448.0)
+    # Exact, and bit-equal to the scale dynamic quantisation computes; an unaligned view (offset by
+    # one element) and an empty tensor (output_s unchanged) in the seed's call form.
+    exact = (b.abs().amax().double() / 448.0).float().view(1)
+    assert torch.equal(scale, exact)
+    assert torch.equal(scale, jit_kernel.per_tensor_quant_fp8(b)[1])
+    per_tensor_absmax_fp8(torch.empty(0, 512, device="cuda", dtype=torch.float16), scale)
+    assert torch.equal(scale, exact)
+    view = b.view(-1)[1:]
+    scale.zero_()
+    per_tensor_absmax_fp8(view, scale)
+    assert torch.equal(scale, (view.abs().amax().double() / 448.0).float().view(1))
 
 
 @pytest.mark.gpu

@@ -6,10 +6,16 @@
 // - large inputs: one cooperative launch that reads HBM once for what fits on chip
 //   (one_pass_dynamic_kernel below), with the per-block maxima in a workspace from the caller's allocator.
 // Static mode reads the given scale. A zero scale quantises everything to 0.
-// The single-block and static kernels may be launched with PDL (`enable_pdl`); the cooperative one
-// is not (every block must be resident at once).
+// Absmax mode (`absmax`, the seed's per_tensor_absmax_fp8) only folds absmax(x) / 448 into
+// output_s: output_s = max(output_s, absmax(x) / 448), one read of x, one atomic per block.
+// The single-block, static and absmax kernels may be launched with PDL (`enable_pdl`); the
+// cooperative one is not (every block must be resident at once).
+//
+// Non-finite inputs: the absmax is fmaxf from 0, so NaN elements are ignored (an all-NaN input gives
+// scale 0) and an inf gives scale inf, in every mode.
 #pragma once
 
+#include <sgl_kernel/atomic.cuh>
 #include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/ffi.h>
@@ -146,6 +152,52 @@ __global__ void __launch_bounds__(kThreads) quant_kernel(fp8_e4m3_t* out, const 
   device::PDLTriggerSecondary();
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   quant_range<T, kN>(out, in, n, inverse(*scale), first, static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+// Absmax only: *scale = max(*scale, absmax(in[0, n)) / 448). The input is read as elements
+// [0, head) (so that in + head is 16-byte aligned: a view at any element offset still gets 16-byte
+// loads), vectors of kN from in + head, and the last (n - head) % kN elements; the head and tail
+// (fewer than kN each) go one per thread of block 0. Grid-stride over the vectors, kAbsmaxUnroll
+// loads in flight per thread; then one block reduction and one atomic max per block. The per-block
+// division by 448 is the dynamic kernels' `m / kFp8Max`, and fp32 division is monotonic, so the
+// maximum of the quotients is bit-equal to dynamic mode's scale of the same input.
+// Plain loads (not evict-first): a static quantisation of the same input usually follows.
+inline constexpr int kAbsmaxUnroll = 4;
+// Grid: one vector per thread up to 2 blocks per SM (resident together: <= 64 registers; ptxas,
+// sm_90a: fp32 47, fp16 48, bf16 61), then grid-stride: 2 x 512 threads x 4 x 16 bytes = 64 KiB
+// in flight per SM, and at most 2 atomics per SM on output_s.
+inline constexpr int kAbsmaxBlocksPerSm = 2;
+
+template <typename T, int kN>
+__global__ void __launch_bounds__(kThreads, kAbsmaxBlocksPerSm)
+    absmax_kernel(float* scale, const T* in, int64_t n, int64_t head) {
+  using Vec = device::AlignedVector<T, kN>;
+  __shared__ float smem[32];
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const T* body = in + head;
+  const int64_t nvec = (n - head) / kN;
+  float m = 0.f;
+  for (int64_t v = first; v < nvec; v += kAbsmaxUnroll * step) {
+    Vec x[kAbsmaxUnroll];
+#pragma unroll
+    for (int u = 0; u < kAbsmaxUnroll; ++u) {
+      if (v + u * step < nvec) x[u].load(body, v + u * step);
+    }
+#pragma unroll
+    for (int u = 0; u < kAbsmaxUnroll; ++u) {
+      if (v + u * step < nvec) m = absmax_vec(m, x[u]);
+    }
+  }
+  if (first < head) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[first])));
+  const int64_t tail = head + nvec * kN + first;
+  if (tail < n) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[tail])));
+  device::cta::reduce_max(m, smem);
+  // m >= 0 (never NaN): an integer atomic max (atomic.cuh). A NaN already in *scale stays if its
+  // sign bit is clear (torch's NaN) and is replaced if it is set; any other old value gives max().
+  if (threadIdx.x == 0) device::atomic::max(scale, smem[0] / kFp8Max);
 }
 
 // The one-pass kernel keeps part of the input on chip across its grid barrier: kHeldVecs 16-byte
@@ -402,6 +454,36 @@ struct PerTensorQuantFp8 {
     const auto blocks = grid(vec ? n / kVec<T> : n, dev.device_id);
     host::LaunchKernel(blocks, kThreads, dev)
         .enable_pdl(pdl)(vec ? quant_kernel<T, kVec<T>> : quant_kernel<T, 1>, q, s, x, n);
+  }
+
+  // output_s = max(output_s, absmax(input) / 448): accumulates, so the caller zeroes output_s
+  // first (or calls again on another tensor for one scale over both). An empty input launches
+  // nothing and leaves output_s as it was.
+  static void absmax(tvm::ffi::TensorView output_s, tvm::ffi::TensorView input, tvm::ffi::Optional<bool> enable_pdl) {
+    using namespace host;
+    auto device = SymbolicDevice{};
+    TensorMatcher::same_shape_as(input).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
+    const DLDevice dev = device.unwrap();
+    if (has_no_data(output_s)) return;
+    const int64_t n = input.numel();
+    if (n == 0) return;
+    const auto* x = static_cast<const T*>(input.data_ptr());
+    const auto address = reinterpret_cast<uintptr_t>(x);
+    RuntimeCheck(
+        address % sizeof(T) == 0,
+        "per_tensor_absmax_fp8: 'input' data pointer ",
+        address,
+        " is not aligned to its element size ",
+        sizeof(T));
+    // Elements before the first 16-byte boundary (a view at an odd element offset).
+    const int64_t head = std::min<int64_t>(n, static_cast<int64_t>((16 - address % 16) % 16 / sizeof(T)));
+    const int64_t nvec = (n - head) / kVec<T>;
+    const int64_t max_blocks = int64_t{runtime::sm_count(dev.device_id)} * kAbsmaxBlocksPerSm;
+    const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(nvec, int64_t{kThreads}), 1, max_blocks));
+    LaunchKernel(blocks, kThreads, dev)
+        .enable_pdl(runtime::resolve_pdl(enable_pdl, dev.device_id))(
+            absmax_kernel<T, kVec<T>>, static_cast<float*>(output_s.data_ptr()), x, n, head);
   }
 };
 

@@ -129,6 +129,7 @@ PER_TENSOR_QUANT_FP8 = KernelSpec(
     exports={
         "dynamic": "jit_kernel::quant::PerTensorQuantFp8<{args}>::dynamic",
         "static": "jit_kernel::quant::PerTensorQuantFp8<{args}>::static_scale",
+        "absmax": "jit_kernel::quant::PerTensorQuantFp8<{args}>::absmax",
     },
     prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
 )

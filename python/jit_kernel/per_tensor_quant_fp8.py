@@ -34,14 +34,13 @@ def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor) -> None:
     """``output_s = max(output_s, absmax(input) / 448)``: the scale dynamic quantisation would use.
 
     As in the seed, ``output_s`` (float32, one element) accumulates a maximum, so zero it first, or
-    call again on another tensor to get one scale for both. Runs the dynamic quantisation kernel and
-    discards its fp8 output (there is no absmax-only kernel yet), so it costs a quantisation.
+    call again on another tensor to get one scale for both. One launch of an absmax-only kernel
+    that reads ``input`` once and combines into ``output_s`` with an atomic max; an empty ``input``
+    leaves ``output_s`` unchanged. NaN elements of ``input`` are ignored, as in dynamic mode.
     """
     if not isinstance(output_s, torch.Tensor):
         raise TypeError(f"per_tensor_absmax_fp8: output_s must be a torch.Tensor, got {type(output_s).__name__}")
-    previous = output_s.clone()
-    _quant.per_tensor_quant_fp8(input, None, output_s)  # checks input and output_s; writes absmax / 448
-    output_s.copy_(torch.maximum(output_s, previous))
+    _quant.per_tensor_absmax_fp8(input, output_s)
 
 
 __all__ = ["per_tensor_absmax_fp8", "per_tensor_quant_fp8"]

@@ -4,6 +4,12 @@
 ``scale = absmax(x) / 448`` into ``output_s`` itself, so ``output_s`` needs no zeroing by the
 caller; static mode (``is_static=True``) reads the scale given in ``output_s``. A zero scale
 (an all-zero input) gives an all-zero ``q``.
+
+``per_tensor_absmax_fp8`` computes only the scale and folds it into ``output_s``:
+``output_s = max(output_s, absmax(x) / 448)`` (one read of ``x``, no fp8 output).
+
+Non-finite inputs: NaN elements are ignored by the absmax (fmaxf from 0) and an inf gives scale
+inf, in every mode.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ _KERNELS = {
 }
 # The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
 _KERNEL_ARGS = ("output_q", "output_s", "input", "enable_pdl")
+_ABSMAX_OP = "per_tensor_absmax_fp8"
+_ABSMAX = KernelTable(_QUANT, "absmax", lambda dtype: (float_dtype(_ABSMAX_OP, "input", dtype),))
+_ABSMAX_ARGS = ("output_s", "input", "enable_pdl")
 
 
 def table_for(op: str, tables: dict[bool, KernelTable], is_static: object) -> KernelTable:
@@ -111,3 +120,37 @@ def per_tensor_quant_fp8(
     else:
         _quant(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
+
+
+def _absmax(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None, run: bool = True) -> None:
+    try:
+        kernel = _ABSMAX.get_kernel(input.dtype, run)
+        scale = one_scale(_ABSMAX_OP, output_s)
+        if run:  # C++ checks input (contiguous, any shape) and output_s: dtypes, sizes, one device
+            kernel(scale, input, enable_pdl)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        values = {"input": input, "output_s": output_s, "enable_pdl": enable_pdl}
+        explain(_ABSMAX_OP, error, _ABSMAX_ARGS, values, ("input", "output_s"))
+        raise
+
+
+register(_ABSMAX_OP, _absmax, mutates=("output_s",), fake_checks=True)
+
+
+def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None) -> None:
+    """``output_s = max(output_s, absmax(input) / 448)``: the scale dynamic quantisation would
+    compute, folded into ``output_s`` with an atomic max (one launch, one read of ``input``, no
+    fp8 output). ``output_s`` (float32, one element, on ``input``'s device) accumulates: zero it
+    first, or call again on another tensor to get one scale for both. An empty ``input`` leaves
+    it unchanged. Starting from 0, the result is bit-equal to dynamic ``per_tensor_quant_fp8``'s
+    scale of the same input.
+
+    ``input``: fp16, bf16 or fp32, any shape, contiguous (any element offset: an unaligned view is
+    read with 16-byte loads all the same). NaN elements are ignored (as in dynamic mode); an inf
+    gives inf. A NaN already in ``output_s`` stays NaN if its sign bit is clear (torch's NaN) and is
+    replaced if it is set (the atomic compares bit patterns); any other old value gives the
+    maximum. ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
+    if torch.compiler.is_compiling():
+        torch.ops.jit_kernel.per_tensor_absmax_fp8(input, output_s, enable_pdl)
+    else:
+        _absmax(input, output_s, enable_pdl)
