@@ -123,10 +123,10 @@ SGL_DEVICE auto load_index(const void* indices, int64_t i) -> int64_t {
 template <typename Index, std::size_t kBytes, std::size_t kUnroll, std::size_t kThreads, bool kHasV>
 __global__ __launch_bounds__(kThreads, 1) void one_layer_kernel(const __grid_constant__ OneLayerParams p) {
   constexpr uint32_t kLanes = device::kWarpThreads / kUnroll;
-  constexpr uint32_t kGroupsPerBlock = kThreads / kLanes;
+  const uint32_t groups_per_block = blockDim.x / kLanes;  // kThreads, or fewer for a short transfer
   const uint32_t lane = threadIdx.x % kLanes;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kLanes; i < p.length;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / kLanes; i < p.length;
        i += stride) {
     const auto s = load_index<Index>(p.indices_src, i);
     const auto d = load_index<Index>(p.indices_dst, i);
@@ -145,11 +145,11 @@ __global__ __launch_bounds__(kThreads, 1) void one_layer_kernel(const __grid_con
 template <typename Index, std::size_t kBytes, std::size_t kUnroll, std::size_t kThreads, bool kHasV>
 __global__ __launch_bounds__(kThreads, 1) void all_layer_kernel(const __grid_constant__ AllLayerParams p) {
   constexpr uint32_t kLanes = device::kWarpThreads / kUnroll;
-  constexpr uint32_t kGroupsPerBlock = kThreads / kLanes;
+  const uint32_t groups_per_block = blockDim.x / kLanes;  // kThreads, or fewer for a short transfer
   const uint32_t lane = threadIdx.x % kLanes;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
   const int64_t total = p.length * p.num_layers;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kLanes; w < total; w += stride) {
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / kLanes; w < total; w += stride) {
     const int64_t layer = w / p.length;
     const int64_t i = w - layer * p.length;
     const auto s = load_index<Index>(p.indices_src, i);
@@ -248,11 +248,24 @@ struct HiCache {
     return {length.unwrap(), dtype.is_type<int32_t>(), device.unwrap()};
   }
 
-  static auto num_blocks(int64_t work, int64_t block_quota) -> uint32_t {
+  /// \brief The launch of `work` rows: blocks of kThreads, at most `block_quota` of them. A
+  /// transfer that would fill fewer blocks than the quota allows is spread over up to `block_quota`
+  /// smaller blocks instead: one SM moves about 64 bytes per clock to and from L2, so 16 rows of
+  /// 2 x 2 KiB take about twice as long in one block of 1024 threads as in four of 128 threads.
+  struct Shape {
+    uint32_t blocks;
+    uint32_t threads;
+  };
+  static auto launch_shape(int64_t work, int64_t block_quota) -> Shape {
     using namespace host;
     RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
-    const auto needed = div_ceil(work, static_cast<int64_t>(kGroupsPerBlock));
-    return static_cast<uint32_t>(std::min<int64_t>({needed, block_quota, int64_t{1} << 30}));
+    const auto groups = static_cast<int64_t>(kGroupsPerBlock);
+    if (div_ceil(work, groups) >= block_quota) {
+      return {static_cast<uint32_t>(std::min<int64_t>(block_quota, int64_t{1} << 30)), kThreads};
+    }
+    const auto blocks = std::clamp<int64_t>(work, 1, block_quota);
+    const auto lanes = div_ceil(work, blocks) * static_cast<int64_t>(kLanes);
+    return {static_cast<uint32_t>(blocks), static_cast<uint32_t>(div_ceil(lanes, int64_t{32}) * 32)};
   }
 
   /// \brief Binds the row size of a cache (viewed as [rows, dim]) and checks it is kBytes.
@@ -309,7 +322,7 @@ struct HiCache {
       check_same_gpu(*v_dst, "v_cache_dst", idx.device);
       check_same_gpu(*v_src, "v_cache_src", idx.device);
     }
-    const auto blocks = num_blocks(idx.length, block_quota);
+    const auto shape = launch_shape(idx.length, block_quota);
     // A fake call (torch.compile) stops here, after every check that needs no data and before any
     // CUDA call; so does an empty transfer.
     if (idx.length == 0 || has_no_data(indices_dst)) return;
@@ -335,7 +348,7 @@ struct HiCache {
     }
     const auto kernel = idx.is_int32 ? one_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
                                      : one_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
-    LaunchKernel(blocks, kThreads, idx.device)(kernel, p);
+    LaunchKernel(shape.blocks, shape.threads, idx.device)(kernel, p);
   }
 
   template <bool kHasV>
@@ -382,7 +395,7 @@ struct HiCache {
         ", got ",
         dst_stride_bytes);
     const auto num_layers = layers.unwrap();
-    const auto blocks = num_blocks(idx.length * num_layers, block_quota);
+    const auto shape = launch_shape(idx.length * num_layers, block_quota);
     if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
 
     auto p = AllLayerParams{};
@@ -400,7 +413,7 @@ struct HiCache {
     p.src_stride = src_stride_bytes;
     const auto kernel = idx.is_int32 ? all_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
                                      : all_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
-    LaunchKernel(blocks, kThreads, idx.device)(kernel, p);
+    LaunchKernel(shape.blocks, shape.threads, idx.device)(kernel, p);
   }
 
   static void run_one(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -73,7 +73,7 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         return None
 
 
-def launch_known(kernels: KernelTable, like: torch.Tensor, *args: Any) -> bool:
+def launch_known(kernels: Mapping[tuple[torch.dtype, int], Callable[..., Any]], like: torch.Tensor, *args: Any) -> bool:
     """The eager fast path: launch the kernel an earlier call chose for ``like``'s (dtype, last
     dimension), if there is one, with the launcher's exact arguments. The launcher checks every
     tensor before launching; on a refusal (or anything not a tensor) nothing ran and this returns

@@ -27,7 +27,7 @@ from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
 from jit_kernel.families import hicache_default_unroll as default_unroll
-from jit_kernel.ops._common import CHECK_ONLY, explain, register
+from jit_kernel.ops._common import CHECK_ONLY, explain, launch_known, register
 from jit_kernel.ops._no_data import checks_only
 
 _HICACHE = Dispatcher(HICACHE)
@@ -126,30 +126,19 @@ _ONE_ARGS = ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src", "v_cach
 _ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_quota")
 
 
-# The eager fast path: (export, dtype, row width) of a call with the default unroll and 2-D caches
-# -> its kernel, filled by the first such call (the block quota is a run-time argument).
-_DEFAULT_KERNELS: dict[tuple[str, torch.dtype, int], Callable[..., Any]] = {}
+# The eager fast path: export -> (dtype, row width) of a call with the default unroll and 2-D
+# caches -> its kernel, filled by the first such call (the block quota is a run-time argument).
+_DEFAULT_KERNELS: dict[str, dict[tuple[torch.dtype, int], Callable[..., Any]]] = {"run_one": {}, "run_one_mla": {}}
 
 
 def _fast_path(export: str, block_quota: int | None, first: torch.Tensor, *tensors: torch.Tensor) -> bool:
-    """Launch the kernel a first call chose for caches like ``first`` with the default unroll, if
-    there is one. Its launcher checks every tensor before launching; what it refuses (other ranks too,
-    which the full path views as rows) is left to the full path, which explains any error. Not with
-    index checking on, which the full path does, nor for a block quota the full path would refuse."""
+    """:func:`launch_known` for caches like ``first`` with the default unroll. Not with index
+    checking on, which the full path does, nor for a block quota the full path would refuse."""
     if block_quota is None:
         block_quota = DEFAULT_BLOCK_QUOTA
     elif type(block_quota) is not int or block_quota < 1:
         return False
-    if env.check_indices():
-        return False
-    try:
-        kernel = _DEFAULT_KERNELS.get((export, first.dtype, first.shape[-1]))
-        if kernel is None:
-            return False
-        kernel(first, *tensors, block_quota)
-        return True
-    except (TypeError, ValueError, AttributeError, IndexError):
-        return False
+    return not env.check_indices() and launch_known(_DEFAULT_KERNELS[export], first, first, *tensors, block_quota)
 
 
 def _one_layer(
@@ -181,7 +170,7 @@ def _one_layer(
         if kernel is None:
             return
         if run is True and unroll_by_default and all(t.dim() == 2 for _, t in named):
-            _DEFAULT_KERNELS[(_EXPORTS[n_dst], first.dtype, element_dim)] = kernel
+            _DEFAULT_KERNELS[_EXPORTS[n_dst]][(first.dtype, element_dim)] = kernel
         args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
 
         def bounds() -> None:
