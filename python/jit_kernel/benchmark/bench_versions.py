@@ -97,7 +97,7 @@ def _cases() -> list[Case]:
         cases += [(f"per_tensor_quant_fp8 {numel}", quant, eager), (f"scale {numel}", scale, eager)]
         cases += [(f"add_constant {numel}", add, eager)]
 
-    for rows in (16, 4096, 65536):
+    for rows in (1, 16, 4096, 65536):
 
         def hicache(rows: int = rows) -> Callable[[], object]:
             # One layer, rows of 8 x 128 bf16 (2 KiB) K and V, device -> device, random slots.
@@ -110,7 +110,37 @@ def _cases() -> list[Case]:
             return lambda: jk.transfer_hicache_one_layer(dst_k, dst_v, i_dst, src_k, src_v, i_src)
 
         cases += [(f"transfer_hicache_one_layer {rows} rows x 2 KiB", hicache, rows <= 4096)]
-    return cases
+
+    # KV-cache stores (ops newer than the first release: a build without them reports an error row).
+    fp8 = torch.float8_e4m3fn
+    for n, cache in ((1, bf16), (16, bf16), (4096, bf16), (1, fp8), (16, fp8), (4096, fp8), (16384, fp8)):
+
+        def mha(n: int = n, cache: torch.dtype = cache) -> Callable[[], object]:
+            # k and v: 8 heads x 128 slices of a qkv row (32 q heads); random slots of 4x as many.
+            qkv = rand(n, (32 + 16) * 128)
+            k, v = qkv[:, 4096:5120].view(n, 8, 128), qkv[:, 5120:].view(n, 8, 128)
+            k_cache = torch.zeros(max(4 * n, 4096), 8, 128, device=dev, dtype=cache)
+            v_cache, loc = torch.zeros_like(k_cache), torch.randperm(k_cache.shape[0], device=dev)[:n]
+            scales = (torch.tensor([0.05], device=dev), torch.tensor([0.02], device=dev)) if cache == fp8 else ()
+            return lambda: jk.store_kv_cache(k, v, k_cache, v_cache, loc, *scales)
+
+        def mla(n: int = n, cache: torch.dtype = cache) -> Callable[[], object]:
+            # DeepSeek's latent row: 512 nope + 64 rope, slices of a wider source row.
+            src = rand(n, 1, 512 + 64 + 32)
+            kv_buffer = torch.zeros(max(4 * n, 4096), 1, 576, device=dev, dtype=cache)
+            loc = torch.randperm(kv_buffer.shape[0], device=dev)[:n]
+            kwargs = {"scale": torch.tensor([0.05], device=dev)} if cache == fp8 else {}
+            return lambda: jk.set_mla_kv_buffer(kv_buffer, loc, src[..., :512], src[..., 512:576], **kwargs)
+
+        kind = "fp8" if cache == fp8 else "bf16"
+        cases += [(f"store_kv_cache {n} tokens, {kind} cache", mha, n <= 4096)]
+        cases += [(f"set_mla_kv_buffer {n} tokens, {kind} cache", mla, n <= 4096)]
+
+    def empty() -> Callable[[], object]:  # the floor of a graph-replayed launch
+        x = torch.zeros(1, device=dev)
+        return lambda: x.add_(1)
+
+    return [("empty kernel (1-element add_)", empty, True), *cases]
 
 
 def _eager_us(call: Callable[[], object], calls: int = 2000, repeats: int = 5) -> float:
