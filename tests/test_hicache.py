@@ -119,6 +119,16 @@ def test_one_layer_block_quota(direction: str, block_quota: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_quota", [1, 3, 4, 132])
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 31, 33, 127, 129])
+def test_short_transfers_spread_over_the_quota(n: int, block_quota: int) -> None:
+    """Fewer rows than the quota's full blocks hold run in up to block_quota smaller blocks (rows per
+    block rounded up to whole warps): every row is copied once and nothing else is written."""
+    one_layer_case("d2d", 1024, n, torch.int64, block_quota=block_quota)
+    one_layer_case("h2d", 2048, n, torch.int32, block_quota=block_quota)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("unroll", [1, 8])
 def test_one_layer_unroll_and_non_multiple_of_128(unroll: int) -> None:
     """Rows that are not a multiple of 128 bytes (and unrolls that leave lanes idle) still copy exactly."""
@@ -187,14 +197,15 @@ def _all_layer_expected(dst, idx_dst, src, idx_src, element_size):
 @pytest.mark.parametrize("mla", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])
-def test_all_layer(direction: str, index_dtype: torch.dtype, mla: bool) -> None:
+@pytest.mark.parametrize("n", [3, 777])  # 3 rows x 4 layers: fewer than one full block, spread over the quota
+def test_all_layer(direction: str, index_dtype: torch.dtype, mla: bool, n: int) -> None:
     """4 layers in one launch; source and destination strides differ (a page-interleaved host layout)."""
     src_where, dst_where = DIRECTIONS[direction]
     layers, element_size, src_stride, dst_stride = 4, 1024, 1024, 1536
     k_src, k_src_table = _layers(layers, 800, element_size, src_where, stride=src_stride)
     k_dst, k_dst_table = _layers(layers, 1000, element_size, dst_where, stride=dst_stride, poison=True)
-    idx_src = make_indices(777, 800, index_dtype, unique=False)
-    idx_dst = make_indices(777, 1000, index_dtype, unique=True)
+    idx_src = make_indices(n, 800, index_dtype, unique=False)
+    idx_dst = make_indices(n, 1000, index_dtype, unique=True)
     strides = {"kv_cache_src_stride_bytes": src_stride, "kv_cache_dst_stride_bytes": dst_stride}
     expected_k = [_all_layer_expected(d, idx_dst, s, idx_src, element_size) for d, s in zip(k_dst, k_src, strict=True)]
     if mla:
@@ -340,7 +351,7 @@ def test_fast_path_serves_every_form_the_full_path_does() -> None:
     k_src, v_src = (make_cache(rows, 256, "cuda") for _ in range(2))
     k_dst, v_dst = (make_cache(rows, 256, "cuda", poison=True) for _ in range(2))
     transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)
-    assert ("run_one", torch.bfloat16, 128) in ops._DEFAULT_KERNELS
+    assert (torch.bfloat16, 128) in ops._DEFAULT_KERNELS["run_one"]
     k_dst.view(torch.uint8).fill_(POISON)
     transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)  # the fast path
     torch.cuda.synchronize()
