@@ -109,11 +109,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
   const T* src1 = static_cast<const T*>(s1.src) + token * s1.src_stride;
   const int64_t n0 = s0.width / kN;
   const int64_t total = p.joint ? n0 + s1.width / kN : n0;
-  // fp8: x * (1 / scale), as per_tensor_quant_fp8 (within one fp32 ulp of x / scale). The scales
-  // are read here but inverted after the row's loads: the division's slow path is a branch that no
-  // load is hoisted above, so inverting first would cost a second memory latency per task.
-  const float scale0 = stream_scale<C>(s0);
-  const float scale1 = p.joint ? stream_scale<C>(s1) : scale0;
+  // fp8: x * (1 / scale), as per_tensor_quant_fp8 (within one fp32 ulp of x / scale).
+  const float inv0 = 1.f / stream_scale<C>(s0);
+  const float inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
   for (int64_t base = lane; base < total; base += 32 * kUnroll) {
     InVec x[kUnroll];
 #pragma unroll
@@ -121,8 +119,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
       const int64_t i = base + u * 32;
       if (i < total) x[u].load(i < n0 ? src0 : src1, i < n0 ? i : i - n0);
     }
-    const float inv0 = kIsFp8<C> ? 1.f / scale0 : 1.f;
-    const float inv1 = kIsFp8<C> ? 1.f / scale1 : 1.f;
     // Out-of-range slots are skipped per stream (see the top of this file).
     const auto slot = static_cast<int64_t>(raw_slot);
     const bool ok0 = in_range(slot, s0);
