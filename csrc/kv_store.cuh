@@ -84,14 +84,6 @@ SGL_DEVICE float stream_scale(const Stream& s) {
   return 1.f;
 }
 
-// 1 / scale, computed once `landed` (a loaded value) is there. Without that dependence the compiler
-// inverts before issuing the row's loads, and the division's slow-path branch then holds every load
-// behind the scale's: two memory latencies per decode-sized store instead of one.
-SGL_DEVICE float inverse_after(float scale, float landed) {
-  asm("" : "+f"(scale) : "f"(landed));
-  return 1.f / scale;
-}
-
 SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
   return slot >= 0 && slot < s.num_slots;
 }
@@ -118,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
   const int64_t n0 = s0.width / kN;
   const int64_t total = p.joint ? n0 + s1.width / kN : n0;
   // fp8: x * (1 / scale), as per_tensor_quant_fp8 (within one fp32 ulp of x / scale).
-  const float scale0 = stream_scale<C>(s0);
-  const float scale1 = p.joint ? stream_scale<C>(s1) : scale0;
+  const float inv0 = 1.f / stream_scale<C>(s0);
+  const float inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
   for (int64_t base = lane; base < total; base += 32 * kUnroll) {
     InVec x[kUnroll];
 #pragma unroll
@@ -127,9 +119,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
       const int64_t i = base + u * 32;
       if (i < total) x[u].load(i < n0 ? src0 : src1, i < n0 ? i : i - n0);
     }
-    const float landed = dtype_trait<fp32_t>::from(x[0][0]);  // base < total: x[0] is loaded
-    const float inv0 = kIsFp8<C> ? inverse_after(scale0, landed) : 1.f;
-    const float inv1 = kIsFp8<C> ? inverse_after(scale1, landed) : 1.f;
     // Out-of-range slots are skipped per stream (see the top of this file).
     const auto slot = static_cast<int64_t>(raw_slot);
     const bool ok0 = in_range(slot, s0);
