@@ -10,12 +10,14 @@
 // d, both row strides and both pointers allow it, else one thread per element. A block is 128
 // threads shaped tx x ty (tx = min(128, pow2 >= vectors per row)): a row of d = 14336 bf16 (1792
 // vectors) spreads over 14 blocks, so a decode step (1-16 tokens) is one short launch over many
-// SMs rather than one block per token; short rows put several tokens in one block. silu and
-// gelu_tanh launch one block row per token group. gelu (erff, about 3x the instructions and 58
-// registers) caps the grid at about 4 waves and loops over tokens, two per iteration with both
-// loads issued before either store: uncapped it was 14% slower at 4096 x 14336 on an H100, while
-// silu and gelu_tanh were 2% faster uncapped. Plain loads: evict_first cost 2-4% there. (The
-// variant timings: docs/benchmarks.md, ninth session.)
+// SMs rather than one block per token; short rows put several tokens in one block. A capped grid
+// loops over tokens, two per iteration with both loads issued before either store. Data beyond the
+// L2 cache: silu and gelu_tanh launch one block row per token group (uncapped), gelu (erff, about
+// 3x the instructions and 58 registers) caps at 4 waves: uncapped gelu was 14% slower at 4096 x
+// 14336 on an H100, capped silu and gelu_tanh 2-8% slower. Data that fit in L2 (an [N, 2d] input
+// the previous GEMM just wrote): one wave, every activation; block turnover, not DRAM, bounds these
+// (1024 x 4096 bf16: silu 5.34 -> 4.12 us, gelu 7.57 -> 6.78, gelu_tanh 5.63 -> 4.59). Plain
+// loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth and eleventh sessions.)
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -36,22 +38,22 @@
 namespace jit_kernel::activation {
 
 inline constexpr uint32_t kThreads = 128;
-// Blocks in flight per SM at full occupancy (2048 threads), and gelu's grid cap in such waves.
+// Blocks in flight per SM at full occupancy (2048 threads). The grid is capped at Act::kWaves such
+// waves (0: uncapped) when the data exceed the L2 cache, and at one wave when they fit in it.
 inline constexpr int64_t kBlocksPerSm = 2048 / kThreads;
-inline constexpr int64_t kWaves = 4;
 inline constexpr int64_t kMaxGridY = 65535;
 
 // x * sigmoid(x) = x / (1 + e^-x). __expf overflows to inf for x < -88 and __fdividef then gives
 // -0 (the exact value is below 1e-36 in magnitude).
 struct Silu {
-  static constexpr bool kCapGrid = false;
+  static constexpr int64_t kWaves = 0;
   SGL_DEVICE static float apply(float x) {
     return __fdividef(x, 1.f + __expf(-x));
   }
 };
 
 struct Gelu {
-  static constexpr bool kCapGrid = true;
+  static constexpr int64_t kWaves = 4;
   SGL_DEVICE static float apply(float x) {
     constexpr float kRsqrt2 = 0.70710678118654752440f;
     return 0.5f * x * (1.f + erff(x * kRsqrt2));
@@ -60,7 +62,7 @@ struct Gelu {
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same form as silu, no tanh and no cancellation.
 struct GeluTanh {
-  static constexpr bool kCapGrid = false;
+  static constexpr int64_t kWaves = 0;
   SGL_DEVICE static float apply(float x) {
     constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
     constexpr float kKappa = 0.044715f;
@@ -176,10 +178,12 @@ struct Activation {
     const int64_t grid_x = div_ceil(cols, tx);
     RuntimeCheck(grid_x < (int64_t{1} << 31), "input: last dimension too large, got ", width);
     const int64_t groups = div_ceil(tokens, ty);
+    const auto bytes = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(3 * d) * sizeof(T);
+    const int64_t waves = bytes <= runtime::l2_cache_bytes(dev.device_id) ? 1 : Act::kWaves;
     const int64_t cap_y =
-        Act::kCapGrid ? std::clamp<int64_t>(
-                            int64_t{runtime::sm_count(dev.device_id)} * kBlocksPerSm * kWaves / grid_x, 1, kMaxGridY)
-                      : kMaxGridY;
+        waves == 0 ? kMaxGridY
+                   : std::clamp<int64_t>(
+                         int64_t{runtime::sm_count(dev.device_id)} * kBlocksPerSm * waves / grid_x, 1, kMaxGridY);
     const int64_t iterations = div_ceil(groups, cap_y);
     const int64_t grid_y = div_ceil(groups, iterations);
     const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));

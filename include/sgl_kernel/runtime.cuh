@@ -62,6 +62,16 @@ inline auto sm_count(int device_id, DebugInfo where = {}) -> uint32_t {
       detail::per_device<Tag>(device_id, where, [&](int id) { return static_cast<int>(get_sm_count(id, where)); }));
 }
 
+/// \brief L2 cache size of device `device_id` in bytes (50 MiB on H100), cached per device.
+inline auto l2_cache_bytes(int device_id, DebugInfo where = {}) -> std::size_t {
+  struct Tag;
+  return static_cast<std::size_t>(detail::per_device<Tag>(device_id, where, [&](int id) {
+    int bytes = 0;
+    RuntimeDeviceCheck(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, id), where);
+    return bytes;
+  }));
+}
+
 /// \brief Major compute capability of device `device_id` (9 on H100).
 inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
   int major = 0;

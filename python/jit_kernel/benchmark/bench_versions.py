@@ -111,6 +111,17 @@ def _cases() -> list[Case]:
 
         cases += [(f"transfer_hicache_one_layer {rows} rows x 2 KiB", hicache, rows <= 4096)]
 
+    # Gated activations (newer than the first release, as the stores below): [N, 2d] -> [N, d].
+    for op in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"):
+        for n, d in ((1, 14336), (16, 14336), (1024, 4096), (1024, 14336), (4096, 14336), (16384, 14336)):
+
+            def act(op: str = op, n: int = n, d: int = d) -> Callable[[], object]:
+                x, out = rand(n, 2 * d), torch.empty(n, d, device=dev, dtype=bf16)
+                fn = getattr(jk, op)
+                return lambda: fn(x, out=out)
+
+            cases += [(f"{op} {n}x{d}", act, n <= 1024)]
+
     # KV-cache stores (ops newer than the first release: a build without them reports an error row).
     fp8 = torch.float8_e4m3fn
     for n, cache in ((1, bf16), (16, bf16), (4096, bf16), (1, fp8), (16, fp8), (4096, fp8), (16384, fp8)):
