@@ -30,7 +30,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import torch
 
-from jit_kernel import env, toolchain
+from jit_kernel import env, target
 from jit_kernel.deps import register_dependency
 from jit_kernel.jit import DEFAULT_CFLAGS as _DEFAULT_CFLAGS
 from jit_kernel.jit import CPPArgList, _dtype_names, cache_once, load_jit
@@ -99,41 +99,37 @@ class ArchInfo:
 
     @property
     def target_name(self) -> str:
-        return f"{self.major}.{self.minor}{self.suffix}"
+        return str(Arch(self.major, self.minor, self.suffix))
 
     @property
     def jit_flag(self) -> str:
         return f"-DSGL_CUDA_ARCH={self.major * 100 + self.minor * 10}"
 
 
-@cache_once
-def _detected_arch() -> ArchInfo:
-    """The current GPU's JIT arch, detected once per process; 0.0 when there is no GPU to ask."""
+def get_jit_cuda_arch() -> ArchInfo:
+    """The arch ``load_jit`` compiles for (:func:`jit_kernel.target.current` owns the rule:
+    ``$JIT_KERNEL_CUDA_ARCH`` if set, else the current GPU's, with ``a`` for Hopper and datacenter
+    Blackwell); 0.0 when neither is there, so that any build for it fails loudly."""
     try:
-        arch = Arch.parse(toolchain.current_cuda_arch())
-    except Exception as error:  # no GPU, no torch CUDA: any build for "0.0" then fails loudly
-        logger.warning("cannot detect the CUDA arch (%s)", error)
+        arch = target.current().arch
+    except Exception as error:
+        _warn_no_arch(str(error))
         return ArchInfo(0, 0, "")
     return ArchInfo(arch.major, arch.minor, arch.suffix)
 
 
-def get_jit_cuda_arch() -> ArchInfo:
-    """The arch ``load_jit`` compiles for: ``$JIT_KERNEL_CUDA_ARCH`` if set, else the current GPU's
-    (with ``a`` for Hopper and datacenter Blackwell, as the package's own builds use)."""
-    override = env.cuda_arch_override()
-    if override:
-        arch = Arch.parse(override)
-        return ArchInfo(arch.major, arch.minor, arch.suffix)
-    return _detected_arch()
+@functools.cache
+def _warn_no_arch(reason: str) -> None:
+    logger.warning("cannot detect the CUDA arch (%s)", reason)
 
 
 @contextmanager
 def override_jit_cuda_arch(major: int, minor: int, suffix: str = "") -> Iterator[None]:
     """Compile for ``major.minor<suffix>`` inside the block (sets ``JIT_KERNEL_CUDA_ARCH``, which is
     process-wide: do not overlap it with builds on other threads)."""
-    target = str(Arch.parse(f"{major}.{minor}{suffix}"))  # refuses a bad suffix before changing anything
+    spelled = str(Arch.parse(f"{major}.{minor}{suffix}"))  # refuses a bad suffix before changing anything
     previous = os.environ.get("JIT_KERNEL_CUDA_ARCH")
-    os.environ["JIT_KERNEL_CUDA_ARCH"] = target
+    os.environ["JIT_KERNEL_CUDA_ARCH"] = spelled
     try:
         yield
     finally:
