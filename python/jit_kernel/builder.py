@@ -11,6 +11,7 @@ ptxas and cc1plus): a killed Python process leaves no orphaned compiles behind.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -21,15 +22,29 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from jit_kernel import env, toolchain
 from jit_kernel.target import Arch, ArchTarget
-
-if TYPE_CHECKING:
-    from jit_kernel.cache import BuildRequest
+from jit_kernel.unit import TranslationUnit
 
 logger = logging.getLogger("jit_kernel")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRequest:
+    """Everything that defines one module build: one unit per language; ``arch`` None for host code."""
+
+    name: str
+    units: tuple[TranslationUnit, ...]
+    extra_ldflags: tuple[str, ...] = ()
+    arch: str | None = None
+    # Human-readable origin, e.g. "add_constant<5>"; recorded in meta.json, not part of the key.
+    description: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def has_cuda(self) -> bool:
+        return any(unit.language == "cuda" for unit in self.units)
+
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

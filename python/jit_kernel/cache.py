@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from jit_kernel import builder, env, toolchain
+from jit_kernel.builder import BuildRequest
 from jit_kernel.target import Arch
 from jit_kernel.toolchain import sha256_file
-from jit_kernel.unit import TranslationUnit, relocatable_hash
+from jit_kernel.unit import relocatable_hash
 from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")
@@ -49,22 +50,6 @@ _building: set[str] = set()
 
 class CacheDirError(RuntimeError):
     """The cache folder cannot be written, so a module that is not cached cannot be built."""
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildRequest:
-    """Everything that defines one module build: one unit per language; ``arch`` None for host code."""
-
-    name: str
-    units: tuple[TranslationUnit, ...]
-    extra_ldflags: tuple[str, ...] = ()
-    arch: str | None = None
-    # Human-readable origin, e.g. "add_constant<5>"; recorded in meta.json, not part of the key.
-    description: str = dataclasses.field(default="", compare=False)
-
-    @property
-    def has_cuda(self) -> bool:
-        return any(unit.language == "cuda" for unit in self.units)
 
 
 def cache_key(request: BuildRequest) -> str:

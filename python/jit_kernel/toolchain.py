@@ -141,10 +141,3 @@ def nvcc_release() -> tuple[int, int]:
     if match is None:
         raise ToolchainError(f"cannot parse the nvcc version from {tool_version(nvcc_path())!r}")
     return int(match.group(1)), int(match.group(2))
-
-
-def current_cuda_arch() -> str:
-    """The arch JIT compiles for here (seed API; :func:`jit_kernel.target.current` owns the rule)."""
-    from jit_kernel import target
-
-    return str(target.current().arch)
