@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -73,20 +73,16 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         return None
 
 
-def launch_known(kernels: Mapping[tuple[torch.dtype, int], Callable[..., Any]], like: torch.Tensor, *args: Any) -> bool:
-    """The eager fast path: launch the kernel an earlier call chose for ``like``'s (dtype, last
-    dimension), if there is one, with the launcher's exact arguments. The launcher checks every
-    tensor before launching; on a refusal (or anything not a tensor) nothing ran and this returns
-    False, so the op's full path runs and explains the error (or serves a form, such as a 3-D input
-    it views as rows, that the kernel takes only reshaped)."""
-    try:
-        kernel = dict.get(kernels, (like.dtype, like.shape[-1]))
-        if kernel is None:
-            return False
-        kernel(*args)
-        return True
-    except (TypeError, ValueError, AttributeError, IndexError):
-        return False
+# The eager fast path, written out in each public op (a helper's frame and star-args cost more
+# than the lookup): outside tracing, ``TABLE[key](*launcher args)`` inside ``try``, where ``key``
+# is read from the call as cheaply as it can be. The launcher checks every tensor before it
+# launches, so on any of these nothing ran, and the op's full path runs and explains the error
+# (or serves a form, such as a 3-D input it views as rows, that the kernel takes only reshaped).
+# A key no kernel serves raises from ``KernelTable.__missing__`` (TypeError / ValueError) the same way.
+FAST_PATH_MISS = (TypeError, ValueError, AttributeError, IndexError, KeyError)
+# Bound once: ``torch.compiler.is_compiling`` is the function TorchDynamo folds to True when it
+# traces an op, so the ops switch to ``torch.ops.jit_kernel.*`` there.
+is_compiling = torch.compiler.is_compiling
 
 
 class _CheckOnly:

@@ -18,7 +18,16 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import ACTIVATION
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
+from jit_kernel.ops._common import (
+    FAST_PATH_MISS,
+    KernelTable,
+    explain,
+    float_dtype,
+    is_compiling,
+    not_a_tensor,
+    register,
+    rows,
+)
 
 _ACTIVATION = Dispatcher(ACTIVATION)
 _NAMES = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
@@ -89,21 +98,35 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pd
 
     fp16, bf16 or fp32 on a CUDA device, unit last stride (rows may be strided); ``out``, when
     given, has the dtype of ``input`` and shape ``[..., d]``."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if out is None:
             return torch.ops.jit_kernel.silu_and_mul(input, enable_pdl)
         torch.ops.jit_kernel.silu_and_mul_out(out, input, enable_pdl)
         return out
+    if out is not None:
+        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+            if input.ndim == 2:
+                _KERNELS["silu_and_mul"][input.dtype](out, input, enable_pdl)
+                return out
+        except FAST_PATH_MISS:
+            pass
     return _act_and_mul("silu_and_mul", input, out, enable_pdl)
 
 
 def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
     """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU; as :func:`silu_and_mul`."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if out is None:
             return torch.ops.jit_kernel.gelu_and_mul(input, enable_pdl)
         torch.ops.jit_kernel.gelu_and_mul_out(out, input, enable_pdl)
         return out
+    if out is not None:
+        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+            if input.ndim == 2:
+                _KERNELS["gelu_and_mul"][input.dtype](out, input, enable_pdl)
+                return out
+        except FAST_PATH_MISS:
+            pass
     return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
 
 
@@ -112,9 +135,16 @@ def gelu_tanh_and_mul(
 ) -> torch.Tensor:
     """``gelu_tanh(input[..., :d]) * input[..., d:]`` with the tanh approximation of GELU
     (``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``); as :func:`silu_and_mul`."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if out is None:
             return torch.ops.jit_kernel.gelu_tanh_and_mul(input, enable_pdl)
         torch.ops.jit_kernel.gelu_tanh_and_mul_out(out, input, enable_pdl)
         return out
+    if out is not None:
+        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+            if input.ndim == 2:
+                _KERNELS["gelu_tanh_and_mul"][input.dtype](out, input, enable_pdl)
+                return out
+        except FAST_PATH_MISS:
+            pass
     return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)

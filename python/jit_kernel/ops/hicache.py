@@ -27,7 +27,7 @@ from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
 from jit_kernel.families import hicache_default_unroll as default_unroll
-from jit_kernel.ops._common import CHECK_ONLY, explain, launch_known, register
+from jit_kernel.ops._common import CHECK_ONLY, FAST_PATH_MISS, explain, is_compiling, register
 from jit_kernel.ops._no_data import checks_only
 
 _HICACHE = Dispatcher(HICACHE)
@@ -129,16 +129,7 @@ _ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_
 # The eager fast path: export -> (dtype, row width) of a call with the default unroll and 2-D
 # caches -> its kernel, filled by the first such call (the block quota is a run-time argument).
 _DEFAULT_KERNELS: dict[str, dict[tuple[torch.dtype, int], Callable[..., Any]]] = {"run_one": {}, "run_one_mla": {}}
-
-
-def _fast_path(export: str, block_quota: int | None, first: torch.Tensor, *tensors: torch.Tensor) -> bool:
-    """:func:`launch_known` for caches like ``first`` with the default unroll. Not with index
-    checking on, which the full path does, nor for a block quota the full path would refuse."""
-    if block_quota is None:
-        block_quota = DEFAULT_BLOCK_QUOTA
-    elif type(block_quota) is not int or block_quota < 1:
-        return False
-    return not env.check_indices() and launch_known(_DEFAULT_KERNELS[export], first, first, *tensors, block_quota)
+_ONE_LAYER_KERNELS, _ONE_LAYER_MLA_KERNELS = _DEFAULT_KERNELS["run_one"], _DEFAULT_KERNELS["run_one_mla"]
 
 
 def _one_layer(
@@ -255,15 +246,23 @@ def transfer_hicache_one_layer(
     memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
     and ``block_quota`` (most blocks the copy occupies) default to tuned values.
     """
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.transfer_hicache_one_layer(
             k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
             block_quota,
         )  # fmt: skip
         return
-    caches = (k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src)
-    if element_dim is None and unroll is None and _fast_path("run_one", block_quota, *caches):
-        return
+    # The fast path (_common.FAST_PATH_MISS): 2-D caches, the default unroll, a block quota the
+    # full path would take, no index checking (the full path does it).
+    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+    if element_dim is None and unroll is None and type(quota) is int and quota >= 1 and not env.check_indices():
+        try:
+            _ONE_LAYER_KERNELS[k_cache_dst.dtype, k_cache_dst.shape[-1]](
+                k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota
+            )
+            return
+        except FAST_PATH_MISS:
+            pass
     _one_layer_op(
         k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota
     )
@@ -280,14 +279,22 @@ def transfer_hicache_one_layer_mla(
     block_quota: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.transfer_hicache_one_layer_mla(
             cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota
         )
         return
-    caches = (cache_dst, indices_dst, cache_src, indices_src)
-    if element_dim is None and unroll is None and _fast_path("run_one_mla", block_quota, *caches):
-        return
+    # The fast path (_common.FAST_PATH_MISS): 2-D caches, the default unroll, a block quota the
+    # full path would take, no index checking (the full path does it).
+    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+    if element_dim is None and unroll is None and type(quota) is int and quota >= 1 and not env.check_indices():
+        try:
+            _ONE_LAYER_MLA_KERNELS[cache_dst.dtype, cache_dst.shape[-1]](
+                cache_dst, indices_dst, cache_src, indices_src, quota
+            )
+            return
+        except FAST_PATH_MISS:
+            pass
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
 
 

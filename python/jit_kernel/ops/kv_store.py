@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import KV_STORE
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, register
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, is_compiling, register
 
 _KV = Dispatcher(KV_STORE)
 _STORE = "store_kv_cache"
@@ -173,7 +173,7 @@ def store_kv_cache(
     sm_90+). See the module docstring for out-of-range and duplicate slots."""
     ks, ksv = _split_scale(_STORE, "k_scale", k_scale)
     vs, vsv = _split_scale(_STORE, "v_scale", v_scale)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.store_kv_cache(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
     else:
         _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
@@ -237,7 +237,7 @@ def set_mla_kv_buffer(
     ``loc``: int32/int64 ``[tokens]``. ``scale`` (fp8 buffers only; default 1): the stored value is
     ``fp8(clamp(x * (1 / scale), -448, 448))``."""
     s, sv = _split_scale(_MLA, "scale", scale)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
     else:
         _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)

@@ -27,10 +27,11 @@ import torch
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
 from jit_kernel.ops._common import (
+    FAST_PATH_MISS,
     KernelTable,
     explain,
     float_dtype,
-    launch_known,
+    is_compiling,
     not_a_tensor,
     register,
     rows,
@@ -290,13 +291,19 @@ def rmsnorm(
     ``input`` is ``[..., D]`` in fp16, bf16 or fp32 on a CUDA device, with a unit last stride (rows
     may be strided); ``weight`` is ``[D]`` of the same dtype. ``out`` may be ``input`` (in place).
     """
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if out is None:
             return torch.ops.jit_kernel.rmsnorm(input, weight, eps, enable_pdl)
         torch.ops.jit_kernel.rmsnorm_out(out, input, weight, eps, enable_pdl)
         return out
-    if out is not None and launch_known(_RMSNORM_KERNELS, input, out, input, weight, eps, enable_pdl):
-        return out
+    if out is not None:
+        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+            shape = input.shape
+            if len(shape) == 2:
+                _RMSNORM_KERNELS[input.dtype, shape[1]](out, input, weight, eps, enable_pdl)
+                return out
+        except FAST_PATH_MISS:
+            pass
     return _rmsnorm(input, weight, eps, out, enable_pdl)
 
 
@@ -316,12 +323,17 @@ def fused_add_rmsnorm(
     (``weight * x.to(dtype)``): the normalised value is rounded to the dtype before the weight
     multiply, and it is normalised from the unrounded fp32 sum (the stored residual is still
     rounded). The default rounds once, after the weight multiply."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
         return
-    fast = _FUSED_ADD_KERNELS[False] if cast_x_before_out_mul is False else None
-    if fast is not None and launch_known(fast, input, input, residual, weight, eps, enable_pdl):
-        return
+    if cast_x_before_out_mul is False:
+        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+            shape = input.shape
+            if len(shape) == 2:
+                _FUSED_ADD_KERNELS[False][input.dtype, shape[1]](input, residual, weight, eps, enable_pdl)
+                return
+        except FAST_PATH_MISS:
+            pass
     _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
 
 
@@ -335,9 +347,14 @@ def fused_inplace_qknorm(
 ) -> None:
     """Per-head RMSNorm in place, in one launch: q ``[N, Hq, D]``, k ``[N, Hk, D]`` (token and
     head strides allowed, unit last stride), weights ``[D]``."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
         return
+    try:  # the fast path (_common.FAST_PATH_MISS)
+        _QKNORM_KERNELS[q.dtype, q.shape[-1]](q, k, q_weight, k_weight, eps, enable_pdl)
+        return
+    except FAST_PATH_MISS:
+        pass
     _fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
 
 
@@ -357,7 +374,16 @@ def qknorm_across_heads(
 ) -> None:
     """RMSNorm of whole rows in place, in one launch: q ``[N, Hq*D]`` with ``q_weight`` ``[Hq*D]``,
     k ``[N, Hk*D]`` with ``k_weight`` ``[Hk*D]``."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.qknorm_across_heads(q, k, q_weight, k_weight, eps, enable_pdl)
         return
+    try:  # the fast path (_common.FAST_PATH_MISS) of the one launch: equal widths, or few tokens
+        shape, dk = q.shape, k.shape[-1]
+        if shape[0] <= _ONE_LAUNCH_MAX_TOKENS or shape[-1] == dk:
+            _ACROSS_HEADS_KERNELS[q.dtype, shape[-1] if shape[-1] == dk else 0](
+                q, k, q_weight, k_weight, eps, enable_pdl
+            )
+            return
+    except FAST_PATH_MISS:
+        pass
     _qknorm_across_heads(q, k, q_weight, k_weight, eps, enable_pdl)

@@ -18,7 +18,15 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import PER_TENSOR_QUANT_FP8
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register
+from jit_kernel.ops._common import (
+    FAST_PATH_MISS,
+    KernelTable,
+    explain,
+    float_dtype,
+    is_compiling,
+    not_a_tensor,
+    register,
+)
 
 _QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
 FP8_E4M3_MAX = 448.0
@@ -27,6 +35,7 @@ _KERNELS = {
     False: KernelTable(_QUANT, "dynamic", lambda dtype: (float_dtype(_OP, "input", dtype),)),
     True: KernelTable(_QUANT, "static", lambda dtype: (float_dtype(_OP, "input", dtype),)),
 }
+_DYNAMIC = _KERNELS[False]
 # The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
 _KERNEL_ARGS = ("output_q", "output_s", "input", "enable_pdl")
 _ABSMAX_OP = "per_tensor_absmax_fp8"
@@ -106,6 +115,13 @@ def per_tensor_quant_fp8(
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+). The
     cooperative kernel that dynamic mode uses above 64K elements is never launched with it."""
+    if is_static is False and output_q is not None and output_s is not None and not is_compiling():
+        try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode with both outputs given
+            if output_s.ndim == 1:  # a scale of another shape is viewed as (1,) by the full path
+                _DYNAMIC[input.dtype](output_q, output_s, input, enable_pdl)
+                return output_q, output_s
+        except FAST_PATH_MISS:
+            pass
     if output_q is None or output_s is None:
         if not isinstance(input, torch.Tensor):
             not_a_tensor(_OP, "input", input)
@@ -115,7 +131,7 @@ def per_tensor_quant_fp8(
             if is_static is True:
                 raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")
             output_s = torch.empty(1, dtype=torch.float32, device=input.device)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static, enable_pdl)
     else:
         _quant(input, output_q, output_s, is_static, enable_pdl)
@@ -150,7 +166,7 @@ def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pd
     gives inf. A NaN already in ``output_s`` stays NaN if its sign bit is clear (torch's NaN) and is
     replaced if it is set (the atomic compares bit patterns); any other old value gives the
     maximum. ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.per_tensor_absmax_fp8(input, output_s, enable_pdl)
     else:
         _absmax(input, output_s, enable_pdl)

@@ -40,7 +40,7 @@ import torch
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import QKNORM_ROPE, ROPE
-from jit_kernel.ops._common import CHECK_ONLY, KernelTable, explain, float_dtype, not_a_tensor, register
+from jit_kernel.ops._common import CHECK_ONLY, KernelTable, explain, float_dtype, is_compiling, not_a_tensor, register
 
 _ROPE_OP = "apply_rope_with_cos_sin_cache_inplace"
 _QKR_OP = "fused_qknorm_rope"
@@ -181,7 +181,7 @@ def apply_rope_with_cos_sin_cache_inplace(
     """Rotary embedding of ``query`` and ``key`` in place from a ``[max_position, rotary_dim]``
     cos/sin cache (cos in the first half of a row, sin in the second), FlashInfer's semantics: see
     the module docstring."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.apply_rope_with_cos_sin_cache_inplace(
             positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl
         )
@@ -203,7 +203,7 @@ def fused_qknorm_rope(
     """Per-head RMSNorm of ``query`` (``q_weight [head_size]``) and ``key`` (``k_weight``), then
     rotary embedding, in place and in one launch; equals ``fused_inplace_qknorm`` followed by
     :func:`apply_rope_with_cos_sin_cache_inplace` (the normalised value rounded to the dtype)."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.fused_qknorm_rope(
             query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl
         )

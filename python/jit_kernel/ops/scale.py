@@ -11,7 +11,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import SCALE
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, register
+from jit_kernel.ops._common import FAST_PATH_MISS, KernelTable, explain, float_dtype, is_compiling, register
 
 _SCALE = Dispatcher(SCALE)
 _KERNELS = KernelTable(_SCALE, "run", lambda dtype: (float_dtype("scale", "src", dtype),))
@@ -45,9 +45,15 @@ register("scale_out", _scale_out, mutates=("out",), fake_checks=True)
 
 def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """``src * factor`` (contiguous ``src``, any shape); ``out`` may be ``src`` (in place)."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if out is None:
             return torch.ops.jit_kernel.scale(src, float(factor))
         torch.ops.jit_kernel.scale_out(out, src, float(factor))
         return out
+    if out is not None:
+        try:  # the fast path (_common.FAST_PATH_MISS)
+            _KERNELS[src.dtype](out, src, factor)
+            return out
+        except FAST_PATH_MISS:
+            pass
     return _scale(src, factor, out)

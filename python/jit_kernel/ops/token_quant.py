@@ -35,7 +35,7 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, not_a_tensor, register, rows
+from jit_kernel.ops._common import KernelTable, explain, float_dtype, is_compiling, not_a_tensor, register, rows
 from jit_kernel.ops.quant import one_scale, same_shape_q, table_for
 
 FP8_E4M3_MAX = 448.0
@@ -154,7 +154,7 @@ def per_token_quant_fp8(
             if is_static is True:
                 raise ValueError(f"{_TOKEN_OP}: is_static=True needs the scale in output_s")
             output_s = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.per_token_quant_fp8(input, output_q, output_s, is_static, enable_pdl)
     else:
         _per_token(input, output_q, output_s, is_static, enable_pdl)
@@ -283,7 +283,7 @@ def per_token_group_quant_fp8(
         output_q, output_s = _group_outputs(
             _GROUP_OP, input, group_size, column_major_scales, output_q, output_s, fused=False
         )
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.per_token_group_quant_fp8(
             input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl
         )
@@ -312,7 +312,7 @@ def silu_and_mul_per_token_group_quant_fp8(
         output_q, output_s = _group_outputs(
             _FUSED_OP, input, group_size, column_major_scales, output_q, output_s, fused=True
         )
-    if torch.compiler.is_compiling():
+    if is_compiling():
         torch.ops.jit_kernel.silu_and_mul_per_token_group_quant_fp8(
             input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl
         )
