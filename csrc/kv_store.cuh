@@ -51,8 +51,18 @@ using fp8::store_fp8;
 
 inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
 inline constexpr uint32_t kTasksPerBlock = kThreads / 32;
-inline constexpr int kUnroll = 4;     // vectors per lane in flight
-inline constexpr int kMinBlocks = 4;  // <= 64 registers: 32 warps per SM, 64 KiB of loads in flight
+inline constexpr int kUnroll = 4;  // vectors per lane in flight
+// Blocks per SM the registers must allow: 4 (<= 64 registers: 32 warps per SM, 64 KiB of loads in
+// flight) for plain caches. fp8 caches take 2: at 4, ptxas spilled 4 values of the conversion to
+// local memory, which cost 0.7 us of a decode store (H100, 8 x 128 bf16 k and v, 1 token: 1.98 ->
+// 1.25 us; no size got slower: 16384 tokens 43.8 -> 42.0 us).
+template <typename C>
+inline constexpr int kMinBlocks = std::is_same_v<C, fp8_e4m3_t> ? 2 : 4;
+// fp8 caches from this many tokens on invert the scale after the row's loads, not before them (below,
+// kInvertAfterLoads). H100, bf16 -> fp8, 8 x 128 k and v: 4096 tokens 6.61 -> 6.07 us, 16384 41.98
+// -> 37.07 us; the MLA row 16384 12.13 -> 10.28 us. Below, it costs: 1 token 1.25 -> 1.44 us, 1024
+// 2.11 -> 2.63 us (in between not measured).
+inline constexpr int64_t kInvertAfterLoadsTokens = 2048;
 inline constexpr double kMinScale = 1.1754943508222875e-38;  // 2^-126, the least normal float
 
 // One stream of rows: source row `i` goes to destination row `loc[i]`.
@@ -93,8 +103,10 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // then stream 1's), so that short rows (MLA's 64-wide rope part) keep every lane busy.
 // The source loads do not depend on the slot: they are issued together with the slot's load, and
 // the slot is first needed by the stores (one memory latency per task, not two).
-template <typename T, typename C, typename Idx, int kN>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __grid_constant__ Params p) {
+// kInvertAfterLoads (fp8 caches): the scale's reciprocal is computed once the row's loads are issued,
+// so a warp waits on one memory latency, not on the scale's and then the row's.
+template <typename T, typename C, typename Idx, int kN, bool kInvertAfterLoads>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __grid_constant__ Params p) {
   using InVec = device::AlignedVector<T, kN>;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -110,14 +122,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) store_kernel(const __gri
   const int64_t n0 = s0.width / kN;
   const int64_t total = p.joint ? n0 + s1.width / kN : n0;
   // fp8: x * (1 / scale), as per_tensor_quant_fp8 (within one fp32 ulp of x / scale).
-  const float inv0 = 1.f / stream_scale<C>(s0);
-  const float inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
+  float scale0 = 1.f, scale1 = 1.f, inv0 = 1.f, inv1 = 1.f;
+  if constexpr (kInvertAfterLoads) {
+    scale0 = stream_scale<C>(s0);
+    scale1 = p.joint ? stream_scale<C>(s1) : scale0;
+  } else {
+    inv0 = 1.f / stream_scale<C>(s0);
+    inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
+  }
   for (int64_t base = lane; base < total; base += 32 * kUnroll) {
     InVec x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * 32;
       if (i < total) x[u].load(i < n0 ? src0 : src1, i < n0 ? i : i - n0);
+    }
+    if constexpr (kInvertAfterLoads) {
+      inv0 = 1.f / scale0;
+      inv1 = 1.f / scale1;
     }
     // Out-of-range slots are skipped per stream (see the top of this file).
     const auto slot = static_cast<int64_t>(raw_slot);
@@ -285,12 +307,21 @@ struct KvStore {
            (s.dst_stride * sizeof(C)) % out_bytes == 0;
   }
 
-  template <typename Idx>
-  static void launch_idx(const Params& p, bool vec, DLDevice dev, bool pdl) {
+  template <typename Idx, bool kInvertAfterLoads>
+  static void launch_kernel(const Params& p, bool vec, DLDevice dev, bool pdl) {
     const int64_t tasks = p.joint ? p.num_tokens : 2 * p.num_tokens;
     const auto blocks = static_cast<uint32_t>(host::div_ceil(tasks, int64_t{kTasksPerBlock}));
     host::LaunchKernel(blocks, kThreads, dev)
-        .enable_pdl(pdl)(vec ? store_kernel<T, C, Idx, kVec> : store_kernel<T, C, Idx, 1>, p);
+        .enable_pdl(pdl)(
+            vec ? store_kernel<T, C, Idx, kVec, kInvertAfterLoads> : store_kernel<T, C, Idx, 1, kInvertAfterLoads>, p);
+  }
+
+  template <typename Idx>
+  static void launch_idx(const Params& p, bool vec, DLDevice dev, bool pdl) {
+    if constexpr (kIsFp8<C>) {
+      if (p.num_tokens >= kInvertAfterLoadsTokens) return launch_kernel<Idx, true>(p, vec, dev, pdl);
+    }
+    launch_kernel<Idx, false>(p, vec, dev, pdl);
   }
 
   // `loc` has no data for 0 tokens and for FakeTensors (torch.compile's fakes run the checks above

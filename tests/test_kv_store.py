@@ -268,6 +268,46 @@ def test_store_out_of_range_is_skipped(monkeypatch: pytest.MonkeyPatch, index_dt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["store", "mla"])
+def test_fp8_inversion_orders_store_the_same_bytes(op: str) -> None:
+    """fp8 caches invert the scale before the row loads below 2048 tokens and after them from 2048 on
+    (csrc/kv_store.cuh, kInvertAfterLoadsTokens). 2100 tokens, once in one call (after) and once in
+    chunks of 700 (before): the same bytes, the reference within one fp8 ulp, out-of-range slots
+    (every 7th: -1, past the end) skipped either way."""
+    torch.manual_seed(5)
+    tokens, slots, chunk = 2100, 4400, 700
+    loc = torch.randperm(slots, device="cuda")[:tokens]
+    loc[::7], loc[3::7] = -1, slots + 5
+    scale = torch.tensor([0.07], device="cuda")
+    if op == "store":
+        k, v = _fused_kv(tokens, 8, 128, torch.bfloat16)
+        caches = [_cache("layer_view", slots, 8, 128, FP8) for _ in range(4)]  # (k, v) in one call, then chunked
+        view = _view_fn("layer_view", 8, 128)
+        ref = [_ref_store(caches[0][0], view, x, loc, 0.07) for x in (k, v)]
+        jit_kernel.store_kv_cache(k, v, caches[0][1], caches[1][1], loc, scale, scale)
+        for i in range(0, tokens, chunk):
+            part = slice(i, i + chunk)
+            jit_kernel.store_kv_cache(k[part], v[part], caches[2][1], caches[3][1], loc[part], scale, scale)
+        pairs = [(caches[0][0], caches[2][0], ref[0]), (caches[1][0], caches[3][0], ref[1])]
+    else:
+        nope, rope = _mla_inputs(tokens, torch.bfloat16, True)
+        bufs = [_poison(torch.empty(slots, 1, 576, device="cuda", dtype=FP8)) for _ in range(2)]
+        ref_buf = bufs[0].clone()
+        valid = (loc >= 0) & (loc < slots)
+        row = torch.cat([nope.reshape(tokens, 512), rope.reshape(tokens, 64)], dim=1)
+        _put(ref_buf[:, 0], loc[valid], _quant(row[valid], FP8, 0.07))
+        jit_kernel.set_mla_kv_buffer(bufs[0], loc, nope, rope, scale=scale)
+        for i in range(0, tokens, chunk):
+            part = slice(i, i + chunk)
+            jit_kernel.set_mla_kv_buffer(bufs[1], loc[part], nope[part], rope[part], scale=scale)
+        pairs = [(bufs[0], bufs[1], ref_buf)]
+    torch.cuda.synchronize()
+    for after, before, expected in pairs:
+        assert torch.equal(after.view(torch.uint8), before.view(torch.uint8)), _first_diff(after, before)
+        assert_buffers(after, expected)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("heads", "head_dim"), [(1, 64), (8, 128)], ids=["one_warp_per_token", "warp_per_row"])
 def test_store_caches_of_different_sizes(monkeypatch: pytest.MonkeyPatch, heads: int, head_dim: int) -> None:
     """k_cache with 10 slots, v_cache with 20: slot 15 is written in v_cache only (short rows take the
