@@ -42,6 +42,11 @@ inline constexpr uint32_t kThreads = 128;
 // waves (0: uncapped) when the data exceed the L2 cache, and at one wave when they fit in it.
 inline constexpr int64_t kBlocksPerSm = 2048 / kThreads;
 inline constexpr int64_t kMaxGridY = 65535;
+// Up to this many tokens (decode) a thread takes 8-byte vectors, not 16-byte ones: twice the
+// threads, half the serial work each, for a launch that latency bounds. H100, bf16, d 14336, 1 / 16
+// tokens: silu 1.05 / 1.55 -> 0.94 / 1.21 us, gelu 1.26 / 1.79 -> 1.00 / 1.47, gelu_tanh 1.14 /
+// 1.33 -> 0.96 / 1.25; at 64 tokens it cost 15% (2.15 -> 2.50 us silu).
+inline constexpr int64_t kDecodeTokens = 16;
 
 // x * sigmoid(x) = x / (1 + e^-x). __expf overflows to inf for x < -88 and __fdividef then gives
 // -0 (the exact value is below 1e-36 in magnitude).
@@ -52,11 +57,22 @@ struct Silu {
   }
 };
 
+// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below an fp32 ulp of values near 1):
+// branch-free, one fast reciprocal and one exponential, where erff branches over two polynomials.
+// H100, bf16 gelu_and_mul: 1024 x 4096 6.77 -> 6.03 us; the outputs matched erff's to bf16 rounding.
+SGL_DEVICE float erf_approx(float x) {
+  const float a = fabsf(x);
+  const float t = __fdividef(1.f, fmaf(0.3275911f, a, 1.f));
+  const float poly =
+      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
+  return copysignf(1.f - poly * __expf(-a * a), x);
+}
+
 struct Gelu {
   static constexpr int64_t kWaves = 4;
   SGL_DEVICE static float apply(float x) {
     constexpr float kRsqrt2 = 0.70710678118654752440f;
-    return 0.5f * x * (1.f + erff(x * kRsqrt2));
+    return 0.5f * x * (1.f + erf_approx(x * kRsqrt2));
   }
 };
 
@@ -125,6 +141,7 @@ inline int64_t pow2_at_least(int64_t n) {
 template <typename T>
 struct Activation {
   static constexpr int kVec = 16 / sizeof(T);
+  static constexpr int kDecodeVec = 8 / sizeof(T);
 
   static void silu_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Optional<bool> enable_pdl) {
     run<Silu>(out, input, enable_pdl);
@@ -172,7 +189,8 @@ struct Activation {
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = reinterpret_cast<uint64_t>(o) % 16 == 0 && reinterpret_cast<uint64_t>(x) % 16 == 0 &&
                      d % kVec == 0 && (tokens == 1 || (out_stride % kVec == 0 && in_stride % kVec == 0));
-    const int64_t cols = vec ? d / kVec : d;
+    const bool decode = tokens <= kDecodeTokens;
+    const int64_t cols = vec ? d / (decode ? kDecodeVec : kVec) : d;
     const int64_t tx = std::min<int64_t>(kThreads, pow2_at_least(cols));
     const int64_t ty = kThreads / tx;
     const int64_t grid_x = div_ceil(cols, tx);
@@ -190,7 +208,9 @@ struct Activation {
     const dim3 block(static_cast<uint32_t>(tx), static_cast<uint32_t>(ty));
     LaunchKernel(grid, block, dev)
         .enable_pdl(pdl)(
-            vec ? act_and_mul_kernel<Act, T, kVec> : act_and_mul_kernel<Act, T, 1>,
+            !vec     ? act_and_mul_kernel<Act, T, 1>
+            : decode ? act_and_mul_kernel<Act, T, kDecodeVec>
+                     : act_and_mul_kernel<Act, T, kVec>,
             o,
             x,
             out_stride,
