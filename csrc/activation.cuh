@@ -42,16 +42,18 @@ inline constexpr uint32_t kThreads = 128;
 // waves (0: uncapped) when the data exceed the L2 cache, and at one wave when they fit in it.
 inline constexpr int64_t kBlocksPerSm = 2048 / kThreads;
 inline constexpr int64_t kMaxGridY = 65535;
-// Up to this many tokens (decode) a thread takes 8-byte vectors, not 16-byte ones: twice the
-// threads, half the serial work each, for a launch that latency bounds. H100, bf16, d 14336, 1 / 16
-// tokens: silu 1.05 / 1.55 -> 0.94 / 1.21 us, gelu 1.26 / 1.79 -> 1.00 / 1.47, gelu_tanh 1.14 /
-// 1.33 -> 0.96 / 1.25; at 64 tokens it cost 15% (2.15 -> 2.50 us silu).
-inline constexpr int64_t kDecodeTokens = 16;
+// Up to Act::kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the
+// threads, half the serial work each, for a launch that latency bounds. H100, bf16, d 14336
+// (bench_versions, this change against the last): 1 token silu 1.04 -> 0.92 us, gelu (with the erf
+// below) 1.40 -> 1.08, gelu_tanh 1.22 -> 0.94; 16 tokens gelu 1.53 -> 1.47, gelu_tanh 1.34 -> 1.23,
+// but silu 1.23 -> 1.45, whose light arithmetic gains nothing from more threads: silu stops at 4.
+// At 64 tokens it cost every activation about 15%.
 
 // x * sigmoid(x) = x / (1 + e^-x). __expf overflows to inf for x < -88 and __fdividef then gives
 // -0 (the exact value is below 1e-36 in magnitude).
 struct Silu {
   static constexpr int64_t kWaves = 0;
+  static constexpr int64_t kDecodeTokens = 4;
   SGL_DEVICE static float apply(float x) {
     return __fdividef(x, 1.f + __expf(-x));
   }
@@ -59,7 +61,7 @@ struct Silu {
 
 // erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below an fp32 ulp of values near 1):
 // branch-free, one fast reciprocal and one exponential, where erff branches over two polynomials.
-// H100, bf16 gelu_and_mul: 1024 x 4096 6.77 -> 6.03 us; the outputs matched erff's to bf16 rounding.
+// H100, bf16 gelu_and_mul: 1024 x 4096 6.74 -> 5.89 us, 1024 x 14336 30.83 -> 31.49 (+2%).
 SGL_DEVICE float erf_approx(float x) {
   const float a = fabsf(x);
   const float t = __fdividef(1.f, fmaf(0.3275911f, a, 1.f));
@@ -70,6 +72,7 @@ SGL_DEVICE float erf_approx(float x) {
 
 struct Gelu {
   static constexpr int64_t kWaves = 4;
+  static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
     constexpr float kRsqrt2 = 0.70710678118654752440f;
     return 0.5f * x * (1.f + erf_approx(x * kRsqrt2));
@@ -79,6 +82,7 @@ struct Gelu {
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same form as silu, no tanh and no cancellation.
 struct GeluTanh {
   static constexpr int64_t kWaves = 0;
+  static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
     constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
     constexpr float kKappa = 0.044715f;
@@ -189,7 +193,7 @@ struct Activation {
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = reinterpret_cast<uint64_t>(o) % 16 == 0 && reinterpret_cast<uint64_t>(x) % 16 == 0 &&
                      d % kVec == 0 && (tokens == 1 || (out_stride % kVec == 0 && in_stride % kVec == 0));
-    const bool decode = tokens <= kDecodeTokens;
+    const bool decode = tokens <= Act::kDecodeTokens;
     const int64_t cols = vec ? d / (decode ? kDecodeVec : kVec) : d;
     const int64_t tx = std::min<int64_t>(kThreads, pow2_at_least(cols));
     const int64_t ty = kThreads / tx;

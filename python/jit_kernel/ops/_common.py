@@ -74,12 +74,14 @@ class KernelTable(dict[Any, Callable[..., Any]]):
 
 
 # The eager fast path, written out in each public op (a helper's frame and star-args cost more
-# than the lookup): outside tracing, ``TABLE[key](*launcher args)`` inside ``try``, where ``key``
-# is read from the call as cheaply as it can be. The launcher checks every tensor before it
-# launches, so on any of these nothing ran, and the op's full path runs and explains the error
-# (or serves a form, such as a 3-D input it views as rows, that the kernel takes only reshaped).
-# A key no kernel serves raises from ``KernelTable.__missing__`` (TypeError / ValueError) the same way.
-FAST_PATH_MISS = (TypeError, ValueError, AttributeError, IndexError, KeyError)
+# than the lookup): outside tracing, ``kernel = TABLE.get(key)`` with ``key`` read from the call as
+# cheaply as it can be, then, if an earlier call loaded that kernel, ``kernel(*launcher args)``,
+# all inside ``try``. ``dict.get`` never loads (``KernelTable.__missing__`` runs only for
+# ``TABLE[key]``): the first call of a key takes the op's full path, which loads the kernel and
+# explains a failure. The launcher checks every tensor before it launches, so on any of these
+# exceptions nothing ran, and the full path runs and explains the error (or serves a form, such as
+# a 3-D input it views as rows, that the kernel takes only reshaped).
+FAST_PATH_MISS = (TypeError, ValueError, AttributeError, IndexError)
 # Bound once: ``torch.compiler.is_compiling`` is the function TorchDynamo folds to True when it
 # traces an op, so the ops switch to ``torch.ops.jit_kernel.*`` there.
 is_compiling = torch.compiler.is_compiling

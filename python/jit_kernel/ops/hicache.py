@@ -257,10 +257,10 @@ def transfer_hicache_one_layer(
     quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
     if element_dim is None and unroll is None and type(quota) is int and quota >= 1 and not env.check_indices():
         try:
-            _ONE_LAYER_KERNELS[k_cache_dst.dtype, k_cache_dst.shape[-1]](
-                k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota
-            )
-            return
+            kernel = _ONE_LAYER_KERNELS.get((k_cache_dst.dtype, k_cache_dst.shape[-1]))
+            if kernel is not None:
+                kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
+                return
         except FAST_PATH_MISS:
             pass
     _one_layer_op(
@@ -289,10 +289,10 @@ def transfer_hicache_one_layer_mla(
     quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
     if element_dim is None and unroll is None and type(quota) is int and quota >= 1 and not env.check_indices():
         try:
-            _ONE_LAYER_MLA_KERNELS[cache_dst.dtype, cache_dst.shape[-1]](
-                cache_dst, indices_dst, cache_src, indices_src, quota
-            )
-            return
+            kernel = _ONE_LAYER_MLA_KERNELS.get((cache_dst.dtype, cache_dst.shape[-1]))
+            if kernel is not None:
+                kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
+                return
         except FAST_PATH_MISS:
             pass
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)

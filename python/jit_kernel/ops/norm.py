@@ -69,6 +69,7 @@ _FUSED_ADD_KERNELS = {
     False: KernelTable(_RMSNORM, "fused_add", _selector("fused_add_rmsnorm", "input", _FAST_HIDDEN)),
     True: KernelTable(_RMSNORM, "fused_add_cast", _selector("fused_add_rmsnorm", "input", _FAST_HIDDEN)),
 }
+_FUSED_ADD_ROUND_ONCE = _FUSED_ADD_KERNELS[False]
 _ACROSS_HEADS_KERNELS = KernelTable(_RMSNORM, "across_heads", _selector("qknorm_across_heads", "q", _FAST_HIDDEN))
 _ACROSS_HEADS_ONE_BY_ONE = KernelTable(_RMSNORM, "rmsnorm", _selector("qknorm_across_heads", "q", _FAST_HIDDEN))
 _QKNORM_KERNELS = KernelTable(_QKNORM, "run", _selector("fused_inplace_qknorm", "q", _FAST_HEAD_DIM))
@@ -299,8 +300,9 @@ def rmsnorm(
     if out is not None:
         try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
             shape = input.shape
-            if len(shape) == 2:
-                _RMSNORM_KERNELS[input.dtype, shape[1]](out, input, weight, eps, enable_pdl)
+            kernel = _RMSNORM_KERNELS.get((input.dtype, shape[1])) if len(shape) == 2 else None
+            if kernel is not None:
+                kernel(out, input, weight, eps, enable_pdl)
                 return out
         except FAST_PATH_MISS:
             pass
@@ -329,8 +331,9 @@ def fused_add_rmsnorm(
     if cast_x_before_out_mul is False:
         try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
             shape = input.shape
-            if len(shape) == 2:
-                _FUSED_ADD_KERNELS[False][input.dtype, shape[1]](input, residual, weight, eps, enable_pdl)
+            kernel = _FUSED_ADD_ROUND_ONCE.get((input.dtype, shape[1])) if len(shape) == 2 else None
+            if kernel is not None:
+                kernel(input, residual, weight, eps, enable_pdl)
                 return
         except FAST_PATH_MISS:
             pass
@@ -351,8 +354,10 @@ def fused_inplace_qknorm(
         torch.ops.jit_kernel.fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
         return
     try:  # the fast path (_common.FAST_PATH_MISS)
-        _QKNORM_KERNELS[q.dtype, q.shape[-1]](q, k, q_weight, k_weight, eps, enable_pdl)
-        return
+        kernel = _QKNORM_KERNELS.get((q.dtype, q.shape[-1]))
+        if kernel is not None:
+            kernel(q, k, q_weight, k_weight, eps, enable_pdl)
+            return
     except FAST_PATH_MISS:
         pass
     _fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
@@ -379,10 +384,10 @@ def qknorm_across_heads(
         return
     try:  # the fast path (_common.FAST_PATH_MISS) of the one launch: equal widths, or few tokens
         shape, dk = q.shape, k.shape[-1]
-        if shape[0] <= _ONE_LAUNCH_MAX_TOKENS or shape[-1] == dk:
-            _ACROSS_HEADS_KERNELS[q.dtype, shape[-1] if shape[-1] == dk else 0](
-                q, k, q_weight, k_weight, eps, enable_pdl
-            )
+        one_launch = shape[0] <= _ONE_LAUNCH_MAX_TOKENS or shape[-1] == dk
+        kernel = _ACROSS_HEADS_KERNELS.get((q.dtype, shape[-1] if shape[-1] == dk else 0)) if one_launch else None
+        if kernel is not None:
+            kernel(q, k, q_weight, k_weight, eps, enable_pdl)
             return
     except FAST_PATH_MISS:
         pass

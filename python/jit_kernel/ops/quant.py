@@ -117,8 +117,10 @@ def per_tensor_quant_fp8(
     cooperative kernel that dynamic mode uses above 64K elements is never launched with it."""
     if is_static is False and output_q is not None and output_s is not None and not is_compiling():
         try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode with both outputs given
-            if output_s.ndim == 1:  # a scale of another shape is viewed as (1,) by the full path
-                _DYNAMIC[input.dtype](output_q, output_s, input, enable_pdl)
+            # A scale of another shape than (1,) is viewed as (1,) by the full path.
+            kernel = _DYNAMIC.get(input.dtype) if output_s.ndim == 1 else None
+            if kernel is not None:
+                kernel(output_q, output_s, input, enable_pdl)
                 return output_q, output_s
         except FAST_PATH_MISS:
             pass

@@ -52,8 +52,10 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
         return out
     if out is not None:
         try:  # the fast path (_common.FAST_PATH_MISS)
-            _KERNELS[src.dtype](out, src, factor)
-            return out
+            kernel = _KERNELS.get(src.dtype)
+            if kernel is not None:
+                kernel(out, src, factor)
+                return out
         except FAST_PATH_MISS:
             pass
     return _scale(src, factor, out)
