@@ -14,6 +14,8 @@ implementation, so ``torch.compile(fullgraph=True)`` traces it without a graph b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from jit_kernel.dispatch import Dispatcher
@@ -93,62 +95,48 @@ for _name in _NAMES:
 # turns it on for sm_90+ devices (decided in C++ per device).
 
 
-def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+def _public(name: str, doc: str) -> Callable[..., torch.Tensor]:
+    """The public op ``name``, written once for the three activations. A closure over its kernel
+    table and registered ops, so a call costs what a hand-written function's does."""
+    kernels = _KERNELS[name]
+    functional = getattr(torch.ops.jit_kernel, name)
+    with_out = getattr(torch.ops.jit_kernel, f"{name}_out")
+
+    def op(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+        if is_compiling():
+            if out is None:
+                return functional(input, enable_pdl)
+            with_out(out, input, enable_pdl)
+            return out
+        if out is not None:
+            try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+                kernel = kernels.get(input.dtype) if input.ndim == 2 else None
+                if kernel is not None:
+                    kernel(out, input, enable_pdl)
+                    return out
+            except FAST_PATH_MISS:
+                pass
+        return _act_and_mul(name, input, out, enable_pdl)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return op
+
+
+silu_and_mul = _public(
+    "silu_and_mul",
     """``silu(input[..., :d]) * input[..., d:]`` for ``input [..., 2 * d]``; returns ``out [..., d]``.
 
     fp16, bf16 or fp32 on a CUDA device, unit last stride (rows may be strided); ``out``, when
-    given, has the dtype of ``input`` and shape ``[..., d]``."""
-    if is_compiling():
-        if out is None:
-            return torch.ops.jit_kernel.silu_and_mul(input, enable_pdl)
-        torch.ops.jit_kernel.silu_and_mul_out(out, input, enable_pdl)
-        return out
-    if out is not None:
-        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-            kernel = _KERNELS["silu_and_mul"].get(input.dtype) if input.ndim == 2 else None
-            if kernel is not None:
-                kernel(out, input, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
-    return _act_and_mul("silu_and_mul", input, out, enable_pdl)
-
-
-def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    given, has the dtype of ``input`` and shape ``[..., d]``.""",
+)
+gelu_and_mul = _public(
+    "gelu_and_mul",
     """``gelu(input[..., :d]) * input[..., d:]`` with the erf GELU (erf evaluated to within 1.5e-7,
-    below an fp32 ulp near 1: Abramowitz & Stegun 7.1.26); as :func:`silu_and_mul`."""
-    if is_compiling():
-        if out is None:
-            return torch.ops.jit_kernel.gelu_and_mul(input, enable_pdl)
-        torch.ops.jit_kernel.gelu_and_mul_out(out, input, enable_pdl)
-        return out
-    if out is not None:
-        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-            kernel = _KERNELS["gelu_and_mul"].get(input.dtype) if input.ndim == 2 else None
-            if kernel is not None:
-                kernel(out, input, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
-    return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
-
-
-def gelu_tanh_and_mul(
-    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
-) -> torch.Tensor:
+    below an fp32 ulp near 1: Abramowitz & Stegun 7.1.26); as :func:`silu_and_mul`.""",
+)
+gelu_tanh_and_mul = _public(
+    "gelu_tanh_and_mul",
     """``gelu_tanh(input[..., :d]) * input[..., d:]`` with the tanh approximation of GELU
-    (``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``); as :func:`silu_and_mul`."""
-    if is_compiling():
-        if out is None:
-            return torch.ops.jit_kernel.gelu_tanh_and_mul(input, enable_pdl)
-        torch.ops.jit_kernel.gelu_tanh_and_mul_out(out, input, enable_pdl)
-        return out
-    if out is not None:
-        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-            kernel = _KERNELS["gelu_tanh_and_mul"].get(input.dtype) if input.ndim == 2 else None
-            if kernel is not None:
-                kernel(out, input, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
-    return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)
+    (``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``); as :func:`silu_and_mul`.""",
+)
