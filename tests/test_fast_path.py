@@ -1,0 +1,162 @@
+"""The eager fast paths (ops/_common.py, FAST_PATH_MISS): once a call has loaded a kernel, later
+calls skip the op's Python and call it directly. A user meets them on the second call, so every
+check here runs twice: on a cold kernel table (the full path) and after a good call armed it. A
+bad call must raise the same error, word for word, both times; a form the kernel takes only
+reshaped (a 3-D input, a 0-d scale, 3-D caches) must still be served, with the same values."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import jit_kernel
+from jit_kernel.ops import activation, hicache, norm, quant, scale
+
+BF16 = torch.bfloat16
+
+
+def _cuda(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda").to(dtype)
+
+
+def _error(call: Callable[[], object]) -> tuple[type[BaseException], str]:
+    with pytest.raises(Exception) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def _same_error_cold_and_armed(table: dict, good: Callable[[], object], bad: Callable[[], object]) -> None:
+    table.clear()  # cold: the first call of the key takes the full path
+    cold = _error(bad)
+    good()
+    assert table, "the good call did not arm the fast path"
+    assert _error(bad) == cold
+
+
+def _rmsnorm_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x, w, out = _cuda(4, 256), _cuda(256), _cuda(4, 256)
+    bad = [
+        lambda: jit_kernel.rmsnorm(x, w, out=_cuda(4, 256, dtype=torch.float16)),
+        lambda: jit_kernel.rmsnorm(x, _cuda(128), out=out),
+        lambda: jit_kernel.rmsnorm(x, w, out=_cuda(4, 512)[:, ::2]),
+    ]
+    return norm._RMSNORM_KERNELS, lambda: jit_kernel.rmsnorm(x, w, out=out), bad
+
+
+def _fused_add_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x, r, w = _cuda(4, 256), _cuda(4, 256), _cuda(256)
+    bad = [
+        lambda: jit_kernel.fused_add_rmsnorm(x, _cuda(3, 256), w),
+        lambda: jit_kernel.fused_add_rmsnorm(x, r, w.float()),
+    ]
+    return norm._FUSED_ADD_ROUND_ONCE, lambda: jit_kernel.fused_add_rmsnorm(x, r, w), bad
+
+
+def _qknorm_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    q, k, qw, kw = _cuda(2, 8, 128), _cuda(2, 2, 128), _cuda(128), _cuda(128)
+    bad = [
+        lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw.half()),
+        lambda: jit_kernel.fused_inplace_qknorm(q, _cuda(3, 2, 128), qw, kw),
+    ]
+    return norm._QKNORM_KERNELS, lambda: jit_kernel.fused_inplace_qknorm(q, k, qw, kw), bad
+
+
+def _across_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    q, k, qw, kw = _cuda(2, 1024), _cuda(2, 256), _cuda(1024), _cuda(256)
+    bad = [
+        lambda: jit_kernel.qknorm_across_heads(q, _cuda(3, 256), qw, kw),
+        lambda: jit_kernel.qknorm_across_heads(q, k, qw, _cuda(128)),
+    ]
+    return norm._ACROSS_HEADS_KERNELS, lambda: jit_kernel.qknorm_across_heads(q, k, qw, kw), bad
+
+
+def _quant_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x = _cuda(4, 256)
+    q, s = torch.empty(4, 256, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, device="cuda")
+    bad = [
+        lambda: jit_kernel.per_tensor_quant_fp8(x, _cuda(4, 256), s),
+        lambda: jit_kernel.per_tensor_quant_fp8(x, q, torch.empty(1, device="cuda", dtype=BF16)),
+        lambda: jit_kernel.per_tensor_quant_fp8(x, q[:2], s),
+    ]
+    return quant._DYNAMIC, lambda: jit_kernel.per_tensor_quant_fp8(x, q, s), bad
+
+
+def _scale_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x, out = _cuda(4, 256), _cuda(4, 256)
+    bad = [
+        lambda: jit_kernel.scale(x, 2.0, out=_cuda(4, 512)[:, ::2]),
+        lambda: jit_kernel.scale(x, 2.0, out=_cuda(4, 255)),
+    ]
+    return scale._KERNELS, lambda: jit_kernel.scale(x, 2.0, out=out), bad
+
+
+def _silu_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x, out = _cuda(4, 512), _cuda(4, 256)
+    bad = [lambda: jit_kernel.silu_and_mul(x, out=_cuda(4, 512)), lambda: jit_kernel.silu_and_mul(x, out=out.half())]
+    return activation._KERNELS["silu_and_mul"], lambda: jit_kernel.silu_and_mul(x, out=out), bad
+
+
+def _hicache_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    caches = [_cuda(64, 1024) for _ in range(4)]
+    idx = torch.arange(8, device="cuda")
+
+    def call(i: torch.Tensor = idx, src: torch.Tensor = caches[2]) -> None:
+        jit_kernel.transfer_hicache_one_layer(caches[0], caches[1], i, src, caches[3], i)
+
+    bad = [lambda: call(idx.float()), lambda: call(src=caches[2].half()), lambda: call(src=_cuda(64, 512))]
+    return hicache._ONE_LAYER_KERNELS, call, bad
+
+
+CASES = {
+    "rmsnorm": _rmsnorm_case,
+    "fused_add_rmsnorm": _fused_add_case,
+    "fused_inplace_qknorm": _qknorm_case,
+    "qknorm_across_heads": _across_case,
+    "per_tensor_quant_fp8": _quant_case,
+    "scale": _scale_case,
+    "silu_and_mul": _silu_case,
+    "transfer_hicache_one_layer": _hicache_case,
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", list(CASES))
+def test_bad_calls_raise_the_same_error_cold_and_armed(op: str) -> None:
+    table, good, bad = CASES[op]()
+    for call in bad:
+        _same_error_cold_and_armed(table, good, call)
+
+
+@pytest.mark.gpu
+def test_forms_the_kernels_take_only_reshaped_are_served_once_armed() -> None:
+    # rmsnorm: a 3-D input with out= after a 2-D call of the same width.
+    x, w = _cuda(4, 256), _cuda(256)
+    flat = jit_kernel.rmsnorm(x, w, out=torch.empty_like(x))
+    out3 = torch.full((2, 2, 256), float("nan"), device="cuda", dtype=BF16)
+    assert jit_kernel.rmsnorm(x.view(2, 2, 256), w, out=out3) is out3
+    assert torch.equal(out3.view(4, 256), flat)
+    # silu_and_mul: the same.
+    g = _cuda(4, 512)
+    flat = jit_kernel.silu_and_mul(g, out=torch.empty(4, 256, device="cuda", dtype=BF16))
+    out3 = torch.full((2, 2, 256), float("nan"), device="cuda", dtype=BF16)
+    assert jit_kernel.silu_and_mul(g.view(2, 2, 512), out=out3) is out3
+    assert torch.equal(out3.view(4, 256), flat)
+    # per_tensor_quant_fp8: a 0-d scale after a (1,) one.
+    q1, s1 = torch.empty(4, 256, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, device="cuda")
+    jit_kernel.per_tensor_quant_fp8(x, q1, s1)
+    q0, s0 = torch.empty_like(q1), torch.full((), float("nan"), device="cuda")
+    jit_kernel.per_tensor_quant_fp8(x, q0, s0)
+    assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s0.view(1), s1)
+    # hicache: 3-D caches [slots, heads, 128] after 2-D caches [rows, 128] armed the key (bf16, 128).
+    # The default element_dim is the last dimension, so both address rows of 128 elements.
+    src = _cuda(64, 8, 128)
+    idx_dst, idx_src = torch.randperm(512, device="cuda")[:16], torch.randperm(512, device="cuda")[:16]
+    dst2 = [torch.zeros(512, 128, device="cuda", dtype=BF16) for _ in range(2)]
+    jit_kernel.transfer_hicache_one_layer(*dst2, idx_dst, src.view(512, 128), src.view(512, 128), idx_src)
+    dst3 = [torch.zeros(64, 8, 128, device="cuda", dtype=BF16) for _ in range(2)]
+    jit_kernel.transfer_hicache_one_layer(*dst3, idx_dst, src, src, idx_src)
+    for a, b in zip(dst2, dst3, strict=True):
+        assert torch.equal(a, b.view(512, 128))
+    assert torch.equal(dst2[0][idx_dst], src.view(512, 128)[idx_src])
