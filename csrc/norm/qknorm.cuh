@@ -30,13 +30,15 @@ __global__ void __launch_bounds__(256) head_kernel(const Params p) {
   const RowSet& s = p.set[is_q ? 0 : 1];
   const int64_t row = is_q ? head : head - p.set[0].rows;
   const bool active = is_q || (p.num_sets > 1 && row < s.rows);
+  // The offsets (a 64-bit division by the heads) read only parameters: before the wait, so that
+  // under PDL they overlap the previous kernel.
+  int64_t in_off = 0, out_off = 0, res_off = 0;
+  if (active) row_offsets(s, row, in_off, out_off, res_off);
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
   Vec x, w;
   float sum = 0.f;
-  int64_t in_off = 0, out_off = 0, res_off = 0;
   if (active) {
-    row_offsets(s, row, in_off, out_off, res_off);
     x.load(static_cast<const T*>(s.in) + in_off, lane);
     w.load(static_cast<const T*>(s.weight), lane);  // before the reduction: off the critical path
 #pragma unroll

@@ -122,6 +122,20 @@ def _cases() -> list[Case]:
 
             cases += [(f"{op} {n}x{d}", act, n <= 1024)]
 
+    # Per-token-group fp8 quant, alone and fused with silu_and_mul (group 128, outputs given).
+    for fused in (False, True):
+        for n, d in ((1, 4096), (16, 7168), (1024, 4096), (4096, 7168)):
+
+            def group(fused: bool = fused, n: int = n, d: int = d) -> Callable[[], object]:
+                x = rand(n, 2 * d if fused else d)
+                q = torch.empty(n, d, device=dev, dtype=torch.float8_e4m3fn)
+                s = torch.empty(n, d // 128, device=dev, dtype=torch.float32)
+                fn = jk.silu_and_mul_per_token_group_quant_fp8 if fused else jk.per_token_group_quant_fp8
+                return lambda: fn(x, 128, output_q=q, output_s=s)
+
+            name = "silu_and_mul_per_token_group_quant_fp8" if fused else "per_token_group_quant_fp8"
+            cases += [(f"{name} {n}x{d}", group, n <= 1024)]
+
     # KV-cache stores (ops newer than the first release: a build without them reports an error row).
     fp8 = torch.float8_e4m3fn
     for n, cache in ((1, bf16), (16, bf16), (4096, bf16), (1, fp8), (16, fp8), (4096, fp8), (16384, fp8)):
