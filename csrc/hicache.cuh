@@ -119,7 +119,7 @@ struct AllLayerParams {
 
 // Programmatic dependent launch where the device has it (sm_90+): the kernels wait for the previous
 // kernel before their first memory access, and the launch overlaps its tail (H100, graph replay of
-// one layer, 1 row of 2 KiB: <before> -> <after> us).
+// one layer, 2 KiB rows: 1 row 1.39 -> 1.00 us, 16 rows 1.61 -> 1.19 us).
 inline bool pdl_where_supported(DLDevice device) {
   return host::runtime::resolve_pdl(std::optional<bool>{}, device.device_id);
 }
