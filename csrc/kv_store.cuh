@@ -110,17 +110,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
   using InVec = device::AlignedVector<T, kN>;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  device::PDLWaitPrimary();
-  device::PDLTriggerSecondary();
   if (task >= (p.joint ? p.num_tokens : 2 * p.num_tokens)) return;
+  // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel.
   const int64_t token = p.joint ? task : task >> 1;
   const Stream& s0 = p.joint ? p.stream[0] : p.stream[task & 1];
   const Stream& s1 = p.stream[1];
-  const auto raw_slot = static_cast<const Idx*>(p.loc)[token * p.loc_stride];
   const T* src0 = static_cast<const T*>(s0.src) + token * s0.src_stride;
   const T* src1 = static_cast<const T*>(s1.src) + token * s1.src_stride;
   const int64_t n0 = s0.width / kN;
   const int64_t total = p.joint ? n0 + s1.width / kN : n0;
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  const auto raw_slot = static_cast<const Idx*>(p.loc)[token * p.loc_stride];
   // fp8: x * (1 / scale), as per_tensor_quant_fp8 (within one fp32 ulp of x / scale).
   float scale0 = 1.f, scale1 = 1.f, inv0 = 1.f, inv1 = 1.f;
   if constexpr (kInvertAfterLoads) {

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace jit_kernel::scale {
 
@@ -28,6 +29,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nvec = n / kN;
+  device::PDLWaitPrimary();  // launched with PDL on sm_90+: wait for the previous kernel's writes
+  device::PDLTriggerSecondary();
   for (int64_t v = first; v < nvec; v += step) {
     Vec x;
     x.load(src, v);
@@ -54,12 +57,15 @@ void run(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   const uint32_t num_sm = runtime::sm_count(dev.device_id);
   const int64_t units = vec ? num / kN : num;
   const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(units, int64_t{kThreads}), 1, num_sm * 32));
-  LaunchKernel(blocks, kThreads, dev)(
-      vec ? scale_kernel<T, kN> : scale_kernel<T, 1>,
-      static_cast<T*>(dst.data_ptr()),
-      static_cast<const T*>(src.data_ptr()),
-      static_cast<float>(factor),
-      num);
+  // Programmatic dependent launch where the device has it (sm_90+), as add_constant.
+  const bool pdl = runtime::resolve_pdl(std::optional<bool>{}, dev.device_id);
+  LaunchKernel(blocks, kThreads, dev)
+      .enable_pdl(pdl)(
+          vec ? scale_kernel<T, kN> : scale_kernel<T, 1>,
+          static_cast<T*>(dst.data_ptr()),
+          static_cast<const T*>(src.data_ptr()),
+          static_cast<float>(factor),
+          num);
 }
 
 }  // namespace jit_kernel::scale
