@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (task >= (p.joint ? p.num_tokens : 2 * p.num_tokens)) return;
-  // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel.
+  // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel
+  // (H100, graph replay, fp8 caches: 1 token 1.28 -> 1.19 us, 16 tokens 1.44 -> 1.29 us).
   const int64_t token = p.joint ? task : task >> 1;
   const Stream& s0 = p.joint ? p.stream[0] : p.stream[task & 1];
   const Stream& s1 = p.stream[1];
