@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(256) head_kernel(const Params p) {
   const int64_t row = is_q ? head : head - p.set[0].rows;
   const bool active = is_q || (p.num_sets > 1 && row < s.rows);
   // The offsets (a 64-bit division by the heads) read only parameters: before the wait, so that
-  // under PDL they overlap the previous kernel.
+  // under PDL they overlap the previous kernel (H100, graph replay, 32 + 8 heads x 128: 1 token
+  // 1.25 -> 0.90 us, 16 tokens 1.37 -> 0.96 us).
   int64_t in_off = 0, out_off = 0, res_off = 0;
   if (active) row_offsets(s, row, in_off, out_off, res_off);
   device::PDLWaitPrimary();
