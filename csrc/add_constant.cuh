@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 
 namespace jit_kernel::add_constant {
 
@@ -64,7 +63,7 @@ void run_cuda(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
                        reinterpret_cast<std::uintptr_t>(src.data_ptr()) % 16 == 0;
   // Programmatic dependent launch where the device has it (sm_90+): the launch overlaps the tail
   // of the previous kernel (H100, graph replay of 4096 int32: 1.19 -> 0.73 us).
-  const bool pdl = runtime::resolve_pdl(std::optional<bool>{}, device.unwrap().device_id);
+  const bool pdl = runtime::supports_pdl(device.unwrap().device_id);
   if (aligned && n >= kVecThreshold) {
     const uint32_t num_sm = runtime::sm_count(device.unwrap().device_id);
     const auto blocks = std::min<std::size_t>(div_ceil(n / 4, kBlockSize), std::size_t{num_sm} * 32);

@@ -33,7 +33,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
-#include <optional>
 #include <string_view>
 
 namespace jit_kernel::hicache {
@@ -117,13 +116,6 @@ struct AllLayerParams {
   int64_t src_stride;
 };
 
-// Programmatic dependent launch where the device has it (sm_90+): the kernels wait for the previous
-// kernel before their first memory access, and the launch overlaps its tail (H100, graph replay of
-// one layer, 2 KiB rows: 1 row 1.39 -> 1.00 us, 16 rows 1.61 -> 1.19 us).
-inline bool pdl_where_supported(DLDevice device) {
-  return host::runtime::resolve_pdl(std::optional<bool>{}, device.device_id);
-}
-
 template <typename Index>
 SGL_DEVICE auto load_index(const void* indices, int64_t i) -> int64_t {
   return static_cast<int64_t>(__ldg(static_cast<const Index*>(indices) + i));
@@ -135,7 +127,10 @@ __global__ __launch_bounds__(kThreads, 1) void one_layer_kernel(const __grid_con
   const uint32_t groups_per_block = blockDim.x / kLanes;  // kThreads, or fewer for a short transfer
   const uint32_t lane = threadIdx.x % kLanes;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
-  device::PDLWaitPrimary();  // launched with PDL on sm_90+ (see launch_one)
+  // Launched with programmatic dependent launch where the device has it (sm_90+): wait for the
+  // previous kernel before the first memory access (H100, graph replay of one layer, 2 KiB rows:
+  // 1 row 1.39 -> 1.00 us, 16 rows 1.61 -> 1.19 us).
+  device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / kLanes; i < p.length;
        i += stride) {
@@ -361,7 +356,8 @@ struct HiCache {
     }
     const auto kernel = idx.is_int32 ? one_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
                                      : one_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
-    LaunchKernel(shape.blocks, shape.threads, idx.device).enable_pdl(pdl_where_supported(idx.device))(kernel, p);
+    LaunchKernel(shape.blocks, shape.threads, idx.device)
+        .enable_pdl(runtime::supports_pdl(idx.device.device_id))(kernel, p);
   }
 
   template <bool kHasV>
@@ -426,7 +422,8 @@ struct HiCache {
     p.src_stride = src_stride_bytes;
     const auto kernel = idx.is_int32 ? all_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
                                      : all_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
-    LaunchKernel(shape.blocks, shape.threads, idx.device).enable_pdl(pdl_where_supported(idx.device))(kernel, p);
+    LaunchKernel(shape.blocks, shape.threads, idx.device)
+        .enable_pdl(runtime::supports_pdl(idx.device.device_id))(kernel, p);
   }
 
   static void run_one(
