@@ -127,6 +127,60 @@ def test_rmsnorm_pdl_values_match_reference() -> None:
         assert_close(out, expected, torch.bfloat16)
 
 
+def _always_pdl_chain(kx, vx, ky, vy, fx, fy, perm, ident) -> None:
+    """scale, add_constant and the hicache transfer take no ``enable_pdl`` (the seed's signatures):
+    on sm_90+ they always launch with PDL. Every launch reads what the launch before it wrote, and
+    every step is exact (integer adds, row copies, doublings of fp32), so one stale read shows."""
+    for _ in range(STEPS):
+        jit_kernel.add_constant(kx, 1, out=ky)
+        jit_kernel.add_constant(vx, 2, out=vy)
+        jit_kernel.transfer_hicache_one_layer(kx, vx, perm, ky, vy, ident)  # rows of y back into x, permuted
+        jit_kernel.scale(fx, 2.0, out=fy)
+        jit_kernel.scale(fy, 2.0, out=fx)
+
+
+def _always_pdl_reference(kx, vx, fx, perm) -> tuple[torch.Tensor, ...]:
+    kx, vx, fx = kx.clone(), vx.clone(), fx.clone()
+    for _ in range(STEPS):
+        ky, vy = kx + 1, vx + 2
+        kx[perm], vx[perm] = ky, vy
+        fx = fx * 4.0
+    return kx, vx, fx
+
+
+def _always_pdl_inputs(rows: int) -> tuple[torch.Tensor, ...]:
+    """int32 K/V rows of 2 KiB (a prebuilt hicache row size), their outputs, fp32 data in [1, 2)."""
+    kx = torch.randint(-1000, 1000, (rows, 512), device="cuda", dtype=torch.int32)
+    vx = torch.randint(-1000, 1000, (rows, 512), device="cuda", dtype=torch.int32)
+    fx = torch.rand(rows, 4096, device="cuda") + 1.0
+    perm = torch.randperm(rows, device="cuda")
+    ident = torch.arange(rows, device="cuda")
+    return kx, vx, torch.full_like(kx, -1), torch.full_like(vx, -1), fx, torch.full_like(fx, float("nan")), perm, ident
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16, 4096])
+def test_ops_that_always_launch_with_pdl_chain_exactly(rows: int) -> None:
+    kx, vx, ky, vy, fx, fy, perm, ident = _always_pdl_inputs(rows)
+    expected = _always_pdl_reference(kx, vx, fx, perm)
+    _always_pdl_chain(kx, vx, ky, vy, fx, fy, perm, ident)
+    _assert_bitwise_equal((kx, vx, fx), expected)
+
+
+@pytest.mark.gpu
+def test_ops_that_always_launch_with_pdl_chain_exactly_in_a_cuda_graph() -> None:
+    inputs = _always_pdl_inputs(64)
+    kx, vx, ky, vy, fx, fy, perm, ident = (t.clone() for t in inputs)
+    _always_pdl_chain(*(t.clone() for t in inputs))  # resolve kernels outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _always_pdl_chain(kx, vx, ky, vy, fx, fy, perm, ident)
+    expected = _always_pdl_reference(inputs[0], inputs[1], inputs[4], inputs[6])
+    graph.replay()
+    _assert_bitwise_equal((kx, vx, fx), expected)
+
+
 def _bf16(*shape: int) -> torch.Tensor:
     return torch.empty(*shape, device="cuda", dtype=torch.bfloat16)
 
