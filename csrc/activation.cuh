@@ -20,6 +20,8 @@
 // loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth and eleventh sessions.)
 #pragma once
 
+#include "silu.cuh"
+
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/type.cuh>
@@ -49,13 +51,12 @@ inline constexpr int64_t kMaxGridY = 65535;
 // but silu 1.23 -> 1.45, whose light arithmetic gains nothing from more threads: silu stops at 4.
 // At 64 tokens it cost every activation about 15%.
 
-// x * sigmoid(x) = x / (1 + e^-x). __expf overflows to inf for x < -88 and __fdividef then gives
-// -0 (the exact value is below 1e-36 in magnitude).
+// silu.cuh: shared with the fused silu + group quant, which must match it bit for bit.
 struct Silu {
   static constexpr int64_t kWaves = 0;
   static constexpr int64_t kDecodeTokens = 4;
   SGL_DEVICE static float apply(float x) {
-    return __fdividef(x, 1.f + __expf(-x));
+    return silu(x);
   }
 };
 

@@ -272,7 +272,11 @@ def _check_fused(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int, 
 @pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize("column_major", [False, True])
 @pytest.mark.parametrize("ue8m0", [False, True])
-@pytest.mark.parametrize("shape", [(1, 2 * 4096), (7, 2 * 7168), (33, 2 * 384), (1024, 2 * 2048), (2, 3, 1024)])
+# Up to 1024 x 2 * 2048 the launch fits in one wave of an H100 (one vector of gate and up per lane);
+# 4096 x 2 * 2048 takes the layout for more (two vectors per lane).
+@pytest.mark.parametrize(
+    "shape", [(1, 2 * 4096), (7, 2 * 7168), (33, 2 * 384), (1024, 2 * 2048), (4096, 2 * 2048), (2, 3, 1024)]
+)
 def test_fused_silu_and_mul_group_quant(shape, dtype, group: int, column_major: bool, ue8m0: bool) -> None:
     x = (torch.randn(shape, device="cuda") * 3).to(dtype)
     d = shape[-1] // 2
@@ -285,8 +289,9 @@ def test_fused_silu_and_mul_group_quant(shape, dtype, group: int, column_major: 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_given_outputs_and_strided_input(dtype: torch.dtype) -> None:
-    tokens, d, group = 19, 512, 128
+@pytest.mark.parametrize("tokens", [19, 8192])  # one wave of an H100, and more
+def test_fused_given_outputs_and_strided_input(dtype: torch.dtype, tokens: int) -> None:
+    d, group = 512, 128
     base = (torch.randn(tokens, 2 * d + 64, device="cuda") * 3).to(dtype)
     x = base[:, : 2 * d]  # row stride 2d + 64 (still aligned)
     q = poisoned((tokens, d))

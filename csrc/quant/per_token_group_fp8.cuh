@@ -8,19 +8,25 @@
 // the group's finite elements 0 and the infinite ones NaN.
 //
 // The fused export reads `[num_tokens, 2 * d]` (gate, then up), computes
-// a = T(silu(gate) * up), computed in fp32 with silu_and_mul's expression (see `silu`) and rounded
+// a = T(silu(gate) * up), computed in fp32 with silu_and_mul's expression (silu.cuh) and rounded
 // to the input dtype T, so that it equals silu_and_mul followed by the group quant bit for bit; then
 // quantises `a` by groups: one read of the input, one write of q and the scales.
 //
-// Layout of the work: a group is kLanes lanes of one warp, kPer 16-byte vectors each (4, all
-// loads issued before any use; fused: 2 of gate and 2 of up), so bf16 groups of 128 take 4 lanes
-// (fused: 8). Its absmax is a shuffle reduction across those lanes (no shared memory, no barrier),
-// one row / group division per thread. A CTA of kGroupThreads covers kGroupThreads / kLanes consecutive groups,
-// numbered row-major, so a warp reads consecutive memory within a row. The scales go to
-// s[row * s_row_stride + group * s_col_stride]: row-major, column-major ([groups, tokens] buffer
-// seen transposed, as DeepGEMM-style GEMMs read them) or any padded variant of either.
+// Layout of the work: a group is kLanes lanes of one warp, kPer 16-byte vectors each, all loads
+// issued before any use. Its absmax is a shuffle reduction across those lanes (no shared memory,
+// no barrier). A CTA of kGroupThreads covers kGroupThreads / kLanes consecutive groups of a row, so
+// a warp reads consecutive memory within a row.
+// - Plain: kPer = 4 (bf16 groups of 128: 4 lanes); a 1-D grid over the groups numbered row-major,
+//   one row / group division per thread.
+// - Fused: kPer vectors of gate and kPer of up per lane, on a 2-D grid (x: row, y: groups of the
+//   row; no division). kPer = 1 (bf16 groups of 128: 16 lanes) while the launch fits in one wave
+//   of the GPU: a latency-bound launch (decode) then does half the serial silu work per thread;
+//   kPer = 2 above, where fewer threads per byte go faster.
+// The scales go to s[row * s_row_stride + group * s_col_stride]: row-major, column-major ([groups,
+// tokens] buffer seen transposed, as DeepGEMM-style GEMMs read them) or any padded variant of either.
 #pragma once
 
+#include "../silu.cuh"
 #include "per_token_fp8.cuh"
 
 #include <cmath>
@@ -31,6 +37,15 @@ namespace jit_kernel::token_quant {
 // 128, bf16: 1 x 4096 1.33 -> 1.12 us, 16 x 7168 1.50 -> 1.23 us, fused 16 x 2 * 7168 1.91 -> 1.68
 // us; 4096 x 7168 31.0 -> 30.9 us).
 inline constexpr int kGroupThreads = 128;
+// Threads resident per SM at full occupancy: the fused op's one-wave limit (see the top).
+inline constexpr int64_t kThreadsPerSm = 2048;
+// The fused kernel's layouts (H100, graph replay, group 128, bf16, us; docs/benchmarks.md,
+// fourteenth session): from 2 vectors of gate and up per lane on a 1-D grid to 1 vector on the
+// 2-D grid, 1 x 4096 1.58 -> 1.09, 16 x 7168 1.66 -> 1.22 (probe: 128 x 7168 3.10 -> 2.2); 2
+// vectors on the 2-D grid, 1024 x 4096 5.68 -> 4.72, 4096 x 7168 49.8 -> 50.1 (probe: 1 vector
+// there 6.1-6.3 and 49.3-50.4).
+inline constexpr int kFusedWaveVecs = 1;
+inline constexpr int kFusedVecs = 2;
 
 struct GroupParams {
   const void* in;
@@ -48,23 +63,33 @@ struct GroupParams {
   bool aligned;  // input rows and q are whole, aligned 16-byte (q: kN-byte) vectors
 };
 
-template <typename T, int kGroup, bool kFused>
+// kPer: 16-byte vectors per lane (fused: of gate, and as many of up).
+template <typename T, int kGroup, int kPer>
 struct GroupShape {
   static constexpr int kN = kVec<T>;
   static constexpr int kVecs = kGroup / kN;  // 16-byte vectors per group
-  // Vectors per lane: 4 in flight per thread (fused: 2 of gate and 2 of up).
-  static constexpr int kPer = kFused ? 2 : 4;
   static constexpr int kLanes = kVecs / kPer;
   static_assert(kGroup % kN == 0 && kVecs % kPer == 0);
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0);
   static constexpr int kGroupsPerBlock = kGroupThreads / kLanes;
 };
 
-// silu(x) = x / (1 + e^-x) in the expression of csrc/activation.cuh's silu_and_mul (the fast
-// intrinsics __expf and __fdividef; -0 for x < -88), so that the fused op equals silu_and_mul followed
-// by the group quant bit for bit. Keep the two in step.
-SGL_DEVICE float silu(float x) {
-  return __fdividef(x, 1.f + __expf(-x));
+// gate = T(silu(gate) * up), rounded as silu_and_mul stores it; 16-bit T two at a time (one packed
+// conversion, same bits).
+template <typename T, std::size_t kN>
+SGL_DEVICE void silu_mul(device::AlignedVector<T, kN>& gate, const device::AlignedVector<T, kN>& up) {
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (std::size_t j = 0; j < kN; j += 2) {
+      const fp32x2_t a{silu(to_float(gate[j])) * to_float(up[j]), silu(to_float(gate[j + 1])) * to_float(up[j + 1])};
+      const packed_t<T> h = dtype_trait<packed_t<T>>::from(a);
+      gate[j] = h.x;
+      gate[j + 1] = h.y;
+    }
+  } else {
+#pragma unroll
+    for (std::size_t j = 0; j < kN; ++j) gate[j] = dtype_trait<T>::from(silu(to_float(gate[j])) * to_float(up[j]));
+  }
 }
 
 // The smallest power of two >= s (s >= 0, finite or inf): the exponent rounded up, mantissa 0. A
@@ -87,25 +112,33 @@ SGL_DEVICE void load_vec(Vec& v, const T* p, bool aligned) {
 
 // Lane l of a group holds its vectors l, l + kLanes, ...: each round, the group's lanes read one
 // contiguous run of kLanes vectors.
-template <typename T, int kGroup, bool kFused>
+template <typename T, int kGroup, bool kFused, int kPer>
 __global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const GroupParams p) {
-  using K = GroupShape<T, kGroup, kFused>;
+  using K = GroupShape<T, kGroup, kPer>;
   using Vec = device::AlignedVector<T, K::kN>;
   const uint32_t lane = threadIdx.x % K::kLanes;
-  const uint32_t gid = blockIdx.x * K::kGroupsPerBlock + threadIdx.x / K::kLanes;
-  const bool valid = gid < p.total_groups;
-  const uint32_t row = gid / p.groups_per_row;
-  const uint32_t col = gid - row * p.groups_per_row;
+  uint32_t row, col;
+  bool valid;
+  if constexpr (kFused) {
+    row = blockIdx.x;
+    col = blockIdx.y * K::kGroupsPerBlock + threadIdx.x / K::kLanes;
+    valid = col < p.groups_per_row;
+  } else {
+    const uint32_t gid = blockIdx.x * K::kGroupsPerBlock + threadIdx.x / K::kLanes;
+    valid = gid < p.total_groups;
+    row = gid / p.groups_per_row;
+    col = gid - row * p.groups_per_row;
+  }
   const T* in = static_cast<const T*>(p.in) + static_cast<int64_t>(row) * p.in_stride +
                 static_cast<int64_t>(col) * kGroup + lane * K::kN;
   constexpr int kStep = K::kLanes * K::kN;  // elements between a lane's vectors
 
   device::PDLWaitPrimary();
-  Vec x[K::kPer];
-  [[maybe_unused]] Vec up[K::kPer];
+  Vec x[kPer];
+  [[maybe_unused]] Vec up[kPer];
   if (valid) {
 #pragma unroll
-    for (int k = 0; k < K::kPer; ++k) {
+    for (int k = 0; k < kPer; ++k) {
       load_vec(x[k], in + k * kStep, p.aligned);
       if constexpr (kFused) load_vec(up[k], in + p.up_offset + k * kStep, p.aligned);
     }
@@ -114,12 +147,8 @@ __global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const Gr
 
   float m = 0.f;
 #pragma unroll
-  for (int k = 0; k < K::kPer; ++k) {
-    if constexpr (kFused) {
-      // a = T(silu(gate) * up), rounded as silu_and_mul stores it; x holds it from here on.
-#pragma unroll
-      for (int j = 0; j < K::kN; ++j) x[k][j] = dtype_trait<T>::from(silu(to_float(x[k][j])) * to_float(up[k][j]));
-    }
+  for (int k = 0; k < kPer; ++k) {
+    if constexpr (kFused) silu_mul(x[k], up[k]);  // x holds a from here on
     m = absmax_vec(m, x[k]);
   }
   if (!valid) m = 0.f;  // unloaded registers; every lane still takes part in the shuffles
@@ -134,7 +163,7 @@ __global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const Gr
   if (lane == 0) p.s[static_cast<int64_t>(row) * p.s_row_stride + static_cast<int64_t>(col) * p.s_col_stride] = scale;
   fp8_e4m3_t* q = p.q + static_cast<int64_t>(row) * p.q_stride + static_cast<int64_t>(col) * kGroup + lane * K::kN;
 #pragma unroll
-  for (int k = 0; k < K::kPer; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     float y[K::kN];
 #pragma unroll
     for (int j = 0; j < K::kN; ++j) y[j] = to_float(x[k][j]) * inv_scale;
@@ -262,9 +291,35 @@ struct PerTokenGroupQuantFp8 {
 
   template <int kGroup, bool kFused>
   static void launch(const GroupParams& p, DLDevice dev, bool pdl) {
-    using K = GroupShape<T, kGroup, kFused>;
-    const auto blocks = static_cast<uint32_t>(host::div_ceil(int64_t{p.total_groups}, int64_t{K::kGroupsPerBlock}));
-    host::LaunchKernel(blocks, kGroupThreads, dev).enable_pdl(pdl)(per_token_group_kernel<T, kGroup, kFused>, p);
+    using namespace host;
+    if constexpr (kFused) {
+      const int64_t wave_threads = int64_t{runtime::sm_count(dev.device_id)} * kThreadsPerSm;
+      if (int64_t{p.total_groups} * GroupShape<T, kGroup, kFusedWaveVecs>::kLanes <= wave_threads) {
+        launch_fused<kGroup, kFusedWaveVecs>(p, dev, pdl);
+      } else {
+        launch_fused<kGroup, kFusedVecs>(p, dev, pdl);
+      }
+    } else {
+      using K = GroupShape<T, kGroup, 4>;
+      const auto blocks = static_cast<uint32_t>(div_ceil(int64_t{p.total_groups}, int64_t{K::kGroupsPerBlock}));
+      LaunchKernel(blocks, kGroupThreads, dev).enable_pdl(pdl)(per_token_group_kernel<T, kGroup, false, 4>, p);
+    }
+  }
+
+  template <int kGroup, int kPer>
+  static void launch_fused(const GroupParams& p, DLDevice dev, bool pdl) {
+    using namespace host;
+    using K = GroupShape<T, kGroup, kPer>;
+    const int64_t rows = p.total_groups / p.groups_per_row;
+    const int64_t row_blocks = div_ceil(int64_t{p.groups_per_row}, int64_t{K::kGroupsPerBlock});
+    RuntimeCheck(
+        row_blocks <= 65535,
+        "silu_and_mul_per_token_group_quant_fp8: at most ",
+        65535 * K::kGroupsPerBlock,
+        " groups per row, got ",
+        p.groups_per_row);
+    const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(row_blocks));
+    LaunchKernel(grid, kGroupThreads, dev).enable_pdl(pdl)(per_token_group_kernel<T, kGroup, true, kPer>, p);
   }
 };
 
