@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
   const int tail = nvec * kN + thread;  // the last n % kN elements, one per thread
   if (tail < n) m = fmaxf(m, fabsf(dtype_trait<fp32_t>::from(in[tail])));
-  m = device::cta::all_reduce_max(m, smem);
+  m = device::cta::all_reduce_max_nonneg(m, smem);  // m >= 0, never NaN (absmax_vec)
   m = device::cluster::all_reduce<kCluster>(m, block_max, [](float a, float b) { return fmaxf(a, b); });
   const float s = m / kFp8Max;
   if (thread == 0) *scale = s;

@@ -83,6 +83,12 @@ SGL_DEVICE auto all_reduce_max(T value, std::type_identity_t<T>* smem, std::type
   return details::all_reduce(value, smem, min_value, [](T v) { return warp::reduce_max(v); });
 }
 
+/// \brief Maximum of a float that is +0, positive or +inf (an absolute value) over the block,
+/// returned to every thread (see `all_reduce_sum`), by `warp::reduce_max_nonneg` at both levels.
+SGL_DEVICE float all_reduce_max_nonneg(float value, float* smem) {
+  return details::all_reduce(value, smem, 0.f, [](float v) { return warp::reduce_max_nonneg(v); });
+}
+
 /// \brief Minimum of `value` over the block, written to `smem[0]` (see `reduce_sum`).
 template <typename T>
 SGL_DEVICE void reduce_min(T value, std::type_identity_t<T>* smem, std::type_identity_t<T> max_value) {
