@@ -14,8 +14,8 @@
 //
 // Layout of the work: a group is kLanes lanes of one warp, kPer 16-byte vectors each, all loads
 // issued before any use. Its absmax is a shuffle reduction across those lanes (no shared memory,
-// no barrier). A CTA of kGroupThreads covers kGroupThreads / kLanes consecutive groups of a row, so
-// a warp reads consecutive memory within a row.
+// no barrier). A CTA of kGroupThreads covers kGroupThreads / kLanes consecutive groups (fused: of
+// one row), so a warp reads consecutive memory.
 // - Plain: kPer = 4 (bf16 groups of 128: 4 lanes); a 1-D grid over the groups numbered row-major,
 //   one row / group division per thread.
 // - Fused: kPer vectors of gate and kPer of up per lane, on a 2-D grid (x: row, y: groups of the
