@@ -236,6 +236,22 @@ def test_gpu_block_and_warp_reductions(gpu_mod):
 
 
 @pytest.mark.gpu
+def test_gpu_max_of_absolute_values_by_redux(gpu_mod):
+    x = torch.randn(64, 256, device="cuda") * torch.logspace(-45, 38, 64, device="cuda")[:, None]
+    x[1] = 0.0
+    x[2] = -0.0  # |x| is +0: the bits order holds
+    x[3, 7] = float("inf")
+    x[4, 200] = -float("inf")
+    x[5] = torch.tensor(1e-40)  # subnormals only
+    x[6, 40] = 3e38  # the largest finite values, in warp 1
+    out = torch.full((64, 3), float("nan"), device="cuda")
+    gpu_mod.absmax_nonneg(x, out)
+    expected = x.abs().amax(1)
+    assert torch.equal(out[:, 0], expected) and torch.equal(out[:, 1], expected)
+    assert torch.equal(out[:, 2], x[:, 32:64].abs().amax(1))
+
+
+@pytest.mark.gpu
 def test_gpu_block_all_reduce_and_cluster_reduce(gpu_mod):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters need sm_90")

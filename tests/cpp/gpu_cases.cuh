@@ -5,7 +5,7 @@
 // Functions (namespace gpu_cases):
 //   block_reduce, atomic_extrema, vec_scale, cast_from_float, cast_to_float,
 //   math_ops, stream_copy, fill_index, pdl_chain, big_smem, runtime_info,
-//   bad_launch, cluster_reduce
+//   bad_launch, cluster_reduce, absmax_nonneg
 
 #include <sgl_kernel/atomic.cuh>
 #include <sgl_kernel/cluster.cuh>
@@ -68,6 +68,31 @@ inline void block_reduce(TensorView x, TensorView out) {
   TensorMatcher({B, 6}).with_dtype<float>().with_device(device).verify(out);
   LaunchKernel(B.unwrap(), kBlock, device.unwrap())(
       block_reduce_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
+}
+
+// ---- warp.cuh reduce_max_nonneg and cta.cuh all_reduce_max_nonneg (redux.sync on the bits of
+// absolute values): out[b] = [block max seen by thread 0, by the last thread, max over warp 1]
+
+__global__ void absmax_nonneg_kernel(const float* x, float* out) {
+  using namespace device;
+  __shared__ float smem[32];
+  const float v = fabsf(x[blockIdx.x * blockDim.x + threadIdx.x]);
+  float* row = out + blockIdx.x * 3;
+  const float block = cta::all_reduce_max_nonneg(v, smem);
+  if (threadIdx.x == 0) row[0] = block;
+  if (threadIdx.x == blockDim.x - 1) row[1] = block;
+  const float warp = warp::reduce_max_nonneg(v);
+  if (threadIdx.x == 63) row[2] = warp;
+}
+
+inline void absmax_nonneg(TensorView x, TensorView out) {
+  using namespace host;
+  auto B = SymbolicSize{"rows"};
+  auto device = SymbolicDevice{};
+  TensorMatcher({B, kBlock}).with_dtype<float>().with_device<kDLCUDA>(device).verify(x);
+  TensorMatcher({B, 3}).with_dtype<float>().with_device(device).verify(out);
+  LaunchKernel(B.unwrap(), kBlock, device.unwrap())(
+      absmax_nonneg_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
 }
 
 // ---- cta.cuh all_reduce_* and cluster.cuh: clusters of kClusterSize rows; out[b] = [sum, max] over
