@@ -6,7 +6,11 @@
 #
 # Run it on the GPU machine (75 s there with MAX_JOBS=8) and bring .peers/flashinfer-jit-cache.tgz back
 # through $OUT: the norm module includes cublasLt.h, which this CPU machine's CUDA 13.0 lacks. No GPU
-# is used: any machine with the full CUDA toolkit can build it.
+# is used: any machine with the full CUDA toolkit can build it. On this CPU machine the other five
+# build (FI_MODULES below; 44 s with MAX_JOBS=2): the link's -lcuda then finds an empty stub made
+# here (no driver on this machine; the modules do not end up needing libcuda). FlashInfer's kv-cache
+# append (`page`) needs page.cu and flashinfer_page_binding.cu in the slim copy, which
+# ../shared/gpu/fetch-peers drops: add them to its keep pattern when making .peers.
 #
 # Writes .peers/flashinfer-jit-cache.tgz (git ignores .peers/). Needs: .peers/flashinfer-slim.tgz
 # (../shared/gpu/fetch-peers), nvcc 13.0 at $CUDA_HOME (default /usr/local/cuda), ninja, and a Python
@@ -35,6 +39,10 @@
 #
 # Optional: add FLASHINFER_DISABLE_JIT=1 to make a missing module an error (MissingJITCacheError)
 # instead of a silent multi-minute compile. Modules not listed above still JIT-compile as before.
+#
+# FI_MODULES (default: all six) picks modules by name, e.g. on this CPU machine, which cannot build
+# norm: FI_MODULES="rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul" (for the issue 17 / 18
+# grids; norm then compiles in the GPU run that first uses it).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -50,6 +58,14 @@ tmp=$(mktemp -d /tmp/fi-prebuild.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/fi" "$tmp/ws" "$tmp/out"
 tar xzf "$slim" -C "$tmp/fi"
+
+# A machine without the driver has no libcuda.so for FlashInfer's `-lcuda`: link against an empty
+# stub with the driver's soname (unused symbols only; the modules link with --as-needed).
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so ' && [ ! -e "$CUDA_HOME/lib64/stubs/libcuda.so" ]; then
+  mkdir -p "$tmp/stubs" && echo > "$tmp/stubs/empty.c"
+  cc -shared -o "$tmp/stubs/libcuda.so" -Wl,-soname,libcuda.so.1 "$tmp/stubs/empty.c"
+  export LIBRARY_PATH=$tmp/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}
+fi
 
 # Private workspace and one compile job at a time (the build machine is small and shared).
 export FLASHINFER_WORKSPACE_BASE=$tmp/ws FLASHINFER_CUDA_ARCH_LIST=9.0a
@@ -70,8 +86,13 @@ def install(root):
     from flashinfer.jit.rope import gen_rope_module
     from flashinfer.jit.page import gen_page_module
     from flashinfer.jit.activation import gen_act_and_mul_module
-    return [gen_norm_module(), gen_rope_module(), gen_page_module()] + [
+    import os
+    specs = [gen_norm_module(), gen_rope_module(), gen_page_module()] + [
         gen_act_and_mul_module(a) for a in ("silu", "gelu", "gelu_tanh")]
+    wanted = os.environ.get("FI_MODULES", "").split()
+    unknown = set(wanted) - {s.name for s in specs}
+    assert not unknown, f"FI_MODULES: no module named {sorted(unknown)}"
+    return [s for s in specs if not wanted or s.name in wanted]
 EOF
 
 start=$(date +%s)
