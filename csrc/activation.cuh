@@ -40,9 +40,8 @@
 namespace jit_kernel::activation {
 
 inline constexpr uint32_t kThreads = 128;
-// Blocks in flight per SM at full occupancy (2048 threads). The grid is capped at Act::kWaves such
-// waves (0: uncapped) when the data exceed the L2 cache, and at one wave when they fit in it.
-inline constexpr int64_t kBlocksPerSm = 2048 / kThreads;
+// The grid is capped at Act::kWaves waves (a wave: runtime::max_threads_per_sm / kThreads blocks per
+// SM; 0: uncapped) when the data exceed the L2 cache, and at one wave when they fit in it.
 inline constexpr int64_t kMaxGridY = 65535;
 // Up to Act::kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the
 // threads, half the serial work each, for a launch that latency bounds. H100, bf16, d 14336
@@ -203,10 +202,12 @@ struct Activation {
     const int64_t groups = div_ceil(tokens, ty);
     const auto bytes = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(3 * d) * sizeof(T);
     const int64_t waves = bytes <= runtime::l2_cache_bytes(dev.device_id) ? 1 : Act::kWaves;
-    const int64_t cap_y =
-        waves == 0 ? kMaxGridY
-                   : std::clamp<int64_t>(
-                         int64_t{runtime::sm_count(dev.device_id)} * kBlocksPerSm * waves / grid_x, 1, kMaxGridY);
+    const int64_t cap_y = waves == 0 ? kMaxGridY
+                                     : std::clamp<int64_t>(
+                                           int64_t{runtime::sm_count(dev.device_id)} *
+                                               (runtime::max_threads_per_sm(dev.device_id) / kThreads) * waves / grid_x,
+                                           1,
+                                           kMaxGridY);
     const int64_t iterations = div_ceil(groups, cap_y);
     const int64_t grid_y = div_ceil(groups, iterations);
     const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));

@@ -37,8 +37,6 @@ namespace jit_kernel::token_quant {
 // 128, bf16: 1 x 4096 1.33 -> 1.12 us, 16 x 7168 1.50 -> 1.23 us, fused 16 x 2 * 7168 1.91 -> 1.68
 // us; 4096 x 7168 31.0 -> 30.9 us).
 inline constexpr int kGroupThreads = 128;
-// Threads resident per SM at full occupancy: the fused op's one-wave limit (see the top).
-inline constexpr int64_t kThreadsPerSm = 2048;
 // The fused kernel's layouts (H100, graph replay, group 128, bf16, us; docs/benchmarks.md,
 // fourteenth session): from 2 vectors of gate and up per lane on a 1-D grid to 1 vector on the
 // 2-D grid, 1 x 4096 1.58 -> 1.09, 16 x 7168 1.66 -> 1.22 (probe: 128 x 7168 3.10 -> 2.2); 2
@@ -293,7 +291,8 @@ struct PerTokenGroupQuantFp8 {
   static void launch(const GroupParams& p, DLDevice dev, bool pdl) {
     using namespace host;
     if constexpr (kFused) {
-      const int64_t wave_threads = int64_t{runtime::sm_count(dev.device_id)} * kThreadsPerSm;
+      const int64_t wave_threads =
+          int64_t{runtime::sm_count(dev.device_id)} * runtime::max_threads_per_sm(dev.device_id);
       if (int64_t{p.total_groups} * GroupShape<T, kGroup, kFusedWaveVecs>::kLanes <= wave_threads) {
         launch_fused<kGroup, kFusedWaveVecs>(p, dev, pdl);
       } else {

@@ -72,6 +72,17 @@ inline auto l2_cache_bytes(int device_id, DebugInfo where = {}) -> std::size_t {
   }));
 }
 
+/// \brief Threads resident per SM at full occupancy (2048 on H100), cached per device: one wave of
+/// a launch is `sm_count * max_threads_per_sm` threads.
+inline auto max_threads_per_sm(int device_id, DebugInfo where = {}) -> uint32_t {
+  struct Tag;
+  return static_cast<uint32_t>(detail::per_device<Tag>(device_id, where, [&](int id) {
+    int threads = 0;
+    RuntimeDeviceCheck(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, id), where);
+    return threads;
+  }));
+}
+
 /// \brief Major compute capability of device `device_id` (9 on H100).
 inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
   int major = 0;

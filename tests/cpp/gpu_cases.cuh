@@ -60,14 +60,20 @@ __global__ void block_reduce_kernel(const float* x, float* out) {
   if (threadIdx.x == 8) row[5] = group_sum;
 }
 
-inline void block_reduce(TensorView x, TensorView out) {
+// x [rows, kBlock] float -> out [rows, kOutWidth] float, one block of kBlock threads per row.
+template <int64_t kOutWidth>
+void launch_per_row(void (*kernel)(const float*, float*), TensorView x, TensorView out) {
   using namespace host;
   auto B = SymbolicSize{"rows"};
   auto device = SymbolicDevice{};
   TensorMatcher({B, kBlock}).with_dtype<float>().with_device<kDLCUDA>(device).verify(x);
-  TensorMatcher({B, 6}).with_dtype<float>().with_device(device).verify(out);
+  TensorMatcher({B, kOutWidth}).with_dtype<float>().with_device(device).verify(out);
   LaunchKernel(B.unwrap(), kBlock, device.unwrap())(
-      block_reduce_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
+      kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
+}
+
+inline void block_reduce(TensorView x, TensorView out) {
+  launch_per_row<6>(block_reduce_kernel, x, out);
 }
 
 // ---- warp.cuh reduce_max_nonneg and cta.cuh all_reduce_max_nonneg (redux.sync on the bits of
@@ -86,13 +92,7 @@ __global__ void absmax_nonneg_kernel(const float* x, float* out) {
 }
 
 inline void absmax_nonneg(TensorView x, TensorView out) {
-  using namespace host;
-  auto B = SymbolicSize{"rows"};
-  auto device = SymbolicDevice{};
-  TensorMatcher({B, kBlock}).with_dtype<float>().with_device<kDLCUDA>(device).verify(x);
-  TensorMatcher({B, 3}).with_dtype<float>().with_device(device).verify(out);
-  LaunchKernel(B.unwrap(), kBlock, device.unwrap())(
-      absmax_nonneg_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
+  launch_per_row<3>(absmax_nonneg_kernel, x, out);
 }
 
 // ---- cta.cuh all_reduce_* and cluster.cuh: clusters of kClusterSize rows; out[b] = [sum, max] over
