@@ -16,8 +16,11 @@
 // Work split: stream 0 = K (or MLA's nope part), stream 1 = V (or the rope part, written into the same
 // buffer row at offset Dn). One warp per (token, stream) row, or, when a token's two rows together
 // are at most kUnroll vectors per lane (MLA 512 + 64 bf16), one warp per token for both. Each lane
-// moves 16-byte input vectors, kUnroll of them in flight before any store. A row that is not made of aligned vectors
-// (width, pointer or stride not a multiple of the vector) takes the scalar instance of the same kernel.
+// moves 16-byte input vectors, kUnroll of them in flight before any store. Small launches (decode)
+// instead split each row into chunks of one vector per lane on grid y, in 128-thread blocks: more
+// warps in flight for the same bytes (see kChunkedMaxWarpsPerSm). A row that is not made of aligned
+// vectors (width, pointer or stride not a multiple of the vector) takes the scalar instance of the
+// same kernel.
 //
 // Indices: a slot outside [0, num_slots) is skipped in the kernel (no fault, nothing written for that
 // row); the Python layer raises IndexError for it first under JIT_KERNEL_CHECK_INDICES=1. Duplicate
@@ -50,8 +53,14 @@ namespace jit_kernel::kv_store {
 using fp8::store_fp8;
 
 inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
-inline constexpr uint32_t kTasksPerBlock = kThreads / 32;
-inline constexpr int kUnroll = 4;  // vectors per lane in flight
+inline constexpr int kUnroll = 4;          // vectors per lane in flight
+// Chunked launches (one vector per lane per warp, rows split on grid y, 128-thread blocks) while
+// they need at most this many warps per SM. H100, graph replay, 8 x 128 bf16 k and v, 16 tokens:
+// bf16 cache 1.33 -> 0.96 us, fp8 1.35 -> 1.17; MLA 512 + 64, 16 tokens: bf16 1.42 -> 0.94, fp8
+// 1.41 -> 1.34; 128 tokens (1024 and 384 warps) 1.24-1.27 against 1.41-1.46. At 1024 tokens (8192
+// and 3072 warps) chunks lose (fp8 3.32 against 1.97 us): fewer loads in flight per warp.
+inline constexpr uint32_t kChunkedThreads = 128;
+inline constexpr int64_t kChunkedMaxWarpsPerSm = 8;
 // Blocks per SM the registers must allow: 4 (<= 64 registers: 32 warps per SM, 64 KiB of loads in
 // flight) for plain caches. fp8 caches take 2: at 4, ptxas spilled 4 values of the conversion to
 // local memory, which cost 0.7 us of a decode store (H100, 8 x 128 bf16 k and v, 1 token: 1.98 ->
@@ -105,10 +114,12 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // the slot is first needed by the stores (one memory latency per task, not two).
 // kInvertAfterLoads (fp8 caches): the scale's reciprocal is computed once the row's loads are issued,
 // so a warp waits on one memory latency, not on the scale's and then the row's.
-template <typename T, typename C, typename Idx, int kN, bool kInvertAfterLoads>
+// kU vectors per lane per round; blockIdx.y picks the row's first chunk of 32 * kU vectors and
+// gridDim.y chunks are strided (one chunk, gridDim.y 1, walks the whole row).
+template <typename T, typename C, typename Idx, int kN, bool kInvertAfterLoads, int kU>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __grid_constant__ Params p) {
   using InVec = device::AlignedVector<T, kN>;
-  const int64_t task = static_cast<int64_t>(blockIdx.x) * kTasksPerBlock + threadIdx.x / 32;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (task >= (p.joint ? p.num_tokens : 2 * p.num_tokens)) return;
   // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel
@@ -132,10 +143,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
     inv0 = 1.f / stream_scale<C>(s0);
     inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
   }
-  for (int64_t base = lane; base < total; base += 32 * kUnroll) {
-    InVec x[kUnroll];
+  const int64_t round = int64_t{32} * kU;
+  for (int64_t base = blockIdx.y * round + lane; base < total; base += gridDim.y * round) {
+    InVec x[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int64_t i = base + u * 32;
       if (i < total) x[u].load(i < n0 ? src0 : src1, i < n0 ? i : i - n0);
     }
@@ -150,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
     C* dst0 = static_cast<C*>(s0.dst) + slot * s0.dst_stride;
     C* dst1 = static_cast<C*>(s1.dst) + slot * s1.dst_stride;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int64_t i = base + u * 32;
       const bool first = i < n0;
       if (i >= total || !(first ? ok0 : ok1)) continue;
@@ -309,21 +321,30 @@ struct KvStore {
            (s.dst_stride * sizeof(C)) % out_bytes == 0;
   }
 
-  template <typename Idx, bool kInvertAfterLoads>
-  static void launch_kernel(const Params& p, bool vec, DLDevice dev, bool pdl) {
+  template <typename Idx, bool kInvertAfterLoads, int kU>
+  static void launch_kernel(const Params& p, bool vec, DLDevice dev, bool pdl, uint32_t threads, uint32_t chunks) {
     const int64_t tasks = p.joint ? p.num_tokens : 2 * p.num_tokens;
-    const auto blocks = static_cast<uint32_t>(host::div_ceil(tasks, int64_t{kTasksPerBlock}));
-    host::LaunchKernel(blocks, kThreads, dev)
+    const dim3 grid(static_cast<uint32_t>(host::div_ceil(tasks, int64_t{threads / 32})), chunks);
+    host::LaunchKernel(grid, threads, dev)
         .enable_pdl(pdl)(
-            vec ? store_kernel<T, C, Idx, kVec, kInvertAfterLoads> : store_kernel<T, C, Idx, 1, kInvertAfterLoads>, p);
+            vec ? store_kernel<T, C, Idx, kVec, kInvertAfterLoads, kU>
+                : store_kernel<T, C, Idx, 1, kInvertAfterLoads, kU>,
+            p);
   }
 
   template <typename Idx>
   static void launch_idx(const Params& p, bool vec, DLDevice dev, bool pdl) {
-    if constexpr (kIsFp8<C>) {
-      if (p.num_tokens >= kInvertAfterLoadsTokens) return launch_kernel<Idx, true>(p, vec, dev, pdl);
+    const int64_t tasks = p.joint ? p.num_tokens : 2 * p.num_tokens;
+    const int64_t vecs = (p.joint ? p.stream[0].width + p.stream[1].width : p.stream[0].width) / (vec ? kVec : 1);
+    const int64_t chunks = host::div_ceil(vecs, int64_t{32});
+    if (tasks * chunks <= kChunkedMaxWarpsPerSm * host::runtime::sm_count(dev.device_id)) {
+      return launch_kernel<Idx, false, 1>(p, vec, dev, pdl, kChunkedThreads, static_cast<uint32_t>(chunks));
     }
-    launch_kernel<Idx, false>(p, vec, dev, pdl);
+    if constexpr (kIsFp8<C>) {
+      if (p.num_tokens >= kInvertAfterLoadsTokens)
+        return launch_kernel<Idx, true, kUnroll>(p, vec, dev, pdl, kThreads, 1);
+    }
+    launch_kernel<Idx, false, kUnroll>(p, vec, dev, pdl, kThreads, 1);
   }
 
   // `loc` has no data for 0 tokens and for FakeTensors (torch.compile's fakes run the checks above

@@ -36,9 +36,10 @@ SHAPES = [
     (1,),
     (7,),
     (7, 1000),
-    (16, 4096),
+    (3, 10000),  # a cluster of 8 blocks (sm_90+)
+    (16, 4096),  # the smallest input a cluster of 16 blocks takes (where the GPU runs them)
     (128, 4096),
-    (100003,),  # a cluster of blocks (sm_90+), with a tail of n % 8 elements
+    (100003,),  # a cluster of 16 blocks, with a tail of n % 8 elements
     (262144,),  # the largest input one cluster round covers
     (262145,),  # the smallest that takes the cooperative kernel
     (1000003,),

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) per_token_kernel(
       t.load(x, v);
       m = absmax_vec(m, t);
     }
-    m = device::cta::all_reduce_max(m, smem);
+    m = device::cta::all_reduce_max_nonneg(m, smem);  // m >= 0 and not NaN (absmax_vec by fmaxf)
     const float scale = m / kFp8Max;
     if (tid == 0) s[row] = scale;
     inv_scale = inverse(scale);

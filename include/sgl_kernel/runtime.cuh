@@ -236,4 +236,26 @@ inline void set_max_dynamic_smem_per_device(detail::DeviceId device, std::size_t
   slot.store(bytes, std::memory_order_release);
 }
 
+/**
+ * \brief Largest cluster, in blocks of `block_dim` threads, that `kKernel` can run on `device`,
+ *        non-portable sizes (above 8; 16 on H100) allowed for the kernel; asked once per kernel and
+ *        device (pass the largest block the launches use), 1 where the device has no clusters.
+ */
+template <auto kKernel>
+inline auto max_cluster_size_per_device(detail::DeviceId device, uint32_t block_dim, DebugInfo where = {}) -> int {
+  struct Tag;
+  return detail::per_device<Tag>(device.id, where, [&](int id) {
+    if (!has_clusters(id, where)) return 1;
+    int size = 0;
+    detail::on_device(id, where, [&] {
+      RuntimeDeviceCheck(cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), where);
+      auto config = cudaLaunchConfig_t{};
+      config.gridDim = dim3(16, 1, 1);
+      config.blockDim = dim3(block_dim, 1, 1);
+      RuntimeDeviceCheck(cudaOccupancyMaxPotentialClusterSize(&size, kKernel, &config), where);
+    });
+    return size > 0 ? size : 1;
+  });
+}
+
 }  // namespace host::runtime
