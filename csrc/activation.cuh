@@ -20,7 +20,7 @@
 // loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth and eleventh sessions.)
 #pragma once
 
-#include "silu.cuh"
+#include "act_math.cuh"
 
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
@@ -50,7 +50,7 @@ inline constexpr int64_t kMaxGridY = 65535;
 // but silu 1.23 -> 1.45, whose light arithmetic gains nothing from more threads: silu stops at 4.
 // At 64 tokens it cost every activation about 15%.
 
-// silu.cuh: shared with the fused silu + group quant, which must match it bit for bit.
+// act_math.cuh: shared with the fused silu + group quant, which must match it bit for bit.
 struct Silu {
   static constexpr int64_t kWaves = 0;
   static constexpr int64_t kDecodeTokens = 4;
@@ -67,7 +67,7 @@ SGL_DEVICE float erf_approx(float x) {
   const float t = __fdividef(1.f, fmaf(0.3275911f, a, 1.f));
   const float poly =
       t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-  return copysignf(1.f - poly * __expf(-a * a), x);
+  return copysignf(1.f - poly * exp_ftz(-a * a), x);
 }
 
 struct Gelu {
@@ -87,7 +87,7 @@ struct GeluTanh {
     constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
     constexpr float kKappa = 0.044715f;
     const float u = kBeta * fmaf(kKappa * x, x * x, x);
-    return __fdividef(x, 1.f + __expf(-2.f * u));
+    return __fdividef(x, 1.f + exp_ftz(-2.f * u));
   }
 };
 

@@ -8,7 +8,7 @@
 // the group's finite elements 0 and the infinite ones NaN.
 //
 // The fused export reads `[num_tokens, 2 * d]` (gate, then up), computes
-// a = T(silu(gate) * up), computed in fp32 with silu_and_mul's expression (silu.cuh) and rounded
+// a = T(silu(gate) * up), computed in fp32 with silu_and_mul's expression (act_math.cuh) and rounded
 // to the input dtype T, so that it equals silu_and_mul followed by the group quant bit for bit; then
 // quantises `a` by groups: one read of the input, one write of q and the scales.
 //
@@ -26,7 +26,7 @@
 // tokens] buffer seen transposed, as DeepGEMM-style GEMMs read them) or any padded variant of either.
 #pragma once
 
-#include "../silu.cuh"
+#include "../act_math.cuh"
 #include "per_token_fp8.cuh"
 
 #include <cmath>
