@@ -75,7 +75,7 @@ def _cases() -> list[Case]:
         cases += [(f"fused_inplace_qknorm {n}x(32+8)x128", qk, n <= 4096)]
         cases += [(f"qknorm_across_heads {n}x(4096+1024)", across, n <= 4096)]
 
-    for numel in (4096, 4096 * 4096, 16384 * 8192):
+    for numel in (4096, 16 * 4096, 28 * 4096, 64 * 4096, 4096 * 4096, 16384 * 8192):
 
         def quant(numel: int = numel) -> Callable[[], object]:
             x = rand(numel // 4096, 4096)
@@ -94,8 +94,9 @@ def _cases() -> list[Case]:
             return lambda: jk.add_constant(x, 2, out)
 
         eager = numel <= 4096 * 4096
-        cases += [(f"per_tensor_quant_fp8 {numel}", quant, eager), (f"scale {numel}", scale, eager)]
-        cases += [(f"add_constant {numel}", add, eager)]
+        cases += [(f"per_tensor_quant_fp8 {numel}", quant, eager)]
+        if numel in (4096, 4096 * 4096, 16384 * 8192):
+            cases += [(f"scale {numel}", scale, eager), (f"add_constant {numel}", add, eager)]
 
     for rows in (1, 16, 4096, 65536):
 
@@ -136,9 +137,23 @@ def _cases() -> list[Case]:
             name = "silu_and_mul_per_token_group_quant_fp8" if fused else "per_token_group_quant_fp8"
             cases += [(f"{name} {n}x{d}", group, n <= 1024)]
 
+    # Per-token dynamic fp8 quant (scales computed, outputs given).
+    for n, d in ((1, 4096), (16, 4096), (16, 7168), (128, 7168), (4096, 7168)):
+
+        def token(n: int = n, d: int = d) -> Callable[[], object]:
+            x = rand(n, d)
+            q = torch.empty(n, d, device=dev, dtype=torch.float8_e4m3fn)
+            s = torch.empty(n, 1, device=dev, dtype=torch.float32)
+            return lambda: jk.per_token_quant_fp8(x, output_q=q, output_s=s)
+
+        cases += [(f"per_token_quant_fp8 {n}x{d}", token, n <= 1024)]
+
     # KV-cache stores (ops newer than the first release: a build without them reports an error row).
     fp8 = torch.float8_e4m3fn
-    for n, cache in ((1, bf16), (16, bf16), (4096, bf16), (1, fp8), (16, fp8), (4096, fp8), (16384, fp8)):
+    for n, cache in (
+        *((n, bf16) for n in (1, 16, 128, 1024, 4096)),
+        *((n, fp8) for n in (1, 16, 128, 1024, 4096, 16384)),
+    ):
 
         def mha(n: int = n, cache: torch.dtype = cache) -> Callable[[], object]:
             # k and v: 8 heads x 128 slices of a qkv row (32 q heads); random slots of 4x as many.
