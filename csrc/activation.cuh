@@ -12,11 +12,10 @@
 // vectors) spreads over 14 blocks, so a decode step (1-16 tokens) is one short launch over many
 // SMs rather than one block per token; short rows put several tokens in one block. A capped grid
 // loops over tokens, two per iteration with both loads issued before either store. Data beyond the
-// L2 cache: silu and gelu_tanh launch one block row per token group (uncapped), gelu (erff, about
-// 3x the instructions and 58 registers) caps at 4 waves: uncapped gelu was 14% slower at 4096 x
-// 14336 on an H100, capped silu and gelu_tanh 2-8% slower. Data that fit in L2 (an [N, 2d] input
-// the previous GEMM just wrote): one wave, every activation; block turnover, not DRAM, bounds these
-// (1024 x 4096 bf16: silu 5.34 -> 4.12 us, gelu 7.57 -> 6.78, gelu_tanh 5.63 -> 4.59). Plain
+// L2 cache: silu and gelu_tanh take one token per thread (one block row per token group), gelu (the
+// most arithmetic) two, in one iteration (Act::kTokensPerThread). Data that fit in L2 (an [N, 2d]
+// input the previous GEMM just wrote): one wave, every activation; block turnover, not DRAM, bounds
+// these (1024 x 4096 bf16: silu 5.34 -> 4.12 us, gelu 7.57 -> 6.78, gelu_tanh 5.63 -> 4.59). Plain
 // loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth and eleventh sessions.)
 #pragma once
 
@@ -40,8 +39,8 @@
 namespace jit_kernel::activation {
 
 inline constexpr uint32_t kThreads = 128;
-// The grid is capped at Act::kWaves waves (a wave: runtime::max_threads_per_sm / kThreads blocks per
-// SM; 0: uncapped) when the data exceed the L2 cache, and at one wave when they fit in it.
+// Data that fit in the L2 cache: the grid is capped at one wave (runtime::max_threads_per_sm /
+// kThreads blocks per SM). Beyond: Act::kTokensPerThread tokens per thread.
 inline constexpr int64_t kMaxGridY = 65535;
 // Up to Act::kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the
 // threads, half the serial work each, for a launch that latency bounds. H100, bf16, d 14336
@@ -52,7 +51,7 @@ inline constexpr int64_t kMaxGridY = 65535;
 
 // act_math.cuh: shared with the fused silu + group quant, which must match it bit for bit.
 struct Silu {
-  static constexpr int64_t kWaves = 0;
+  static constexpr int64_t kTokensPerThread = 1;
   static constexpr int64_t kDecodeTokens = 4;
   SGL_DEVICE static float apply(float x) {
     return silu(x);
@@ -70,8 +69,13 @@ SGL_DEVICE float erf_approx(float x) {
   return copysignf(1.f - poly * exp_ftz(-a * a), x);
 }
 
+// Two tokens per thread beyond L2: both loads in flight before either store hide the longer
+// arithmetic. H100, bf16, graph replay (us) against the former 4-wave cap (3.5-14 tokens per thread
+// at these sizes): 16384 x 14336 473.5 -> 463.9, 8192 x 14336 236.5 -> 233.2, 4096 x 14336 119.2 ->
+// 117.7, 2048 x 14336 61.2 -> 60.0, 16384 x 4096 135.8 -> 134.4; one token per thread (uncapped)
+// was 6-7% slower than the cap. Same outputs.
 struct Gelu {
-  static constexpr int64_t kWaves = 4;
+  static constexpr int64_t kTokensPerThread = 2;
   static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
     constexpr float kRsqrt2 = 0.70710678118654752440f;
@@ -81,7 +85,7 @@ struct Gelu {
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same form as silu, no tanh and no cancellation.
 struct GeluTanh {
-  static constexpr int64_t kWaves = 0;
+  static constexpr int64_t kTokensPerThread = 1;
   static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
     constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
@@ -201,14 +205,13 @@ struct Activation {
     RuntimeCheck(grid_x < (int64_t{1} << 31), "input: last dimension too large, got ", width);
     const int64_t groups = div_ceil(tokens, ty);
     const auto bytes = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(3 * d) * sizeof(T);
-    const int64_t waves = bytes <= runtime::l2_cache_bytes(dev.device_id) ? 1 : Act::kWaves;
-    const int64_t cap_y = waves == 0 ? kMaxGridY
-                                     : std::clamp<int64_t>(
-                                           int64_t{runtime::sm_count(dev.device_id)} *
-                                               (runtime::max_threads_per_sm(dev.device_id) / kThreads) * waves / grid_x,
-                                           1,
-                                           kMaxGridY);
-    const int64_t iterations = div_ceil(groups, cap_y);
+    const int64_t one_wave = std::clamp<int64_t>(
+        int64_t{runtime::sm_count(dev.device_id)} * (runtime::max_threads_per_sm(dev.device_id) / kThreads) / grid_x,
+        1,
+        kMaxGridY);
+    const int64_t iterations = bytes <= runtime::l2_cache_bytes(dev.device_id)
+                                   ? div_ceil(groups, one_wave)
+                                   : std::max(std::min(Act::kTokensPerThread, groups), div_ceil(groups, kMaxGridY));
     const int64_t grid_y = div_ceil(groups, iterations);
     const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
     const dim3 block(static_cast<uint32_t>(tx), static_cast<uint32_t>(ty));
