@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
     inv0 = 1.f / stream_scale<C>(s0);
     inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
   }
-  const int64_t first = kChunked ? static_cast<int64_t>(blockIdx.y) * 32 + lane : lane;
-  for (int64_t base = first; base < total; base += kChunked ? total : 32 * kUnroll) {
+  const int64_t start = kChunked ? static_cast<int64_t>(blockIdx.y) * 32 + lane : lane;
+  for (int64_t base = start; base < total; base += kChunked ? total : 32 * kUnroll) {
     InVec x[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
