@@ -325,6 +325,29 @@ def test_store_caches_of_different_sizes(monkeypatch: pytest.MonkeyPatch, heads:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [3, 3000])  # chunked rows (decode sizes) and whole-row warps
+@pytest.mark.parametrize(("k_dim", "v_dim"), [(192, 128), (128, 192)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_store_k_and_v_of_different_widths(tokens: int, k_dim: int, v_dim: int, fp8: bool) -> None:
+    """k and v rows of different head dims (a 192-wide k with a 128-wide v, as DeepSeek's MHA
+    prefill): every vector of the wider row is written, whichever of the two it is."""
+    heads, slots = 4, 2 * tokens + 3
+    k = torch.randn(tokens, heads, k_dim, device="cuda").mul_(3).to(torch.bfloat16)
+    v = torch.randn(tokens, heads, v_dim, device="cuda").mul_(3).to(torch.bfloat16)
+    cache_dtype = FP8 if fp8 else torch.bfloat16
+    kbuf, kc = _cache("plain", slots, heads, k_dim, cache_dtype)
+    vbuf, vc = _cache("plain", slots, heads, v_dim, cache_dtype)
+    loc = torch.randperm(slots, device="cuda")[:tokens]
+    k_scale, v_scale = (0.05, 0.02) if fp8 else (1.0, 1.0)
+    ref_k = _ref_store(kbuf, lambda b: b, k, loc, k_scale)
+    ref_v = _ref_store(vbuf, lambda b: b, v, loc, v_scale)
+    jit_kernel.store_kv_cache(k, v, kc, vc, loc, k_scale, v_scale)
+    torch.cuda.synchronize()
+    assert_buffers(kbuf, ref_k)
+    assert_buffers(vbuf, ref_v)
+
+
+@pytest.mark.gpu
 def test_store_out_of_range_with_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CHECK, "1")
     k, v = _fused_kv(4, 2, 64, torch.bfloat16)
