@@ -73,6 +73,14 @@ inline constexpr int kMinBlocks = std::is_same_v<C, fp8_e4m3_t> ? 2 : 4;
 // -> 37.07 us; the MLA row 16384 12.13 -> 10.28 us. Below, it costs: 1 token 1.25 -> 1.44 us, 1024
 // 2.11 -> 2.63 us (in between not measured).
 inline constexpr int64_t kInvertAfterLoadsTokens = 2048;
+// Joint launches (a token's two rows in one warp: MLA's 512 + 64) of 16-byte vectors take the flat
+// kernel from this many tokens on. H100, graph replay, MLA bf16 -> fp8: 4096 tokens 3.18 -> 2.81 us,
+// 16384 10.51 -> 6.70 us; bf16 cache 16384 11.16 -> 10.16 us, but 4096 2.66 -> 3.13 us; 1024 tokens:
+// slower for both (1.68 -> 1.84, 1.64 -> 1.79). Split launches (8 x 128 k and v) gain nothing from it.
+template <typename C>
+inline constexpr int64_t kFlatMinTokens = std::is_same_v<C, fp8_e4m3_t> ? 4096 : 16384;
+inline constexpr uint32_t kFlatThreads = 256;
+inline constexpr int kFlatUnroll = 4;                        // vectors per thread, kFlatThreads apart
 inline constexpr double kMinScale = 1.1754943508222875e-38;  // 2^-126, the least normal float
 
 // One stream of rows: source row `i` goes to destination row `loc[i]`.
@@ -183,6 +191,73 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
         static_assert(std::is_same_v<T, C>, "a plain cache has the activation dtype");
         x[u].store(dst, j);
       }
+    }
+  }
+}
+
+// The flat kernel's view of a joint launch: units (token, vector) in token-major order, a token's
+// stream-0 vectors then its stream-1 vectors; unit g is token g / per_token, vector g % per_token.
+struct FlatUnits {
+  uint32_t per_token;  // vectors per token, both streams
+  uint32_t n0;         // of which stream 0's
+  uint32_t count;      // num_tokens * per_token
+  uint32_t step_tok;   // kFlatThreads units = step_tok tokens + step_vec vectors
+  uint32_t step_vec;
+};
+
+// Flat: thread `first` moves units first + u * kFlatThreads (u < kFlatUnroll), so a warp's lanes
+// read consecutive vectors whatever the row width (MLA's 72 vectors fill a warp's 4 rounds to 56%
+// in the row-walking kernel, here every lane). All loads first, unconditionally (a unit past the
+// end reloads the previous one), then the stores, predicated: no branch for ptxas to sink a load
+// into. One division per thread; the next units step by (step_tok, step_vec).
+template <typename T, typename C, typename Idx>
+__global__ void __launch_bounds__(kFlatThreads) flat_store_kernel(const __grid_constant__ Params p, const FlatUnits f) {
+  constexpr int kN = 16 / sizeof(T);
+  using InVec = device::AlignedVector<T, kN>;
+  const uint32_t first = blockIdx.x * (kFlatThreads * kFlatUnroll) + threadIdx.x;
+  if (first >= f.count) return;
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  const float scale0 = stream_scale<C>(p.stream[0]), scale1 = stream_scale<C>(p.stream[1]);
+  InVec x[kFlatUnroll];
+  Idx raw_slot[kFlatUnroll];
+  uint32_t vec[kFlatUnroll];
+  uint32_t token = first / f.per_token, v = first - token * f.per_token;
+#pragma unroll
+  for (int u = 0; u < kFlatUnroll; ++u) {
+    if (u > 0 && first + u * kFlatThreads < f.count) {
+      token += f.step_tok;
+      v += f.step_vec;
+      if (v >= f.per_token) v -= f.per_token, ++token;
+    }
+    vec[u] = v;
+    // Fields by selects, not p.stream[second]: a per-lane index into the parameters is a slow
+    // indexed constant load.
+    const bool second = v >= f.n0;
+    const auto* src = static_cast<const T*>(second ? p.stream[1].src : p.stream[0].src);
+    const int64_t src_stride = second ? p.stream[1].src_stride : p.stream[0].src_stride;
+    x[u].load(src + int64_t{token} * src_stride, second ? v - f.n0 : v);
+    raw_slot[u] = static_cast<const Idx*>(p.loc)[int64_t{token} * p.loc_stride];
+  }
+  // After the loads (see kInvertAfterLoads); the correctly rounded 1 / scale, as 1.f / scale.
+  const float inv0 = __frcp_rn(scale0), inv1 = __frcp_rn(scale1);
+#pragma unroll
+  for (int u = 0; u < kFlatUnroll; ++u) {
+    const bool second = vec[u] >= f.n0;
+    const auto slot = static_cast<int64_t>(raw_slot[u]);
+    const bool ok = first + u * kFlatThreads < f.count && slot >= 0 &&
+                    slot < (second ? p.stream[1].num_slots : p.stream[0].num_slots);
+    C* dst = static_cast<C*>(second ? p.stream[1].dst : p.stream[0].dst) +
+             slot * (second ? p.stream[1].dst_stride : p.stream[0].dst_stride);
+    const uint32_t j = second ? vec[u] - f.n0 : vec[u];
+    if constexpr (kIsFp8<C>) {
+      const float inv = second ? inv1 : inv0;
+      float y[kN];
+#pragma unroll
+      for (int e = 0; e < kN; ++e) y[e] = dtype_trait<fp32_t>::from(x[u][e]) * inv;
+      fp8::pack_fp8(y).store_if(ok, dst, j);
+    } else {
+      x[u].store_if(ok, dst, j);
     }
   }
 }
@@ -346,6 +421,20 @@ struct KvStore {
     if (tasks * chunks <= kChunkedMaxWarpsPerSm * host::runtime::sm_count(dev.device_id)) {
       return launch_kernel<Idx, false, true>(p, vec, dev, pdl, static_cast<uint32_t>(chunks));
     }
+    if (p.joint && vec && p.num_tokens >= kFlatMinTokens<C>) {
+      const auto n0 = static_cast<uint32_t>(w0 / kVec), per_token = static_cast<uint32_t>((w0 + w1) / kVec);
+      if (p.num_tokens * per_token <= UINT32_MAX) {
+        const FlatUnits f{
+            per_token,
+            n0,
+            static_cast<uint32_t>(p.num_tokens * per_token),
+            kFlatThreads / per_token,
+            kFlatThreads % per_token};
+        const auto blocks =
+            static_cast<uint32_t>(host::div_ceil(int64_t{f.count}, int64_t{kFlatThreads * kFlatUnroll}));
+        return host::LaunchKernel(blocks, kFlatThreads, dev).enable_pdl(pdl)(flat_store_kernel<T, C, Idx>, p, f);
+      }
+    }
     if constexpr (kIsFp8<C>) {
       if (p.num_tokens >= kInvertAfterLoadsTokens) return launch_kernel<Idx, true, false>(p, vec, dev, pdl, 1);
     }
@@ -356,7 +445,7 @@ struct KvStore {
   // and return here, before any CUDA call).
   static void launch(
       Params& p, tvm::ffi::TensorView loc, DLDataType loc_dtype, DLDevice dev, tvm::ffi::Optional<bool> enable_pdl) {
-    if (p.num_tokens == 0 || host::has_no_data(loc)) return;
+    if (p.num_tokens == 0 || host::has_no_data(loc) || p.stream[0].width + p.stream[1].width == 0) return;
     const bool pdl = host::runtime::resolve_pdl(enable_pdl, dev.device_id);
     const bool vec = vector_ok(p.stream[0]) && vector_ok(p.stream[1]);
     // Both rows in one warp when they fill at most one round of kUnroll vectors per lane together

@@ -252,6 +252,18 @@ def test_gpu_max_of_absolute_values_by_redux(gpu_mod):
 
 
 @pytest.mark.gpu
+def test_gpu_predicated_store(gpu_mod):
+    x = torch.randn(8, 256, device="cuda")
+    out = torch.full((8, 768), float("nan"), device="cuda")
+    gpu_mod.store_if(x, out)
+    for part, elems in enumerate((4, 2, 1)):
+        got = out[:, 256 * part : 256 * (part + 1)].view(8, -1, elems)
+        stored = torch.arange(got.shape[1], device="cuda") % 3 != 0
+        assert torch.equal(got[:, stored], x.view(8, -1, elems)[:, stored])
+        assert got[:, ~stored].isnan().all()
+
+
+@pytest.mark.gpu
 def test_gpu_block_all_reduce_and_cluster_reduce(gpu_mod):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters need sm_90")

@@ -308,6 +308,54 @@ def test_fp8_inversion_orders_store_the_same_bytes(op: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    ("op", "dtype", "cache_dtype", "tokens"),
+    [
+        ("mla", torch.bfloat16, FP8, 4099),
+        ("mla", torch.float16, torch.float16, 16389),
+        ("store", torch.float32, FP8, 4099),
+        ("store", torch.float16, FP8, 4099),
+        ("store", torch.float32, torch.float32, 16389),
+    ],
+)
+def test_flat_kernel(
+    monkeypatch: pytest.MonkeyPatch, index_dtype: torch.dtype, op: str, dtype: torch.dtype, cache_dtype, tokens: int
+) -> None:
+    """Joint launches (a token's two rows fit one warp round: MLA 512 + 64, k and v of 1 x 64) take the
+    flat kernel from 4096 tokens (fp8 caches) or 16384 (csrc/kv_store.cuh, kFlatMinTokens): token
+    counts that leave a part-filled last block, strided int32 / int64 slots, some out of range of every
+    cache (-1, past the end) and some of the store's k cache only (it has half the slots of its v cache)."""
+    monkeypatch.delenv(CHECK, raising=False)
+    torch.manual_seed(tokens)
+    slots = tokens + 50
+    loc = torch.randperm(2 * slots, device="cuda")[:tokens]
+    # Slots in [slots, 2 * slots): in range of the store's v cache only; -1 and 2 * slots + 3: of none.
+    loc[::7], loc[3::7] = -1, 2 * slots + 3
+    loc = _loc(loc, index_dtype, strided=True)
+    scale = 0.05 if cache_dtype == FP8 else 1.0
+    kwargs = {"scale": torch.tensor([scale], device="cuda")} if cache_dtype == FP8 else {}
+    if op == "mla":
+        nope, rope = _mla_inputs(tokens, dtype, True)
+        buf = _poison(torch.empty(slots, 1, 576, device="cuda", dtype=cache_dtype))
+        row = torch.cat([nope.reshape(tokens, 512), rope.reshape(tokens, 64)], dim=1).view(tokens, 1, 576)
+        ref = _ref_store(buf, lambda b: b, row, loc, scale)
+        jit_kernel.set_mla_kv_buffer(buf, loc, nope, rope, **kwargs)
+        pairs = [(buf, ref)]
+    else:
+        k, v = _fused_kv(tokens, 1, 64, dtype)
+        kbuf, kc = _cache("layer_view", slots, 1, 64, cache_dtype)
+        vbuf, vc = _cache("plain", 2 * slots, 1, 64, cache_dtype)
+        ref_k = _ref_store(kbuf, _view_fn("layer_view", 1, 64), k, loc, scale)
+        ref_v = _ref_store(vbuf, lambda b: b, v, loc, scale)
+        jit_kernel.store_kv_cache(k, v, kc, vc, loc, kwargs.get("scale"), kwargs.get("scale"))
+        pairs = [(kbuf, ref_k), (vbuf, ref_v)]
+    torch.cuda.synchronize()
+    for got, expected in pairs:
+        assert_buffers(got, expected)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("heads", "head_dim"), [(1, 64), (8, 128)], ids=["one_warp_per_token", "warp_per_row"])
 def test_store_caches_of_different_sizes(monkeypatch: pytest.MonkeyPatch, heads: int, head_dim: int) -> None:
     """k_cache with 10 slots, v_cache with 20: slot 15 is written in v_cache only (short rows take the

@@ -10,19 +10,26 @@
 
 namespace jit_kernel::fp8 {
 
-// Stores y[0..kN) (already scaled) as kN fp8 values at out[0..kN): pairs through the packed
-// conversion (cvt.rn.satfinite.e4m3x2.f32), one kN-byte store when `aligned`, else byte by byte.
+// y[0..kN) (already scaled, kN even) as kN fp8 values, in pairs (cvt.rn.satfinite.e4m3x2.f32).
 // SATFINITE: finite values beyond +-448 saturate, NaN stays NaN.
+template <int kN>
+SGL_DEVICE auto pack_fp8(const float (&y)[kN]) {
+  device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
+#pragma unroll
+  for (int j = 0; j < kN / 2; ++j) {
+    packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
+  }
+  return packed;
+}
+
+// Stores y[0..kN) (already scaled) as kN fp8 values at out[0..kN): one kN-byte store when
+// `aligned`, else byte by byte.
 template <int kN>
 SGL_DEVICE void store_fp8(fp8_e4m3_t* out, const float (&y)[kN], bool aligned = true) {
   if constexpr (kN == 1) {
     *reinterpret_cast<__nv_fp8_storage_t*>(out) = __nv_cvt_float_to_fp8(y[0], __NV_SATFINITE, __NV_E4M3);
   } else {
-    device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
-#pragma unroll
-    for (int j = 0; j < kN / 2; ++j) {
-      packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
-    }
+    const auto packed = pack_fp8(y);
     if (aligned) {
       packed.store(out);
     } else {

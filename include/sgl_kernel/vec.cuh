@@ -81,6 +81,36 @@ struct AlignedVector {
     __stcs(reinterpret_cast<Bits*>(ptr) + offset, bits);
   }
 
+  /// \brief `store` to global memory where `ok`, as one predicated instruction: no branch. For
+  /// kernels that issue several loads before their conditional stores: ptxas moves a load into
+  /// the branch of its only use, after the branches before it, which serialises the loads' latencies.
+  /// 4, 8 or 16 bytes.
+  SGL_DEVICE void store_if(bool ok, void* ptr, std::size_t offset = 0) const {
+    static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "AlignedVector::store_if: 4, 8 or 16 bytes");
+    uint32_t w[kBytes / 4];
+    __builtin_memcpy(w, &m_storage, kBytes);
+    auto* dst = static_cast<Storage*>(ptr) + offset;
+    const uint32_t pred = ok;
+    if constexpr (kBytes == 16) {
+      asm volatile("{ .reg .pred p; setp.ne.u32 p, %0, 0; @p st.global.v4.u32 [%1], {%2, %3, %4, %5}; }" ::"r"(pred),
+                   "l"(dst),
+                   "r"(w[0]),
+                   "r"(w[1]),
+                   "r"(w[2]),
+                   "r"(w[3])
+                   : "memory");
+    } else if constexpr (kBytes == 8) {
+      asm volatile("{ .reg .pred p; setp.ne.u32 p, %0, 0; @p st.global.v2.u32 [%1], {%2, %3}; }" ::"r"(pred),
+                   "l"(dst),
+                   "r"(w[0]),
+                   "r"(w[1])
+                   : "memory");
+    } else {
+      asm volatile("{ .reg .pred p; setp.ne.u32 p, %0, 0; @p st.global.u32 [%1], %2; }" ::"r"(pred), "l"(dst), "r"(w[0])
+                   : "memory");
+    }
+  }
+
   SGL_DEVICE void fill(T value) {
 #pragma unroll
     for (std::size_t i = 0; i < N; ++i) m_storage.data[i] = value;

@@ -5,7 +5,7 @@
 // Functions (namespace gpu_cases):
 //   block_reduce, atomic_extrema, vec_scale, cast_from_float, cast_to_float,
 //   math_ops, stream_copy, fill_index, pdl_chain, big_smem, runtime_info,
-//   bad_launch, cluster_reduce, absmax_nonneg
+//   bad_launch, cluster_reduce, absmax_nonneg, store_if
 
 #include <sgl_kernel/atomic.cuh>
 #include <sgl_kernel/cluster.cuh>
@@ -93,6 +93,36 @@ __global__ void absmax_nonneg_kernel(const float* x, float* out) {
 
 inline void absmax_nonneg(TensorView x, TensorView out) {
   launch_per_row<3>(absmax_nonneg_kernel, x, out);
+}
+
+// ---- vec.cuh store_if: thread t of the block stores its 4-, 8- and 16-byte vectors of x into out
+// where t % 3 != 0 (rows of 256 floats: 64 x 16, 128 x 8 and 256 x 4 bytes; out untouched elsewhere).
+
+__global__ void store_if_kernel(const float* x, float* out) {
+  using namespace device;
+  const int t = threadIdx.x;
+  const bool ok = t % 3 != 0;
+  const float* src = x + blockIdx.x * 256;
+  float* dst = out + blockIdx.x * 768;
+  AlignedVector<float, 4> v4;
+  AlignedVector<float, 2> v2;
+  AlignedVector<float, 1> v1;
+  if (t < 64) v4.load(src, t);
+  if (t < 128) v2.load(src, t);
+  v1.load(src, t);
+  if (t < 64) v4.store_if(ok, dst, t);
+  if (t < 128) v2.store_if(ok, dst + 256, t);
+  v1.store_if(ok, dst + 512, t);
+}
+
+inline void store_if(TensorView x, TensorView out) {
+  using namespace host;
+  auto B = SymbolicSize{"rows"};
+  auto device = SymbolicDevice{};
+  TensorMatcher({B, 256}).with_dtype<float>().with_device<kDLCUDA>(device).verify(x);
+  TensorMatcher({B, 768}).with_dtype<float>().with_device(device).verify(out);
+  LaunchKernel(B.unwrap(), 256, device.unwrap())(
+      store_if_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
 }
 
 // ---- cta.cuh all_reduce_* and cluster.cuh: clusters of kClusterSize rows; out[b] = [sum, max] over

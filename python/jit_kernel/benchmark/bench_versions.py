@@ -151,7 +151,7 @@ def _cases() -> list[Case]:
     # KV-cache stores (ops newer than the first release: a build without them reports an error row).
     fp8 = torch.float8_e4m3fn
     for n, cache in (
-        *((n, bf16) for n in (1, 16, 128, 1024, 4096)),
+        *((n, bf16) for n in (1, 16, 128, 1024, 4096, 16384)),
         *((n, fp8) for n in (1, 16, 128, 1024, 4096, 16384)),
     ):
 

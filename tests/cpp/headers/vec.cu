@@ -1,4 +1,5 @@
-// vec.cuh: AlignedVector of 2..32 bytes, typed and untyped pointers, evict-first loads and stores.
+// vec.cuh: AlignedVector of 2..32 bytes, typed and untyped pointers, evict-first loads and stores,
+// predicated stores.
 #include <sgl_kernel/vec.cuh>
 
 #include <cstdint>
@@ -23,6 +24,9 @@ __global__ void roundtrip(const T* src, T* dst, const void* raw_src, void* raw_d
   if constexpr (sizeof(vec_t) <= 16) {
     w.load_evict_first(src, threadIdx.x);
     w.store_evict_first(raw_dst, threadIdx.x);
+  }
+  if constexpr (sizeof(vec_t) == 4 || sizeof(vec_t) == 8 || sizeof(vec_t) == 16) {
+    w.store_if(threadIdx.x % 2 == 0, dst, threadIdx.x);
   }
 }
 
