@@ -160,3 +160,48 @@ def test_forms_the_kernels_take_only_reshaped_are_served_once_armed() -> None:
     for a, b in zip(dst2, dst3, strict=True):
         assert torch.equal(a, b.view(512, 128))
     assert torch.equal(dst2[0][idx_dst], src.view(512, 128)[idx_src])
+
+
+# ---------------------------------------------------------------------------------------------
+# What the fast paths read, on any machine
+
+
+def test_kernel_table_files_sized_keys_by_dtype() -> None:
+    """``KernelTable.by_dtype`` (the fast paths' two-lookup view) holds exactly what was loaded."""
+    from jit_kernel.ops._common import NO_KERNELS, KernelTable
+
+    loads: list[tuple[int, str]] = []
+
+    class Loader:  # a Dispatcher's interface: the function of an export's config
+        def function(self, export: str, config: tuple[int, str]) -> Callable[..., object]:
+            loads.append(config)
+            return lambda *args: config
+
+    table = KernelTable(Loader(), "run", lambda dtype, d: (d, str(dtype)))  # type: ignore[arg-type]
+    assert table.by_dtype.get(BF16, NO_KERNELS).get(256) is None  # a lookup loads nothing
+    kernel = table[BF16, 256]
+    assert loads == [(256, "torch.bfloat16")]
+    assert table.by_dtype == {BF16: {256: kernel}} and table[BF16, 256] is kernel and len(loads) == 1
+    table.clear()
+    assert not table and not table.by_dtype and not NO_KERNELS
+
+
+def test_compile_switch_reads_as_torch_compiler_is_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops' inlined switch (``dynamo_compiling() or compile_state._is_compiling_flag``) is
+    ``torch.compiler.is_compiling()``: False eagerly, True while torch.export or torch.compile set
+    the flag, and folded to True by TorchDynamo (one graph, no break, no recompile)."""
+    from jit_kernel.ops._common import compile_state, dynamo_compiling, is_compiling
+
+    assert is_compiling() is torch.compiler.is_compiling() is False
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert is_compiling() is torch.compiler.is_compiling() is True
+    monkeypatch.undo()
+
+    def switch(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if dynamo_compiling() or compile_state._is_compiling_flag else x - 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(switch, fullgraph=True, backend="eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert compiled(torch.zeros(1)).item() == 1 and compiled(torch.zeros(1)).item() == 1
+    assert switch(torch.zeros(1)).item() == -1

@@ -88,14 +88,20 @@ def aot_archs() -> str | None:
 
 # os.environ.get of an unset variable raises and catches a KeyError inside (about 1 us), which an
 # op that reads a switch on every call cannot afford; os.environ keeps its encoded copy in _data.
+# ``CHECK_INDICES_KEY not in ENVIRON_DATA`` (one dict lookup, which the ops' eager fast paths read
+# inline) says that JIT_KERNEL_CHECK_INDICES is unset, so that check_indices() is False. Where
+# os.environ keeps no such dict (not CPython), ENVIRON_DATA holds the key: every call asks _flag.
+CHECK_INDICES_KEY: object = getattr(os.environ, "encodekey", lambda key: key)("JIT_KERNEL_CHECK_INDICES")
 _ENCODED_ENVIRON = getattr(os.environ, "_data", None)
-_CHECK_INDICES_KEY = getattr(os.environ, "encodekey", lambda key: key)("JIT_KERNEL_CHECK_INDICES")
+ENVIRON_DATA: dict[object, object] = (
+    _ENCODED_ENVIRON if isinstance(_ENCODED_ENVIRON, dict) else {CHECK_INDICES_KEY: None}
+)
 
 
 def check_indices() -> bool:
     """``JIT_KERNEL_CHECK_INDICES=1``: hicache, rope and the KV-cache store validate indices before
     a launch (one reduction and a sync); read at every call so that it can be toggled at run time."""
-    if isinstance(_ENCODED_ENVIRON, dict) and _ENCODED_ENVIRON.get(_CHECK_INDICES_KEY) is None:
+    if CHECK_INDICES_KEY not in ENVIRON_DATA:
         return False  # the common case, without os.environ.get's cost
     return _flag("JIT_KERNEL_CHECK_INDICES")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -41,16 +42,35 @@ def float_dtype(op: str, name: str, dtype: torch.dtype) -> str:
     return cpp
 
 
+# Read only: the ``by_dtype`` entry of a dtype no kernel was loaded for (``KernelTable``).
+NO_KERNELS: dict[Any, Callable[..., Any]] = {}
+
+
 class KernelTable(dict[Any, Callable[..., Any]]):
     """``table[key]`` -> the tvm-ffi function of one export for a call's ``key`` (its dtype and
     sizes). A hit is one dict lookup; a miss asks ``select`` for the config (which raises for a key
-    no kernel serves) and the dispatcher for the function (prebuilt or JIT)."""
+    no kernel serves) and the dispatcher for the function (prebuilt or JIT).
+
+    Keys ``(dtype, size)`` are also filed in :attr:`by_dtype`, ``dtype -> {size -> function}``,
+    for the eager fast paths: ``by_dtype.get(dtype, NO_KERNELS).get(size)`` is two plain lookups,
+    with no key tuple to build, hash and compare (about half the cost). Fill the table through
+    ``table[key]`` (or ``table[key] = function``) and empty it with ``clear()``, which keep both."""
 
     def __init__(self, dispatcher: Dispatcher, export: str, select: Callable[..., Config]) -> None:
         super().__init__()
         self._dispatcher = dispatcher
         self._export = export
         self._select = select
+        self.by_dtype: dict[Any, dict[Any, Callable[..., Any]]] = {}
+
+    def __setitem__(self, key: Any, function: Callable[..., Any]) -> None:
+        super().__setitem__(key, function)
+        if type(key) is tuple and len(key) == 2:
+            self.by_dtype.setdefault(key[0], {})[key[1]] = function
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_dtype.clear()
 
     def config(self, key: Any) -> Config:
         """The config for ``key`` without loading its kernel (fake implementations, tracing)."""
@@ -82,9 +102,29 @@ class KernelTable(dict[Any, Callable[..., Any]]):
 # exceptions nothing ran, and the full path runs and explains the error (or serves a form, such as
 # a 3-D input it views as rows, that the kernel takes only reshaped).
 FAST_PATH_MISS = (TypeError, ValueError, AttributeError, IndexError)
-# Bound once: ``torch.compiler.is_compiling`` is the function TorchDynamo folds to True when it
-# traces an op, so the ops switch to ``torch.ops.jit_kernel.*`` there.
-is_compiling = torch.compiler.is_compiling
+
+# torch.compile's switch: under it the ops call ``torch.ops.jit_kernel.*`` instead of the kernels.
+# ``torch.compiler.is_compiling()`` is ``torch.jit.is_scripting()`` (False outside TorchScript,
+# which cannot script these ops) and then the flag ``torch.compiler._is_compiling_flag`` (set by
+# torch.export and while torch.compile compiles), and TorchDynamo folds the call to True when it
+# traces an op. The ops' eager paths read the same answer inline, for a third of the cost, as
+# ``dynamo_compiling() or compile_state._is_compiling_flag``: TorchDynamo folds
+# ``torch.compiler.is_dynamo_compiling()`` to True as it folds ``is_compiling()``, so a traced
+# ``or`` stops there (the flag is never read, nothing is guarded); eagerly it returns False and the
+# flag decides. A torch without these two names gets ``is_compiling`` itself and a flag never set.
+if callable(getattr(torch.compiler, "is_dynamo_compiling", None)) and isinstance(
+    getattr(torch.compiler, "_is_compiling_flag", None), bool
+):
+    dynamo_compiling: Callable[[], bool] = torch.compiler.is_dynamo_compiling
+    compile_state: Any = torch.compiler
+else:  # pragma: no cover (torch releases before the flag)
+    dynamo_compiling = torch.compiler.is_compiling
+    compile_state = types.SimpleNamespace(_is_compiling_flag=False)
+
+
+def is_compiling() -> bool:
+    """``torch.compiler.is_compiling()``, as the ops read it (above): for paths off the eager fast path."""
+    return dynamo_compiling() or compile_state._is_compiling_flag
 
 
 class _CheckOnly:

@@ -23,9 +23,10 @@ from jit_kernel.families import ACTIVATION
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,
+    compile_state,
+    dynamo_compiling,
     explain,
     float_dtype,
-    is_compiling,
     not_a_tensor,
     register,
     rows,
@@ -103,7 +104,7 @@ def _public(name: str, doc: str) -> Callable[..., torch.Tensor]:
     with_out = getattr(torch.ops.jit_kernel, f"{name}_out")
 
     def op(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
-        if is_compiling():
+        if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
             if out is None:
                 return functional(input, enable_pdl)
             with_out(out, input, enable_pdl)

@@ -25,9 +25,18 @@ import torch
 
 from jit_kernel import env
 from jit_kernel.dispatch import Dispatcher
+from jit_kernel.env import CHECK_INDICES_KEY, ENVIRON_DATA
 from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
 from jit_kernel.families import hicache_default_unroll as default_unroll
-from jit_kernel.ops._common import CHECK_ONLY, FAST_PATH_MISS, explain, is_compiling, register
+from jit_kernel.ops._common import (
+    CHECK_ONLY,
+    FAST_PATH_MISS,
+    NO_KERNELS,
+    compile_state,
+    dynamo_compiling,
+    explain,
+    register,
+)
 from jit_kernel.ops._no_data import checks_only
 
 _HICACHE = Dispatcher(HICACHE)
@@ -126,9 +135,10 @@ _ONE_ARGS = ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src", "v_cach
 _ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_quota")
 
 
-# The eager fast path: export -> (dtype, row width) of a call with the default unroll and 2-D
+# The eager fast path: export -> dtype -> row width of a call with the default unroll and 2-D
 # caches -> its kernel, filled by the first such call (the block quota is a run-time argument).
-_DEFAULT_KERNELS: dict[str, dict[tuple[torch.dtype, int], Callable[..., Any]]] = {"run_one": {}, "run_one_mla": {}}
+# Two plain lookups, no key tuple (as KernelTable.by_dtype).
+_DEFAULT_KERNELS: dict[str, dict[torch.dtype, dict[int, Callable[..., Any]]]] = {"run_one": {}, "run_one_mla": {}}
 _ONE_LAYER_KERNELS, _ONE_LAYER_MLA_KERNELS = _DEFAULT_KERNELS["run_one"], _DEFAULT_KERNELS["run_one_mla"]
 
 
@@ -161,7 +171,7 @@ def _one_layer(
         if kernel is None:
             return
         if run is True and unroll_by_default and all(t.dim() == 2 for _, t in named):
-            _DEFAULT_KERNELS[_EXPORTS[n_dst]][(first.dtype, element_dim)] = kernel
+            _DEFAULT_KERNELS[_EXPORTS[n_dst]].setdefault(first.dtype, {})[element_dim] = kernel
         args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
 
         def bounds() -> None:
@@ -246,18 +256,24 @@ def transfer_hicache_one_layer(
     memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
     and ``block_quota`` (most blocks the copy occupies) default to tuned values.
     """
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         torch.ops.jit_kernel.transfer_hicache_one_layer(
             k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
             block_quota,
         )  # fmt: skip
         return
     # The fast path (_common.FAST_PATH_MISS): 2-D caches, the default unroll, a block quota the
-    # full path would take, no index checking (the full path does it).
+    # full path would take, no index checking (the full path does it; env.check_indices, inlined).
     quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    if element_dim is None and unroll is None and type(quota) is int and quota >= 1 and not env.check_indices():
+    if (
+        element_dim is None
+        and unroll is None
+        and type(quota) is int
+        and quota >= 1
+        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
+    ):
         try:
-            kernel = _ONE_LAYER_KERNELS.get((k_cache_dst.dtype, k_cache_dst.shape[-1]))
+            kernel = _ONE_LAYER_KERNELS.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
             if kernel is not None:
                 kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
                 return
@@ -279,17 +295,23 @@ def transfer_hicache_one_layer_mla(
     block_quota: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         torch.ops.jit_kernel.transfer_hicache_one_layer_mla(
             cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota
         )
         return
     # The fast path (_common.FAST_PATH_MISS): 2-D caches, the default unroll, a block quota the
-    # full path would take, no index checking (the full path does it).
+    # full path would take, no index checking (the full path does it; env.check_indices, inlined).
     quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    if element_dim is None and unroll is None and type(quota) is int and quota >= 1 and not env.check_indices():
+    if (
+        element_dim is None
+        and unroll is None
+        and type(quota) is int
+        and quota >= 1
+        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
+    ):
         try:
-            kernel = _ONE_LAYER_MLA_KERNELS.get((cache_dst.dtype, cache_dst.shape[-1]))
+            kernel = _ONE_LAYER_MLA_KERNELS.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
             if kernel is not None:
                 kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
                 return

@@ -28,10 +28,12 @@ from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
+    NO_KERNELS,
     KernelTable,
+    compile_state,
+    dynamo_compiling,
     explain,
     float_dtype,
-    is_compiling,
     not_a_tensor,
     register,
     rows,
@@ -73,6 +75,15 @@ _FUSED_ADD_ROUND_ONCE = _FUSED_ADD_KERNELS[False]
 _ACROSS_HEADS_KERNELS = KernelTable(_RMSNORM, "across_heads", _selector("qknorm_across_heads", "q", _FAST_HIDDEN))
 _ACROSS_HEADS_ONE_BY_ONE = KernelTable(_RMSNORM, "rmsnorm", _selector("qknorm_across_heads", "q", _FAST_HIDDEN))
 _QKNORM_KERNELS = KernelTable(_QKNORM, "run", _selector("fused_inplace_qknorm", "q", _FAST_HEAD_DIM))
+# The eager fast paths (_common.FAST_PATH_MISS) read the tables as dtype -> {D -> kernel}
+# (KernelTable.by_dtype), and D as the weight's ``numel()`` rather than the input's ``shape[-1]``
+# (which builds a torch.Size, twice the cost): every launcher matches the weight, ``[D]``, against
+# the input's last dimension, so a call it accepts has the same key either way, and one it refuses
+# goes through the full path, which keys on the input.
+_RMSNORM_BY_DTYPE = _RMSNORM_KERNELS.by_dtype
+_FUSED_ADD_BY_DTYPE = _FUSED_ADD_ROUND_ONCE.by_dtype
+_ACROSS_HEADS_BY_DTYPE = _ACROSS_HEADS_KERNELS.by_dtype
+_QKNORM_BY_DTYPE = _QKNORM_KERNELS.by_dtype
 
 # The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
 _ROWS_ARGS = ("out", "input", "weight", "eps", "enable_pdl")
@@ -292,15 +303,14 @@ def rmsnorm(
     ``input`` is ``[..., D]`` in fp16, bf16 or fp32 on a CUDA device, with a unit last stride (rows
     may be strided); ``weight`` is ``[D]`` of the same dtype. ``out`` may be ``input`` (in place).
     """
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         if out is None:
             return torch.ops.jit_kernel.rmsnorm(input, weight, eps, enable_pdl)
         torch.ops.jit_kernel.rmsnorm_out(out, input, weight, eps, enable_pdl)
         return out
     if out is not None:
         try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-            shape = input.shape
-            kernel = _RMSNORM_KERNELS.get((input.dtype, shape[1])) if len(shape) == 2 else None
+            kernel = _RMSNORM_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel()) if input.ndim == 2 else None
             if kernel is not None:
                 kernel(out, input, weight, eps, enable_pdl)
                 return out
@@ -325,13 +335,12 @@ def fused_add_rmsnorm(
     (``weight * x.to(dtype)``): the normalised value is rounded to the dtype before the weight
     multiply, and it is normalised from the unrounded fp32 sum (the stored residual is still
     rounded). The default rounds once, after the weight multiply."""
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
         return
     if cast_x_before_out_mul is False:
         try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-            shape = input.shape
-            kernel = _FUSED_ADD_ROUND_ONCE.get((input.dtype, shape[1])) if len(shape) == 2 else None
+            kernel = _FUSED_ADD_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel()) if input.ndim == 2 else None
             if kernel is not None:
                 kernel(input, residual, weight, eps, enable_pdl)
                 return
@@ -350,11 +359,11 @@ def fused_inplace_qknorm(
 ) -> None:
     """Per-head RMSNorm in place, in one launch: q ``[N, Hq, D]``, k ``[N, Hk, D]`` (token and
     head strides allowed, unit last stride), weights ``[D]``."""
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         torch.ops.jit_kernel.fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
         return
     try:  # the fast path (_common.FAST_PATH_MISS)
-        kernel = _QKNORM_KERNELS.get((q.dtype, q.shape[-1]))
+        kernel = _QKNORM_BY_DTYPE.get(q.dtype, NO_KERNELS).get(q_weight.numel())
         if kernel is not None:
             kernel(q, k, q_weight, k_weight, eps, enable_pdl)
             return
@@ -379,13 +388,14 @@ def qknorm_across_heads(
 ) -> None:
     """RMSNorm of whole rows in place, in one launch: q ``[N, Hq*D]`` with ``q_weight`` ``[Hq*D]``,
     k ``[N, Hk*D]`` with ``k_weight`` ``[Hk*D]``."""
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         torch.ops.jit_kernel.qknorm_across_heads(q, k, q_weight, k_weight, eps, enable_pdl)
         return
     try:  # the fast path (_common.FAST_PATH_MISS) of the one launch: equal widths, or few tokens
         shape, dk = q.shape, k.shape[-1]
         one_launch = shape[0] <= _ONE_LAUNCH_MAX_TOKENS or shape[-1] == dk
-        kernel = _ACROSS_HEADS_KERNELS.get((q.dtype, shape[-1] if shape[-1] == dk else 0)) if one_launch else None
+        by_d = _ACROSS_HEADS_BY_DTYPE.get(q.dtype, NO_KERNELS)
+        kernel = by_d.get(shape[-1] if shape[-1] == dk else 0) if one_launch else None
         if kernel is not None:
             kernel(q, k, q_weight, k_weight, eps, enable_pdl)
             return

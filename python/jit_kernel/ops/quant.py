@@ -21,6 +21,8 @@ from jit_kernel.families import PER_TENSOR_QUANT_FP8
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,
+    compile_state,
+    dynamo_compiling,
     explain,
     float_dtype,
     is_compiling,
@@ -115,7 +117,12 @@ def per_tensor_quant_fp8(
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+). The
     cooperative kernel that dynamic mode uses above 64K elements is never launched with it."""
-    if is_static is False and output_q is not None and output_s is not None and not is_compiling():
+    if (
+        is_static is False
+        and output_q is not None
+        and output_s is not None
+        and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
+    ):
         try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode with both outputs given
             # A scale of another shape than (1,) is viewed as (1,) by the full path.
             kernel = _DYNAMIC.get(input.dtype) if output_s.ndim == 1 else None

@@ -11,7 +11,15 @@ import torch
 
 from jit_kernel.dispatch import Dispatcher
 from jit_kernel.families import SCALE
-from jit_kernel.ops._common import FAST_PATH_MISS, KernelTable, explain, float_dtype, is_compiling, register
+from jit_kernel.ops._common import (
+    FAST_PATH_MISS,
+    KernelTable,
+    compile_state,
+    dynamo_compiling,
+    explain,
+    float_dtype,
+    register,
+)
 
 _SCALE = Dispatcher(SCALE)
 _KERNELS = KernelTable(_SCALE, "run", lambda dtype: (float_dtype("scale", "src", dtype),))
@@ -45,7 +53,7 @@ register("scale_out", _scale_out, mutates=("out",), fake_checks=True)
 
 def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """``src * factor`` (contiguous ``src``, any shape); ``out`` may be ``src`` (in place)."""
-    if is_compiling():
+    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
         if out is None:
             return torch.ops.jit_kernel.scale(src, float(factor))
         torch.ops.jit_kernel.scale_out(out, src, float(factor))
