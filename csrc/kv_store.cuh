@@ -423,7 +423,8 @@ struct KvStore {
     }
     if (p.joint && vec && p.num_tokens >= kFlatMinTokens<C>) {
       const auto n0 = static_cast<uint32_t>(w0 / kVec), per_token = static_cast<uint32_t>((w0 + w1) / kVec);
-      if (p.num_tokens * per_token <= UINT32_MAX) {
+      // Unit indices, and first + u * kFlatThreads past the last one, fit 32 bits.
+      if (p.num_tokens * per_token <= UINT32_MAX - kFlatThreads * kFlatUnroll) {
         const FlatUnits f{
             per_token,
             n0,
