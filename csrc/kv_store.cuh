@@ -18,7 +18,9 @@
 // are at most kUnroll vectors per lane (MLA 512 + 64 bf16), one warp per token for both. Each lane
 // moves 16-byte input vectors, kUnroll of them in flight before any store. Small launches (decode)
 // instead split each row into chunks of one vector per lane on grid y, in 128-thread blocks: more
-// warps in flight for the same bytes (see kChunkedMaxWarpsPerSm). A row that is not made of aligned
+// warps in flight for the same bytes (see kChunkedMaxWarpsPerSm). Long launches of tokens whose two
+// rows share a warp (MLA) take the flat kernel, 4 vectors per thread in token-major order (see
+// kFlatMinTokens). A row that is not made of aligned
 // vectors (width, pointer or stride not a multiple of the vector) takes the scalar instance of the
 // same kernel.
 //
