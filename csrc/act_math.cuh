@@ -2,10 +2,10 @@
 // (activation.cuh) and the fused silu + group quant (quant/per_token_group_fp8.cuh), which must
 // agree with silu_and_mul bit for bit.
 //
-// exp_ftz(x) = 2^(x log2 e) by ex2.approx.ftz: without ftz (__expf), ptxas guards each exp2 against
-// a subnormal result (a compare and two predicated multiplies per element). Every use below adds
-// the result to 1 (or subtracts a product of it from 1), which rounds a subnormal away: the same
-// bits as __expf's for every input.
+// exp2_ftz(x) = 2^x by ex2.approx.ftz, exp_ftz(x) = 2^(x log2 e): without ftz (__expf), ptxas guards
+// each exp2 against a subnormal result (a compare and two predicated multiplies per element). silu
+// and gelu_tanh add the result to 1, which rounds a subnormal away: the same bits as __expf's for
+// every input. gelu's tail (x < 0) uses it unrounded: a value below 2^-126 |x| becomes 0.
 #pragma once
 
 #include <sgl_kernel/math.cuh>
@@ -13,10 +13,14 @@
 
 namespace jit_kernel {
 
-SGL_DEVICE float exp_ftz(float x) {
+SGL_DEVICE float exp2_ftz(float x) {
   float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * device::math::log2e));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x));
   return e;
+}
+
+SGL_DEVICE float exp_ftz(float x) {
+  return exp2_ftz(x * device::math::log2e);
 }
 
 // silu(x) = x * sigmoid(x) = x / (1 + e^-x). x < -88: e^-x overflows to inf and __fdividef gives -0

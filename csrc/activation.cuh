@@ -58,40 +58,46 @@ struct Silu {
   }
 };
 
-// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7, below an fp32 ulp of values near 1):
-// branch-free, one fast reciprocal and one exponential, where erff branches over two polynomials.
-// H100, bf16 gelu_and_mul: 1024 x 4096 6.74 -> 5.89 us, 1024 x 14336 30.83 -> 31.49 (+2%).
-SGL_DEVICE float erf_approx(float x) {
-  const float a = fabsf(x);
-  const float t = __fdividef(1.f, fmaf(0.3275911f, a, 1.f));
-  const float poly =
-      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-  return copysignf(1.f - poly * exp_ftz(-a * a), x);
+// gelu(x) = x Phi(x), Phi(x) = 1 - q for x >= 0 and q for x < 0, where q = 0.5 erfc(|x| / sqrt 2) by
+// Abramowitz & Stegun 7.1.26 (|error of erf| <= 1.5e-7, below an fp32 ulp of values near 1):
+// q = 0.5 t P(t) exp(-x^2 / 2), t = 1 / (1 + p |x| / sqrt 2), with the 0.5, 1 / sqrt 2 and log2(e)
+// folded into the constants. Branch-free: one fast reciprocal, one exponential, where erff
+// branches over two polynomials (H100, bf16 gelu_and_mul 1024 x 4096: 6.74 -> 5.89 us). The folding
+// (q directly, not 1 + erf) saves four operations an element: 16384 x 14336 463.9 -> 458.0 us,
+// 4096 x 14336 117.7 -> 115.9 (probe s17; torch.compile 459.8-460.1 and 116.0 in that process).
+// Before the two tokens per thread of Gelu::kTokensPerThread (kept below): the former 4-wave cap
+// ran 16384 x 14336 at 473.5 us, 4096 x 14336 at 119.2; one token per thread (uncapped) 6-7% slower.
+SGL_DEVICE float gelu(float x) {
+  constexpr float kP = 0.3275911f * 0.70710678118654752440f;
+  constexpr float kE = -0.5f * device::math::log2e;
+  const float t = __fdividef(1.f, fmaf(kP, fabsf(x), 1.f));
+  // A&S's a1..a5, halved.
+  constexpr float kA1 = 0.5f * 0.254829592f, kA2 = 0.5f * -0.284496736f, kA3 = 0.5f * 1.421413741f;
+  constexpr float kA4 = 0.5f * -1.453152027f, kA5 = 0.5f * 1.061405429f;
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, kA5, kA4), kA3), kA2), kA1);
+  const float q = poly * exp2_ftz(x * x * kE);
+  return x * (x >= 0.f ? 1.f - q : q);
 }
 
-// Two tokens per thread beyond L2: both loads in flight before either store hide the longer
-// arithmetic. H100, bf16, graph replay (us) against the former 4-wave cap (3.5-14 tokens per thread
-// at these sizes): 16384 x 14336 473.5 -> 463.9, 8192 x 14336 236.5 -> 233.2, 4096 x 14336 119.2 ->
-// 117.7, 2048 x 14336 61.2 -> 60.0, 16384 x 4096 135.8 -> 134.4; one token per thread (uncapped)
-// was 6-7% slower than the cap. Same outputs.
 struct Gelu {
   static constexpr int64_t kTokensPerThread = 2;
   static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
-    constexpr float kRsqrt2 = 0.70710678118654752440f;
-    return 0.5f * x * (1.f + erf_approx(x * kRsqrt2));
+    return gelu(x);
   }
 };
 
-// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): the same form as silu, no tanh and no cancellation.
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = beta (x + kappa x^3): the form of silu, no tanh and no
+// cancellation; x / (1 + 2^(x (c + c kappa x^2))) with c = -2 beta log2(e) folded (H100, bf16
+// 1024 x 4096: 4.25 -> 4.16 us, probe s17). FlashInfer's tanh.approx.f32 form ran 3.93 there but
+// errs by up to 2^-11 of tanh near -1, where 1 + tanh(u) cancels (x below about -1).
 struct GeluTanh {
   static constexpr int64_t kTokensPerThread = 1;
   static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
-    constexpr float kBeta = 0.79788456080286535588f;  // sqrt(2 / pi)
-    constexpr float kKappa = 0.044715f;
-    const float u = kBeta * fmaf(kKappa * x, x * x, x);
-    return __fdividef(x, 1.f + exp_ftz(-2.f * u));
+    constexpr float kC = -2.f * 0.79788456080286535588f * device::math::log2e;  // sqrt(2 / pi)
+    constexpr float kCKappa = kC * 0.044715f;
+    return __fdividef(x, 1.f + exp2_ftz(x * fmaf(kCKappa, x * x, kC)));
   }
 };
 

@@ -123,6 +123,26 @@ def _cases() -> list[Case]:
 
             cases += [(f"{op} {n}x{d}", act, n <= 1024)]
 
+    # RoPE and the fused per-head norm + RoPE, in place: NeoX, q 32 and k 8 heads x 128 of a qkv row
+    # (v: 8 more heads), fp32 cos/sin cache of 8192 positions.
+    for fused in (False, True):
+        for n in (1, 16, 1024, 4096, 16384):
+
+            def rope(fused: bool = fused, n: int = n) -> Callable[[], object]:
+                qkv = rand(n, 48 * 128)
+                q, k = qkv[:, :4096].view(n, 32, 128), qkv[:, 4096:5120].view(n, 8, 128)
+                pos = torch.randint(0, 8192, (n,), device=dev)
+                inv = 1.0 / 10000 ** (torch.arange(0, 128, 2, device=dev, dtype=torch.float32) / 128)
+                angles = torch.arange(8192, device=dev, dtype=torch.float32)[:, None] * inv
+                cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
+                if fused:
+                    qw, kw = rand(128), rand(128)
+                    return lambda: jk.fused_qknorm_rope(q, k, qw, kw, pos, cache, 1e-6)
+                return lambda: jk.apply_rope_with_cos_sin_cache_inplace(pos, q, k, 128, cache)
+
+            name = "fused_qknorm_rope" if fused else "apply_rope_with_cos_sin_cache_inplace"
+            cases += [(f"{name} {n} tokens", rope, n <= 1024)]
+
     # Per-token-group fp8 quant, alone and fused with silu_and_mul (group 128, outputs given).
     for fused in (False, True):
         for n, d in ((1, 4096), (16, 7168), (1024, 4096), (4096, 7168)):
