@@ -16,6 +16,7 @@ import torch
 from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
+    EMPTY_PROVIDER,
     Measurements,
     comparison_cells,
     comparison_row,
@@ -127,6 +128,31 @@ def test_measurements_memoize_per_config_and_provider() -> None:
     assert calls == [(("op", 1), "jit"), (("op", 1), "eager"), (("op", 2), "jit")]
     assert results.for_config(("op", 1)) == {"jit": 1.0, "eager": 2.0}
     assert results.for_config(("op", 3)) == {}
+
+
+def test_paired_measurements_bracket_each_jit_time_with_the_reference() -> None:
+    order: list[str] = []
+    references = iter([1.0, 3.0, 5.0, 9.0])
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        order.append(provider)
+        return {"jit": 10.0, "copy": 8.0}[provider]
+
+    def reference() -> float:
+        order.append("empty")
+        return next(references)
+
+    results = Measurements(timer, reference)
+    results.time(("op", 1), "jit", lambda: lambda: None)
+    results.time(("op", 1), "copy", lambda: lambda: None)  # not paired
+    results.time(("op", 1), "jit", lambda: lambda: None)  # memoized: no new reference either
+    results.time(("op", 2), "jit", lambda: lambda: None)
+    assert order == ["empty", "jit", "empty", "copy", "empty", "jit", "empty"]
+    assert results.for_config(("op", 1)) == {"jit": 10.0, EMPTY_PROVIDER: 2.0, "copy": 8.0}
+    assert results.for_config(("op", 2))[EMPTY_PROVIDER] == 7.0
+    # "vs empty" reads the paired reference, not the run-level one passed in
+    row = summary_rows(results, [(("op", 1), [1], 8_000_000, True)], empty=100.0)[0]
+    assert row[-1] == "5.00x"
 
 
 def test_summary_rows_use_the_memoized_times_and_skip_unmeasured_configs() -> None:

@@ -133,6 +133,7 @@ def comparison_row(
     then the :func:`extra_header` columns of ``extras``."""
     nan = float("nan")
     ours = times.get("jit", nan)
+    empty = times.get(EMPTY_PROVIDER, empty)  # measured beside ours when paired
     cells = comparison_cells(
         nbytes, ours, times.get("eager", nan), times.get("compile", nan), times.get("copy", nan), empty, tiny
     )
@@ -174,18 +175,38 @@ def time_case(key: Hashable, provider: str, make: Callable[[], Callable[[], obje
 Timer = Callable[[Hashable, str, Callable[[], Callable[[], object]]], float]
 
 
+# The provider key under which Measurements keeps the empty kernel's time beside each jit time.
+EMPTY_PROVIDER = "empty"
+
+
 class Measurements:
     """Times measured by a script's perf_report functions, memoized by (config, provider), so the
-    markdown summary reads the very numbers the plots show instead of measuring again."""
+    markdown summary reads the very numbers the plots show instead of measuring again.
 
-    def __init__(self, timer: Timer = time_case) -> None:
+    With a ``reference`` (:meth:`paired`), every jit measurement is bracketed by two measurements of
+    the empty kernel, whose mean is kept as provider :data:`EMPTY_PROVIDER` of that config: a
+    graph-replayed launch's time follows the GPU's state (H100: a 1-element add_ read 1.00-1.05 us
+    as the first graph of a process and 1.21-1.25 us afterwards, our kernels shifting with it), so
+    "vs empty" compares two times taken together, not one taken at the end of the run."""
+
+    def __init__(self, timer: Timer = time_case, reference: Callable[[], float] | None = None) -> None:
         self.timer = timer
+        self.reference = reference
         self.times: dict[tuple[Hashable, str], float] = {}
+
+    @classmethod
+    def paired(cls) -> Measurements:
+        """Measured with :func:`time_case`, jit times bracketed by the empty kernel's."""
+        return cls(time_case, empty_kernel_now_us)
 
     def time(self, key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
         """The median us of ``provider`` at config ``key``; measured on the first request only."""
         if (key, provider) not in self.times:
+            paired = self.reference is not None and provider == "jit"
+            before = self.reference() if paired else math.nan
             self.times[(key, provider)] = self.timer(key, provider, make)
+            if paired:
+                self.times[(key, EMPTY_PROVIDER)] = (before + self.reference()) / 2
         return self.times[(key, provider)]
 
     def for_config(self, key: Hashable) -> dict[str, float]:
@@ -243,6 +264,12 @@ def empty_kernel_us() -> float:
     return _EMPTY[0]
 
 
+def empty_kernel_now_us() -> float:
+    """The empty-kernel reference (see :func:`empty_kernel_us`) measured now, not cached."""
+    one = torch.zeros(1, device="cuda")
+    return time_or_nan(lambda: one.add_(1))
+
+
 def device_name() -> str:
     return torch.cuda.get_device_name()
 
@@ -264,7 +291,8 @@ def run_script(
     empty = empty_kernel_us()
     text = (
         f"device: {device_name()}; torch {torch.__version__}; "
-        f"empty-kernel CUDA-graph replay: {format_us(empty, 2)} us (1-element torch add_)\n\n" + summary(empty)
+        f"empty-kernel CUDA-graph replay at the end of the run: {format_us(empty, 2)} us (1-element torch add_); "
+        '"vs empty" divides by the empty kernel measured beside each jit time\n\n' + summary(empty)
     )
     print("\n" + text)
     write_summary(save_path, f"{name}.md", text)

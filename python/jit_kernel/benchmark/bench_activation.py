@@ -58,7 +58,7 @@ PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
 }
 EXTRAS = {"flashinfer": "FlashInfer", "jit_nopdl": "no-PDL"}
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 def activation_bytes(tokens: int, d: int, elem: int = DT.itemsize) -> int:

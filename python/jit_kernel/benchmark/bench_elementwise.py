@@ -52,7 +52,7 @@ TINY_ELEMENTS = 16 * 8192  # "vs empty" is shown up to this many elements
 # The providers, in one place: add an entry here (e.g. "jit_pdl") and a branch in each *_case.
 PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = dict(STANDARD_PROVIDERS)
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 def elementwise_bytes(elements: int, dtype: str) -> int:

@@ -69,7 +69,7 @@ PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
 }
 EXTRAS = {"flashinfer": "FlashInfer"}
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 def row_elems(case: str) -> int:

@@ -72,7 +72,7 @@ PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
 }
 EXTRAS = {"jit_nopdl": "no-PDL", "eager_hf": "HF eager"}
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
 }
 EXTRAS = {"jit_nopdl": "no-PDL"}
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 def quant_bytes(tokens: int, hidden: int, dtype: str) -> int:

@@ -65,7 +65,7 @@ QKR_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
 }
 QKR_EXTRAS = {"two_launch": "two launches"}
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 def rope_bytes(tokens: int, hq: int = HQ, hk: int = HK, head_dim: int = HEAD_DIM, rot: int = ROT) -> int:

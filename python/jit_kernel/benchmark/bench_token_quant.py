@@ -69,7 +69,7 @@ FUSED_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
 GROUP_EXTRAS = {"jit_colmajor": "col-major"}
 FUSED_EXTRAS = {"two_launch": "2-launch"}
 
-RESULTS = Measurements()
+RESULTS = Measurements.paired()
 
 
 def _itemsize(dtype: str) -> int:
