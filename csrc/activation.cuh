@@ -14,9 +14,10 @@
 // loops over tokens, two per iteration with both loads issued before either store. Data beyond the
 // L2 cache: silu and gelu_tanh take one token per thread (one block row per token group), gelu (the
 // most arithmetic) two, in one iteration (Act::kTokensPerThread). Data that fit in L2 (an [N, 2d]
-// input the previous GEMM just wrote): one wave, every activation; block turnover, not DRAM, bounds
-// these (1024 x 4096 bf16: silu 5.34 -> 4.12 us, gelu 7.57 -> 6.78, gelu_tanh 5.63 -> 4.59). Plain
-// loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth and eleventh sessions.)
+// input the previous GEMM just wrote): one wave of at most two tokens per thread, every activation;
+// block turnover, not DRAM, bounds these (1024 x 4096 bf16: silu 5.34 -> 4.12 us, gelu 7.57 -> 6.78,
+// gelu_tanh 5.63 -> 4.59). Plain loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth,
+// eleventh and seventeenth sessions.) Up to kDecodeTokens tokens: 8-byte vectors (below).
 #pragma once
 
 #include "act_math.cuh"
@@ -40,19 +41,23 @@ namespace jit_kernel::activation {
 
 inline constexpr uint32_t kThreads = 128;
 // Data that fit in the L2 cache: the grid is capped at one wave (runtime::max_threads_per_sm /
-// kThreads blocks per SM). Beyond: Act::kTokensPerThread tokens per thread.
+// kThreads blocks per SM), at most kMaxL2TokensPerThread tokens per thread. Beyond:
+// Act::kTokensPerThread tokens per thread. H100, bf16 2048 x 4096 (50 MB, within the 52 MB L2 but
+// not held by it), probe s17b: 4 tokens per thread (one wave) silu 17.4-17.5 us, gelu 19.0,
+// gelu_tanh 17.6; 2 tokens 16.6-16.7, 17.7, 16.6. At 1024 x 4096, 2 tokens (one wave) stays.
 inline constexpr int64_t kMaxGridY = 65535;
-// Up to Act::kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the
-// threads, half the serial work each, for a launch that latency bounds. H100, bf16, d 14336
-// (bench_versions, this change against the last): 1 token silu 1.04 -> 0.92 us, gelu (with the erf
-// below) 1.40 -> 1.08, gelu_tanh 1.22 -> 0.94; 16 tokens gelu 1.53 -> 1.47, gelu_tanh 1.34 -> 1.23,
-// but silu 1.23 -> 1.45, whose light arithmetic gains nothing from more threads: silu stops at 4.
-// At 64 tokens it cost every activation about 15%.
+inline constexpr int64_t kMaxL2TokensPerThread = 2;
+// Up to kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the threads,
+// half the serial work each, for a launch that latency bounds. H100, bf16, d 14336: 1 token silu
+// 1.04 -> 0.92 us, gelu 1.40 -> 1.08, gelu_tanh 1.22 -> 0.94; 16 tokens gelu 1.53 -> 1.47, gelu_tanh
+// 1.34 -> 1.23. silu at 16 tokens, five fresh allocations each (probe s17b): 16-byte vectors
+// 1.20-1.57 us (bimodal), 8-byte 1.18-1.19; at 8 tokens 1.08-1.16 against 1.05-1.07. At 64 tokens
+// 8-byte vectors cost every activation about 15%.
+inline constexpr int64_t kDecodeTokens = 16;
 
 // act_math.cuh: shared with the fused silu + group quant, which must match it bit for bit.
 struct Silu {
   static constexpr int64_t kTokensPerThread = 1;
-  static constexpr int64_t kDecodeTokens = 4;
   SGL_DEVICE static float apply(float x) {
     return silu(x);
   }
@@ -81,7 +86,6 @@ SGL_DEVICE float gelu(float x) {
 
 struct Gelu {
   static constexpr int64_t kTokensPerThread = 2;
-  static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
     return gelu(x);
   }
@@ -93,7 +97,6 @@ struct Gelu {
 // errs by up to 2^-11 of tanh near -1, where 1 + tanh(u) cancels (x below about -1).
 struct GeluTanh {
   static constexpr int64_t kTokensPerThread = 1;
-  static constexpr int64_t kDecodeTokens = 16;
   SGL_DEVICE static float apply(float x) {
     constexpr float kC = -2.f * 0.79788456080286535588f * device::math::log2e;  // sqrt(2 / pi)
     constexpr float kCKappa = kC * 0.044715f;
@@ -203,7 +206,7 @@ struct Activation {
     const auto* x = static_cast<const T*>(input.data_ptr());
     const bool vec = reinterpret_cast<uint64_t>(o) % 16 == 0 && reinterpret_cast<uint64_t>(x) % 16 == 0 &&
                      d % kVec == 0 && (tokens == 1 || (out_stride % kVec == 0 && in_stride % kVec == 0));
-    const bool decode = tokens <= Act::kDecodeTokens;
+    const bool decode = tokens <= kDecodeTokens;
     const int64_t cols = vec ? d / (decode ? kDecodeVec : kVec) : d;
     const int64_t tx = std::min<int64_t>(kThreads, pow2_at_least(cols));
     const int64_t ty = kThreads / tx;
@@ -215,9 +218,10 @@ struct Activation {
         int64_t{runtime::sm_count(dev.device_id)} * (runtime::max_threads_per_sm(dev.device_id) / kThreads) / grid_x,
         1,
         kMaxGridY);
-    const int64_t iterations = bytes <= runtime::l2_cache_bytes(dev.device_id)
-                                   ? div_ceil(groups, one_wave)
-                                   : std::max(std::min(Act::kTokensPerThread, groups), div_ceil(groups, kMaxGridY));
+    const int64_t per_thread = bytes <= runtime::l2_cache_bytes(dev.device_id)
+                                   ? std::min(div_ceil(groups, one_wave), kMaxL2TokensPerThread)
+                                   : std::min(Act::kTokensPerThread, groups);
+    const int64_t iterations = std::max(per_thread, div_ceil(groups, kMaxGridY));
     const int64_t grid_y = div_ceil(groups, iterations);
     const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
     const dim3 block(static_cast<uint32_t>(tx), static_cast<uint32_t>(ty));
