@@ -348,6 +348,24 @@ def test_qknorm_rope(n: int, d: int, rot: int, is_neox: bool, dtype: torch.dtype
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("n", "hq", "hk"),
+    # The fast kernel loads the weights with the head up to 65536 heads (kEarlyWeightMaxHeads) and
+    # after the reduction above: both sides of the boundary, and a prefill-sized launch.
+    [(4096, 8, 8), (4097, 8, 8), (2048, 32, 8)],
+)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qknorm_rope_many_heads(n: int, hq: int, hk: int, d: int, is_neox: bool, dtype: torch.dtype) -> None:
+    _, q, k, v = fused_qkv(n, hq, hk, d, dtype)
+    qw = torch.rand(d, device="cuda", dtype=torch.float32).add(0.5).to(dtype)
+    kw = torch.rand(d, device="cuda", dtype=torch.float32).add(0.5).to(dtype)
+    cache = uniform_cache(MAX_POS, d, torch.float32)
+    check_qknorm_rope(q.view(n, hq, d), k.view(n, hk, d), qw, kw, rand_positions(n), cache, d, is_neox, dtype, (v,))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_qknorm_rope_2d_misaligned_and_bf16_cache(is_neox: bool, dtype: torch.dtype) -> None:
