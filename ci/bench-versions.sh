@@ -6,6 +6,7 @@
 #
 #   git archive <commit> | tar -x -C .bench-old    # here, once (.bench-old is git-ignored locally)
 #   bash ci/bench-versions.sh .bench-old [ROUNDS]    # on the GPU machine
+#   BENCH_ONLY='gelu|silu' bash ci/bench-versions.sh .bench-old    # only the cases matching a regex
 set -uo pipefail
 OLD_DIR=$1 ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/out}
@@ -25,7 +26,7 @@ script=$PWD/python/jit_kernel/benchmark/bench_versions.py
 for round in $(seq "$ROUNDS"); do
   for side in old new; do
     (cd /tmp && PYTHONPATH=/tmp/site-$side:/tmp/tvm JIT_KERNEL_CACHE_DIR=/tmp/jit-cache-$side \
-       python3 "$script" --out "$OUT/$side-$round.json") > "$OUT/run-$side-$round.log" 2>&1 \
+       python3 "$script" --out "$OUT/$side-$round.json" ${BENCH_ONLY:+--only "$BENCH_ONLY"}) > "$OUT/run-$side-$round.log" 2>&1 \
       || { echo "run $side $round failed"; tail -5 "$OUT/run-$side-$round.log"; }
   done
 done

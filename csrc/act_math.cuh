@@ -23,11 +23,34 @@ SGL_DEVICE float exp_ftz(float x) {
   return exp2_ftz(x * device::math::log2e);
 }
 
-// silu(x) = x * sigmoid(x) = x / (1 + e^-x). x < -88: e^-x overflows to inf and __fdividef gives -0
-// (the exact value is below 1e-36 in magnitude). NaN stays NaN. H100, bf16 silu_and_mul 1024 x 4096:
+// 1 / x by rcp.approx.ftz (one MUFU.RCP): __fdividef adds a compare, a select and two multiplies an
+// element to rescale divisors above 2^126, which here are only ever 1 + (an overflowed exponential)
+// = inf, whose reciprocal is 0 either way.
+SGL_DEVICE float rcp_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// fmaxf / fminf that return NaN when either input is NaN (max.NaN / min.NaN, sm_80): gelu's
+// max(x, 0) and clamp must not turn a NaN input into a number.
+SGL_DEVICE float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+SGL_DEVICE float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// silu(x) = x * sigmoid(x) = x / (1 + e^-x). x < -88: e^-x overflows to inf, its reciprocal is 0
+// and the result -0 (the exact value is below 1e-36 in magnitude). NaN stays NaN. H100, bf16 silu_and_mul 1024 x 4096:
 // 4.08 -> 3.94 us against __expf (docs/benchmarks.md, fourteenth session).
 SGL_DEVICE float silu(float x) {
-  return __fdividef(x, 1.f + exp_ftz(-x));
+  return x * rcp_ftz(1.f + exp_ftz(-x));
 }
 
 }  // namespace jit_kernel

@@ -58,6 +58,7 @@ inline constexpr int64_t kDecodeTokens = 16;
 // act_math.cuh: shared with the fused silu + group quant, which must match it bit for bit.
 struct Silu {
   static constexpr int64_t kTokensPerThread = 1;
+  static constexpr int kMinBlocksDecode = 1, kMinBlocks = 1;  // see act_and_mul_kernel
   SGL_DEVICE static float apply(float x) {
     return silu(x);
   }
@@ -72,20 +73,26 @@ struct Silu {
 // 4096 x 14336 117.7 -> 115.9 (probe s17; torch.compile 459.8-460.1 and 116.0 in that process).
 // Before the two tokens per thread of Gelu::kTokensPerThread (kept below): the former 4-wave cap
 // ran 16384 x 14336 at 473.5 us, 4096 x 14336 at 119.2; one token per thread (uncapped) 6-7% slower.
+// x Phi(x) as max(x, 0) - |x| q, one FMA (x - x q for x >= 0, x q below), with |x| clamped to 16
+// (q is 0 from 13.3 on, so gelu(inf) = inf and gelu(-inf) = 0, where x q gave NaN) and NaN kept by
+// max.NaN / min.NaN; t by rcp.approx (act_math.cuh). 29 -> 25 instructions an element: H100, bf16
+// 1024 x 4096 5.15 -> 4.87 us in one process (probe s18; the select form before).
 SGL_DEVICE float gelu(float x) {
   constexpr float kP = 0.3275911f * 0.70710678118654752440f;
   constexpr float kE = -0.5f * device::math::log2e;
-  const float t = __fdividef(1.f, fmaf(kP, fabsf(x), 1.f));
+  const float a = min_nan(fabsf(x), 16.f);
+  const float t = rcp_ftz(fmaf(kP, a, 1.f));
   // A&S's a1..a5, halved.
   constexpr float kA1 = 0.5f * 0.254829592f, kA2 = 0.5f * -0.284496736f, kA3 = 0.5f * 1.421413741f;
   constexpr float kA4 = 0.5f * -1.453152027f, kA5 = 0.5f * 1.061405429f;
   const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, kA5, kA4), kA3), kA2), kA1);
-  const float q = poly * exp2_ftz(x * x * kE);
-  return x * (x >= 0.f ? 1.f - q : q);
+  const float q = poly * exp2_ftz(a * a * kE);
+  return fmaf(-a, q, max_nan(x, 0.f));
 }
 
 struct Gelu {
   static constexpr int64_t kTokensPerThread = 2;
+  static constexpr int kMinBlocksDecode = 12, kMinBlocks = 1;
   SGL_DEVICE static float apply(float x) {
     return gelu(x);
   }
@@ -97,10 +104,11 @@ struct Gelu {
 // errs by up to 2^-11 of tanh near -1, where 1 + tanh(u) cancels (x below about -1).
 struct GeluTanh {
   static constexpr int64_t kTokensPerThread = 1;
+  static constexpr int kMinBlocksDecode = 1, kMinBlocks = 1;
   SGL_DEVICE static float apply(float x) {
     constexpr float kC = -2.f * 0.79788456080286535588f * device::math::log2e;  // sqrt(2 / pi)
     constexpr float kCKappa = kC * 0.044715f;
-    return __fdividef(x, 1.f + exp2_ftz(x * fmaf(kCKappa, x * x, kC)));
+    return x * rcp_ftz(1.f + exp2_ftz(x * fmaf(kCKappa, x * x, kC)));
   }
 };
 
@@ -119,14 +127,25 @@ SGL_DEVICE device::AlignedVector<T, kN> act_mul(
 
 // `cols`: vectors of kN elements per output row (d / kN); the up half of an input row starts
 // `cols` vectors after its gate half. Strides count elements (multiples of kN).
+// Blocks per SM for __launch_bounds__: Act::kMinBlocksDecode on 8-byte vectors, Act::kMinBlocks
+// otherwise. They steer ptxas's schedule more than the occupancy: without them it keeps these
+// kernels at 32 registers by issuing loads late (gelu on 8-byte vectors: the up half's load after
+// the gate's math; two tokens per thread: the second token's loads after the first's store) and
+// serialising the exponentials. 1 lifts the cap; gelu's 12 (at most 42 registers) is the one
+// value that kept its loads up front and ran fastest at decode. H100, bf16, graph replay, us,
+// without -> with (probe s18, three rounds; docs/benchmarks.md, eighteenth session): silu 16 x 14336
+// 1.18-1.20 -> 1.12-1.17, 4096 x 14336 115.7 -> 114.7; gelu_tanh 1024 x 4096 4.10-4.25 -> 4.02-4.04
+// (FlashInfer 4.02-4.03), 4096 x 14336 115.7 -> 114.6; gelu 1 / 16 x 14336 1.10 / 1.38 -> 0.87 /
+// 1.17 (12).
 template <typename Act, typename T, int kN>
-__global__ void __launch_bounds__(kThreads) act_and_mul_kernel(
-    T* __restrict__ out,
-    const T* __restrict__ in,
-    int64_t out_stride,
-    int64_t in_stride,
-    int64_t tokens,
-    int64_t cols) {
+__global__ void __launch_bounds__(kThreads, kN * sizeof(T) == 8 ? Act::kMinBlocksDecode : Act::kMinBlocks)
+    act_and_mul_kernel(
+        T* __restrict__ out,
+        const T* __restrict__ in,
+        int64_t out_stride,
+        int64_t in_stride,
+        int64_t tokens,
+        int64_t cols) {
   using Vec = device::AlignedVector<T, kN>;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;

@@ -70,10 +70,13 @@ inline constexpr int64_t kChunkedMaxWarpsPerSm = 8;
 // 1.25 us; no size got slower: 16384 tokens 43.8 -> 42.0 us).
 template <typename C>
 inline constexpr int kMinBlocks = std::is_same_v<C, fp8_e4m3_t> ? 2 : 4;
-// fp8 caches from this many tokens on invert the scale after the row's loads, not before them (below,
-// kInvertAfterLoads). H100, bf16 -> fp8, 8 x 128 k and v: 4096 tokens 6.61 -> 6.07 us, 16384 41.98
-// -> 37.07 us; the MLA row 16384 12.13 -> 10.28 us. Below, it costs: 1 token 1.25 -> 1.44 us, 1024
-// 2.11 -> 2.63 us (in between not measured).
+// fp8 caches: the scale is inverted after the row's loads are issued, not before them (see
+// kInvertAfterLoads), by every split launch and by joint launches (MLA) from this many tokens on.
+// Joint, H100, bf16 -> fp8, MLA row 16384 tokens 12.13 -> 10.28 us; below, it cost (earlier kernel
+// form): 1 token 1.25 -> 1.44 us, 1024 2.11 -> 2.63 us. Split launches since kJoint became a
+// template argument: the inversion before the loads held the row's loads behind the division's
+// branch (SASS), after them 8 x 128 k and v at 1024 tokens 2.11-2.12 -> 2.09 us (bench_versions and
+// bench_kv_store, eighteenth session).
 inline constexpr int64_t kInvertAfterLoadsTokens = 2048;
 // Joint launches (a token's two rows in one warp: MLA's 512 + 64) of 16-byte vectors take the flat
 // kernel from this many tokens on. H100, graph replay, MLA bf16 -> fp8: 4096 tokens 3.18 -> 2.81 us,
@@ -118,7 +121,7 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
   return slot >= 0 && slot < s.num_slots;
 }
 
-// One warp per task. Split mode (p.joint false): task 2 * token + j is row `token` of stream j.
+// One warp per task. Split mode (kJoint false): task 2 * token + j is row `token` of stream j.
 // Joint mode: task `token` moves the token's rows of both streams, as one run of vectors (stream 0's,
 // then stream 1's), so that short rows (MLA's 64-wide rope part) keep every lane busy.
 // The source loads do not depend on the slot: they are issued together with the slot's load, and
@@ -129,23 +132,26 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // (the launch has a chunk per 32 vectors on grid y). Otherwise a warp walks its whole row, kUnroll
 // vectors per lane per round. (A chunked kernel with kUnroll vectors per lane and a strided loop
 // over gridDim.y chunks was 1.3x-1.4x slower on the unchunked path: fp8 caches, 1024-16384 tokens.)
-template <typename T, typename C, typename Idx, int kN, bool kInvertAfterLoads, bool kChunked>
+// kJoint is p.joint as a template argument: split launches then carry none of the joint mode's
+// per-vector stream selects (bf16 -> fp8, 8 x 128 k and v: 528 -> 304 SASS instructions, 66 -> 48
+// registers; H100, 4096 tokens 5.94 -> 4.72 us, bench_versions, eighteenth session).
+template <typename T, typename C, typename Idx, int kN, bool kJoint, bool kInvertAfterLoads, bool kChunked>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __grid_constant__ Params p) {
   using InVec = device::AlignedVector<T, kN>;
   constexpr int kU = kChunked ? 1 : kUnroll;
   constexpr int64_t kWarps = (kChunked ? kChunkedThreads : kThreads) / 32;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  if (task >= (p.joint ? p.num_tokens : 2 * p.num_tokens)) return;
+  if (task >= (kJoint ? p.num_tokens : 2 * p.num_tokens)) return;
   // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel
   // (H100, graph replay, fp8 caches: 1 token 1.28 -> 1.19 us, 16 tokens 1.44 -> 1.29 us).
-  const int64_t token = p.joint ? task : task >> 1;
-  const Stream& s0 = p.joint ? p.stream[0] : p.stream[task & 1];
+  const int64_t token = kJoint ? task : task >> 1;
+  const Stream& s0 = kJoint ? p.stream[0] : p.stream[task & 1];
   const Stream& s1 = p.stream[1];
   const T* src0 = static_cast<const T*>(s0.src) + token * s0.src_stride;
   const T* src1 = static_cast<const T*>(s1.src) + token * s1.src_stride;
   const int64_t n0 = s0.width / kN;
-  const int64_t total = p.joint ? n0 + s1.width / kN : n0;
+  const int64_t total = kJoint ? n0 + s1.width / kN : n0;
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
   const auto raw_slot = static_cast<const Idx*>(p.loc)[token * p.loc_stride];
@@ -153,10 +159,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
   float scale0 = 1.f, scale1 = 1.f, inv0 = 1.f, inv1 = 1.f;
   if constexpr (kInvertAfterLoads) {
     scale0 = stream_scale<C>(s0);
-    scale1 = p.joint ? stream_scale<C>(s1) : scale0;
+    scale1 = kJoint ? stream_scale<C>(s1) : scale0;
   } else {
     inv0 = 1.f / stream_scale<C>(s0);
-    inv1 = p.joint ? 1.f / stream_scale<C>(s1) : inv0;
+    inv1 = kJoint ? 1.f / stream_scale<C>(s1) : inv0;
   }
   const int64_t start = kChunked ? static_cast<int64_t>(blockIdx.y) * 32 + lane : lane;
   for (int64_t base = start; base < total; base += kChunked ? total : 32 * kUnroll) {
@@ -173,24 +179,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
     // Out-of-range slots are skipped per stream (see the top of this file).
     const auto slot = static_cast<int64_t>(raw_slot);
     const bool ok0 = in_range(slot, s0);
-    const bool ok1 = p.joint && in_range(slot, s1);
+    const bool ok1 = kJoint && in_range(slot, s1);
     C* dst0 = static_cast<C*>(s0.dst) + slot * s0.dst_stride;
     C* dst1 = static_cast<C*>(s1.dst) + slot * s1.dst_stride;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t i = base + u * 32;
       const bool first = i < n0;
-      if (i >= total || !(first ? ok0 : ok1)) continue;
+      const bool ok = i < total && (first ? ok0 : ok1);
       C* dst = first ? dst0 : dst1;
       const int64_t j = first ? i : i - n0;
+      static_assert(kIsFp8<C> || std::is_same_v<T, C>, "a plain cache has the activation dtype");
+      // Vectors: predicated stores (store_if), no branch for the compiler to sink the loads into
+      // behind the slot's check (which put the row's latency after the slot's). H100, bf16 cache,
+      // 8 x 128 k and v, with kJoint (docs/benchmarks.md, eighteenth session): 1 / 16 / 128 tokens
+      // 0.91 / 0.91 / 1.09 -> 0.77 / 0.81 / 1.02 us.
       if constexpr (kIsFp8<C>) {
         const float inv = first ? inv0 : inv1;
         float y[kN];
+        device::to_floats(x[u], y);
 #pragma unroll
-        for (int e = 0; e < kN; ++e) y[e] = dtype_trait<fp32_t>::from(x[u][e]) * inv;
-        store_fp8<kN>(dst + j * kN, y);
-      } else {
-        static_assert(std::is_same_v<T, C>, "a plain cache has the activation dtype");
+        for (int e = 0; e < kN; ++e) y[e] *= inv;
+        if constexpr (kN > 1) {
+          fp8::pack_fp8(y).store_if(ok, dst, j);
+        } else if (ok) {
+          store_fp8<kN>(dst + j * kN, y);
+        }
+      } else if constexpr (kN > 1) {
+        x[u].store_if(ok, dst, j);
+      } else if (ok) {
         x[u].store(dst, j);
       }
     }
@@ -255,8 +272,9 @@ __global__ void __launch_bounds__(kFlatThreads) flat_store_kernel(const __grid_c
     if constexpr (kIsFp8<C>) {
       const float inv = second ? inv1 : inv0;
       float y[kN];
+      device::to_floats(x[u], y);
 #pragma unroll
-      for (int e = 0; e < kN; ++e) y[e] = dtype_trait<fp32_t>::from(x[u][e]) * inv;
+      for (int e = 0; e < kN; ++e) y[e] *= inv;
       fp8::pack_fp8(y).store_if(ok, dst, j);
     } else {
       x[u].store_if(ok, dst, j);
@@ -408,11 +426,12 @@ struct KvStore {
     const int64_t tasks = p.joint ? p.num_tokens : 2 * p.num_tokens;
     constexpr uint32_t threads = kChunked ? kChunkedThreads : kThreads;
     const dim3 grid(static_cast<uint32_t>(host::div_ceil(tasks, int64_t{threads / 32})), chunks);
+    const auto kernel = [&]<bool kJoint>() {
+      return vec ? store_kernel<T, C, Idx, kVec, kJoint, kInvertAfterLoads, kChunked>
+                 : store_kernel<T, C, Idx, 1, kJoint, kInvertAfterLoads, kChunked>;
+    };
     host::LaunchKernel(grid, threads, dev)
-        .enable_pdl(pdl)(
-            vec ? store_kernel<T, C, Idx, kVec, kInvertAfterLoads, kChunked>
-                : store_kernel<T, C, Idx, 1, kInvertAfterLoads, kChunked>,
-            p);
+        .enable_pdl(pdl)(p.joint ? kernel.template operator()<true>() : kernel.template operator()<false>(), p);
   }
 
   template <typename Idx>
@@ -439,7 +458,8 @@ struct KvStore {
       }
     }
     if constexpr (kIsFp8<C>) {
-      if (p.num_tokens >= kInvertAfterLoadsTokens) return launch_kernel<Idx, true, false>(p, vec, dev, pdl, 1);
+      if (!p.joint || p.num_tokens >= kInvertAfterLoadsTokens)
+        return launch_kernel<Idx, true, false>(p, vec, dev, pdl, 1);
     }
     launch_kernel<Idx, false, false>(p, vec, dev, pdl, 1);
   }

@@ -66,6 +66,30 @@ def test_act_and_mul(name: str, dtype: torch.dtype, d: int, tokens: int) -> None
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 1000])  # 8-byte (decode) and 16-byte vectors
+def test_non_finite_gates(name: str, dtype: torch.dtype, tokens: int) -> None:
+    """The documented results (ops/activation.py) for gates inf, -inf and NaN with up = 1, placed in
+    every lane position of a vector; finite gates beside them keep the reference."""
+    d = 64
+    x = randn(tokens, 2 * d, dtype=dtype)
+    x[:, d:] = 1
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan")], device="cuda", dtype=dtype)
+    cols = torch.arange(d, device="cuda")
+    pick = cols % 11 < 3  # columns 0-2, 11-13, ...: every position of 8- and 16-byte vectors
+    x[:, :d][:, pick] = specials[cols[pick] % 11]
+    out = poisoned((tokens, d), dtype)
+    op(name)(x, out=out)
+    got = out[:, pick].float()
+    which = (cols[pick] % 11).expand_as(got)
+    minus_inf = torch.tensor(0.0 if name == "gelu_and_mul" else float("nan"), device="cuda")
+    expected = torch.where(which == 0, float("inf"), torch.where(which == 1, minus_inf, float("nan")))
+    assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got[~got.isnan()], expected[~expected.isnan()])
+    assert_close(out[:, ~pick], ref(name, x)[:, ~pick], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("tokens", "d"),
     # Blocks that loop over tokens (4097 and 16383 tokens of d 4096: the last pair of a loop is

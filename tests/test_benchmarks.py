@@ -531,3 +531,14 @@ def test_bench_dispatch_failing_op_is_an_error_row(monkeypatch: pytest.MonkeyPat
     rows = bench_dispatch.eager_rows(["broken", "add_constant (out=)"], "cpu", calls=5, repeats=1)
     assert rows[0] == ["broken", "error: RuntimeError: no kernel \\| here", "", "", ""]
     assert rows[1][0] == "add_constant (out=)" and float(rows[1][1]) > 0
+
+
+def test_bench_versions_only_selects_matching_cases_and_the_empty_kernel() -> None:
+    from jit_kernel.benchmark import bench_versions
+
+    cases = bench_versions._cases()  # setups are not called: no CUDA needed
+    names = [name for name, _, _ in bench_versions.selected(cases, "gelu_tanh|fp8 cache")]
+    assert names[0].startswith("empty kernel")
+    assert names[1:] and all("gelu_tanh" in name or "fp8 cache" in name for name in names[1:])
+    assert {name for name, _, _ in bench_versions.selected(cases, None)} == {name for name, _, _ in cases}
+    assert [name for name, _, _ in bench_versions.selected(cases, "no such case")] == [cases[0][0]]

@@ -270,10 +270,11 @@ def test_store_out_of_range_is_skipped(monkeypatch: pytest.MonkeyPatch, index_dt
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["store", "mla"])
 def test_fp8_inversion_orders_store_the_same_bytes(op: str) -> None:
-    """fp8 caches invert the scale before the row loads below 2048 tokens and after them from 2048 on
-    (csrc/kv_store.cuh, kInvertAfterLoadsTokens). 2100 tokens, once in one call (after) and once in
-    chunks of 700 (before): the same bytes, the reference within one fp8 ulp, out-of-range slots
-    (every 7th: -1, past the end) skipped either way."""
+    """fp8 caches of joint launches (MLA) invert the scale before the row loads below 2048 tokens and
+    after them from 2048 on (csrc/kv_store.cuh, kInvertAfterLoadsTokens); split launches (the store)
+    always after. 2100 tokens, once in one call and once in chunks of 700 (MLA: before): the same
+    bytes, the reference within one fp8 ulp, out-of-range slots (every 7th: -1, past the end)
+    skipped either way."""
     torch.manual_seed(5)
     tokens, slots, chunk = 2100, 4400, 700
     loc = torch.randperm(slots, device="cuda")[:tokens]

@@ -51,8 +51,10 @@ SGL_DEVICE float to_float(T x) {
 
 template <typename T, std::size_t kN>
 SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
+  float f[kN];
+  device::to_floats(x, f);
 #pragma unroll
-  for (std::size_t j = 0; j < kN; ++j) m = fmaxf(m, fabsf(to_float(x[j])));
+  for (std::size_t j = 0; j < kN; ++j) m = fmaxf(m, fabsf(f[j]));
   return m;
 }
 
@@ -65,8 +67,9 @@ SGL_DEVICE float inverse(float scale) {
 template <typename T, std::size_t kN>
 SGL_DEVICE void quantise_vec(fp8_e4m3_t* out, int64_t v, const device::AlignedVector<T, kN>& x, float inv_scale) {
   float y[kN];
+  device::to_floats(x, y);
 #pragma unroll
-  for (std::size_t j = 0; j < kN; ++j) y[j] = to_float(x[j]) * inv_scale;
+  for (std::size_t j = 0; j < kN; ++j) y[j] *= inv_scale;
   store_fp8<static_cast<int>(kN)>(out + v * static_cast<int64_t>(kN), y);
 }
 

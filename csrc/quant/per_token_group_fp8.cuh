@@ -72,21 +72,23 @@ struct GroupShape {
   static constexpr int kGroupsPerBlock = kGroupThreads / kLanes;
 };
 
-// gate = T(silu(gate) * up), rounded as silu_and_mul stores it; 16-bit T two at a time (one packed
-// conversion, same bits).
+// gate = T(silu(gate) * up), rounded as silu_and_mul stores it (act_mul of activation.cuh: inputs
+// converted a pair at a time, 16-bit T packed in pairs; the same bits).
 template <typename T, std::size_t kN>
 SGL_DEVICE void silu_mul(device::AlignedVector<T, kN>& gate, const device::AlignedVector<T, kN>& up) {
+  float g[kN], u[kN];
+  device::to_floats(gate, g);
+  device::to_floats(up, u);
   if constexpr (sizeof(T) == 2) {
 #pragma unroll
     for (std::size_t j = 0; j < kN; j += 2) {
-      const fp32x2_t a{silu(to_float(gate[j])) * to_float(up[j]), silu(to_float(gate[j + 1])) * to_float(up[j + 1])};
-      const packed_t<T> h = dtype_trait<packed_t<T>>::from(a);
+      const packed_t<T> h = dtype_trait<packed_t<T>>::from(fp32x2_t{silu(g[j]) * u[j], silu(g[j + 1]) * u[j + 1]});
       gate[j] = h.x;
       gate[j + 1] = h.y;
     }
   } else {
 #pragma unroll
-    for (std::size_t j = 0; j < kN; ++j) gate[j] = dtype_trait<T>::from(silu(to_float(gate[j])) * to_float(up[j]));
+    for (std::size_t j = 0; j < kN; ++j) gate[j] = dtype_trait<T>::from(silu(g[j]) * u[j]);
   }
 }
 
@@ -163,8 +165,9 @@ __global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const Gr
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     float y[K::kN];
+    device::to_floats(x[k], y);
 #pragma unroll
-    for (int j = 0; j < K::kN; ++j) y[j] = to_float(x[k][j]) * inv_scale;
+    for (int j = 0; j < K::kN; ++j) y[j] *= inv_scale;
     store_fp8<K::kN>(q + k * kStep, y, p.aligned);
   }
 }

@@ -155,8 +155,12 @@ struct dtype_trait<fp32x2_t> : device::details::dtype_trait_base<fp32x2_t, fp32x
   SGL_DEVICE static fp32x2_t from(const fp16x2_t& x) {
     return __half22float2(x);
   }
+  // By bits (bf16 is the upper half of an fp32): a shift and a mask, where __bfloat1622float2
+  // compiles to a byte permute and a shift for the upper lane.
   SGL_DEVICE static fp32x2_t from(const bf16x2_t& x) {
-    return __bfloat1622float2(x);
+    uint32_t w;
+    __builtin_memcpy(&w, &x, sizeof(w));
+    return {__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)};
   }
   SGL_DEVICE static fp32x2_t abs(fp32x2_t x) {
     return {fabsf(x.x), fabsf(x.y)};

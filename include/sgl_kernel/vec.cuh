@@ -204,4 +204,25 @@ SGL_DEVICE auto reduce_vec(const AlignedVector<T2, N> (&vecs)[M]) -> AlignedVect
   return result;
 }
 
+/**
+ * \brief `out[j] = float(v[j])`. 16-bit element types go a pair at a time, one packed conversion
+ *        per pair (bf16: a shift and a mask, type.cuh), where element-wise conversion extracts
+ *        each upper half first.
+ */
+template <typename T, std::size_t N>
+SGL_DEVICE void to_floats(const AlignedVector<T, N>& v, float (&out)[N]) {
+  if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+    using Packed = packed_t<T>;
+#pragma unroll
+    for (std::size_t j = 0; j < N; j += 2) {
+      const fp32x2_t f = dtype_trait<fp32x2_t>::from(Packed{v[j], v[j + 1]});
+      out[j] = f.x;
+      out[j + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (std::size_t j = 0; j < N; ++j) out[j] = dtype_trait<fp32_t>::from(v[j]);
+  }
+}
+
 }  // namespace device

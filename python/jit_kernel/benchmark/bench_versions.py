@@ -13,6 +13,7 @@ version since the first release has): the script can run against an older build 
 Usage (ci/bench-versions.sh drives both versions, interleaved, on one GPU)::
 
     python -m jit_kernel.benchmark.bench_versions --out after.json
+    python -m jit_kernel.benchmark.bench_versions --out after.json --only 'gelu|silu'   # a subset
     python -m jit_kernel.benchmark.bench_versions --compare before1.json,before2.json after1.json,after2.json
 
 ``--compare`` takes, per side, one or more result files (repeats) and prints a markdown table of
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -219,14 +221,24 @@ def _eager_us(call: Callable[[], object], calls: int = 2000, repeats: int = 5) -
     return statistics.median(times)
 
 
-def measure(out_path: str) -> None:
+def selected(cases: list[Case], only: str | None) -> list[Case]:
+    """``cases`` whose name matches the regular expression ``only`` (all when None), and the empty
+    kernel always: it is the reference the comparison reads beside them."""
+    if only is None:
+        return cases
+    pattern = re.compile(only)
+    return [case for case in cases if case[0].startswith("empty kernel") or pattern.search(case[0])]
+
+
+def measure(out_path: str, only: str | None = None) -> None:
+    """Time the cases :func:`selected` picks and write the results to ``out_path``."""
     import torch
     import triton.testing
 
     import jit_kernel
 
     results: dict[str, Any] = {"version": getattr(jit_kernel, "__version__", "?"), "cases": {}}
-    for name, setup, eager in _cases():
+    for name, setup, eager in selected(_cases(), only):
         try:
             call = setup()
             call()
@@ -273,12 +285,13 @@ def compare(before: str, after: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write this version's measurements (JSON) here")
+    parser.add_argument("--only", metavar="REGEX", help="with --out: only the cases whose name matches")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="comma-separated result files")
     args = parser.parse_args(argv)
     if args.compare:
         print(compare(*args.compare))
     elif args.out:
-        measure(args.out)
+        measure(args.out, args.only)
     else:
         parser.error("give --out or --compare")
     return 0

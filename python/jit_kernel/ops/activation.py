@@ -4,6 +4,9 @@
 is the first half of the last dimension, the up projection the second half, as in sgl-kernel,
 FlashInfer and vLLM), computed in fp32 and rounded once to the dtype (fp16, bf16 or fp32).
 
+Non-finite gates (up = 1): NaN gives NaN in every op; +inf gives inf; -inf gives 0 for
+``gelu_and_mul`` and NaN for ``silu_and_mul`` and ``gelu_tanh_and_mul`` (-inf times the sigmoid's 0).
+
 Any ``d`` works: rows of whole, aligned 16-byte vectors use vector loads, every other shape a scalar
 path. Rows may be strided (unit last stride): ``input`` may be a slice of a wider tensor. Zero
 tokens is a no-op. One translation unit per dtype holds the three kernels (prebuilt).
