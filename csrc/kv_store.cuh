@@ -137,6 +137,7 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // registers; H100, 4096 tokens 5.94 -> 4.72 us, bench_versions, eighteenth session).
 template <typename T, typename C, typename Idx, int kN, bool kJoint, bool kInvertAfterLoads, bool kChunked>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __grid_constant__ Params p) {
+  static_assert(kIsFp8<C> || std::is_same_v<T, C>, "a plain cache has the activation dtype");
   using InVec = device::AlignedVector<T, kN>;
   constexpr int kU = kChunked ? 1 : kUnroll;
   constexpr int64_t kWarps = (kChunked ? kChunkedThreads : kThreads) / 32;
@@ -189,7 +190,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
       const bool ok = i < total && (first ? ok0 : ok1);
       C* dst = first ? dst0 : dst1;
       const int64_t j = first ? i : i - n0;
-      static_assert(kIsFp8<C> || std::is_same_v<T, C>, "a plain cache has the activation dtype");
       // Vectors: predicated stores (store_if), no branch for the compiler to sink the loads into
       // behind the slot's check (which put the row's latency after the slot's). H100, bf16 cache,
       // 8 x 128 k and v, with kJoint (docs/benchmarks.md, eighteenth session): 1 / 16 / 128 tokens
@@ -426,12 +426,11 @@ struct KvStore {
     const int64_t tasks = p.joint ? p.num_tokens : 2 * p.num_tokens;
     constexpr uint32_t threads = kChunked ? kChunkedThreads : kThreads;
     const dim3 grid(static_cast<uint32_t>(host::div_ceil(tasks, int64_t{threads / 32})), chunks);
-    const auto kernel = [&]<bool kJoint>() {
-      return vec ? store_kernel<T, C, Idx, kVec, kJoint, kInvertAfterLoads, kChunked>
-                 : store_kernel<T, C, Idx, 1, kJoint, kInvertAfterLoads, kChunked>;
-    };
-    host::LaunchKernel(grid, threads, dev)
-        .enable_pdl(pdl)(p.joint ? kernel.template operator()<true>() : kernel.template operator()<false>(), p);
+    const auto kernel = p.joint ? (vec ? store_kernel<T, C, Idx, kVec, true, kInvertAfterLoads, kChunked>
+                                       : store_kernel<T, C, Idx, 1, true, kInvertAfterLoads, kChunked>)
+                                : (vec ? store_kernel<T, C, Idx, kVec, false, kInvertAfterLoads, kChunked>
+                                       : store_kernel<T, C, Idx, 1, false, kInvertAfterLoads, kChunked>);
+    host::LaunchKernel(grid, threads, dev).enable_pdl(pdl)(kernel, p);
   }
 
   template <typename Idx>

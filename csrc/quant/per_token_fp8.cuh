@@ -44,11 +44,6 @@ inline constexpr float kFp8Max = 448.f;
 template <typename T>
 inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 
-template <typename T>
-SGL_DEVICE float to_float(T x) {
-  return dtype_trait<fp32_t>::from(x);
-}
-
 template <typename T, std::size_t kN>
 SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
   float f[kN];
