@@ -60,7 +60,7 @@ echo "== 4. fresh venv with the newest tvm-ffi"
 (cd "$work" && "$work/test-env/bin/python" - <<'PY'
 import importlib.metadata, json
 import tvm_ffi
-from jit_kernel import prebuilt
+from jit_kernel.engine import prebuilt
 manifest = prebuilt.manifest()
 assert manifest is not None, "installed wheel has no prebuilt manifest"
 library = prebuilt.library()

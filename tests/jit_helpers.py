@@ -58,9 +58,9 @@ def write_host_kernel(folder: Path, value: int = 1) -> Path:
 
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[tuple[int, int]], None]]:
-    """``fake_gpu((9, 0))`` makes :func:`jit_kernel.target.current` see one GPU of that compute
+    """``fake_gpu((9, 0))`` makes :func:`jit_kernel.engine.target.current` see one GPU of that compute
     capability; the memoised targets are forgotten before and after."""
-    from jit_kernel import target
+    from jit_kernel.engine import target
 
     def install(capability: tuple[int, int]) -> None:
         monkeypatch.setattr(target, "_current_device", lambda: 0)

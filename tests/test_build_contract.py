@@ -12,12 +12,12 @@ import pytest
 import tvm_ffi
 
 from jit_helpers import fake_gpu, recorded_logs  # noqa: F401 (fake_gpu is a fixture)
-from jit_kernel import aot, builder, cache, families, jit, prebuilt, target
-from jit_kernel.dispatch import jit_request
-from jit_kernel.jit import make_build_request
-from jit_kernel.spec import IntRange, KernelSpec, symbol_name
-from jit_kernel.target import Arch
-from jit_kernel.unit import TranslationUnit
+from jit_kernel.engine import aot, builder, cache, families, jit, prebuilt, target
+from jit_kernel.engine.dispatch import jit_request
+from jit_kernel.engine.jit import make_build_request
+from jit_kernel.engine.spec import IntRange, KernelSpec, symbol_name
+from jit_kernel.engine.target import Arch
+from jit_kernel.engine.unit import TranslationUnit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ def test_unit_digest_does_not_depend_on_where_the_package_lives(tmp_path: Path, 
     """CMake builds from the source tree, the wheel installs elsewhere: the digests must agree."""
     import shutil
 
-    from jit_kernel import env, unit
+    from jit_kernel.engine import env, unit
 
     spec = families.ADD_CONSTANT_HOST
     here = TranslationUnit.for_config(spec, (1,)).digest()

@@ -20,9 +20,9 @@ import pytest
 
 import jit_kernel
 from jit_helpers import write_host_kernel
-from jit_kernel import cache, env, families
-from jit_kernel.dispatch import Dispatcher, JitDisabledError
-from jit_kernel.jit import make_build_request
+from jit_kernel.engine import cache, env, families
+from jit_kernel.engine.dispatch import Dispatcher, JitDisabledError
+from jit_kernel.engine.jit import make_build_request
 
 PACKAGE_PARENT = str(Path(jit_kernel.__file__).resolve().parent.parent)
 SEEDS = Path(__file__).resolve().parent / "cpp" / "seeds"
@@ -84,7 +84,7 @@ def test_strict_miss_says_what_where_and_which_warm_command(tmp_path: Path) -> N
     refused = _python(ADD_SEVEN, JIT_KERNEL_CACHE_DIR=str(root), JIT_KERNEL_DISABLE_JIT="1")
     assert refused.returncode != 0
     error = refused.stderr.strip().splitlines()[-1]
-    assert error.startswith("jit_kernel.dispatch.JitDisabledError: add_constant_host<7> has no usable prebuilt")
+    assert error.startswith("jit_kernel.engine.dispatch.JitDisabledError: add_constant_host<7> has no usable prebuilt")
     assert f"looked for {root}/jit_kernel_add_constant_host_7-" in error
     # The command the `warmed` fixture runs, aimed at this cache.
     assert f"`JIT_KERNEL_CACHE_DIR={shlex.quote(str(root))} {WARM_SEVEN}`" in error
@@ -103,7 +103,7 @@ def test_strict_mode_in_process_uses_the_cache_and_never_compiles(
     root = warmed
     monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(root))
     monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
-    monkeypatch.setattr("jit_kernel.jit._loaded", {})
+    monkeypatch.setattr("jit_kernel.engine.jit._loaded", {})
     monkeypatch.setattr(cache, "_publish", lambda *args: pytest.fail("strict mode compiled"))
     host = Dispatcher(families.ADD_CONSTANT_HOST)
     assert host.function("run", (7,)) is not None
@@ -136,13 +136,13 @@ def test_dispatcher_logs_info_only_when_it_compiles(monkeypatch: pytest.MonkeyPa
     logger.setLevel(logging.DEBUG)
     logger.addHandler(handler)
     try:
-        monkeypatch.setattr("jit_kernel.dispatch.load_cached", lambda request: Module())
+        monkeypatch.setattr("jit_kernel.engine.dispatch.load_cached", lambda request: Module())
         Dispatcher(families.ADD_CONSTANT_HOST).function("run", (1234,))
         assert [r.levelno for r in records] == [logging.DEBUG]
         assert "found in the JIT cache" in records[0].getMessage()
         records.clear()
-        monkeypatch.setattr("jit_kernel.dispatch.load_cached", lambda request: None)
-        monkeypatch.setattr("jit_kernel.dispatch.load_request", lambda request: Module())
+        monkeypatch.setattr("jit_kernel.engine.dispatch.load_cached", lambda request: None)
+        monkeypatch.setattr("jit_kernel.engine.dispatch.load_request", lambda request: Module())
         Dispatcher(families.ADD_CONSTANT_HOST).function("run", (1234,))
         assert [(r.levelno, r.getMessage().split(":")[0]) for r in records] == [
             (logging.INFO, "add_constant_host<1234>")
@@ -241,7 +241,9 @@ def test_read_only_cache_serves_hits_and_a_miss_is_one_clear_error(warmed: Path)
         assert "sum 45" in result.stdout, result.stderr
         assert result.returncode != 0
         last = result.stderr.strip().splitlines()[-1]
-        assert last.startswith(f"jit_kernel.cache.CacheDirError: cannot write to the JIT cache at {root} ("), last
+        assert last.startswith(f"jit_kernel.engine.cache.CacheDirError: cannot write to the JIT cache at {root} ("), (
+            last
+        )
         assert "JIT_KERNEL_CACHE_DIR" in last
         assert _snapshot(root) == before  # neither the hit nor the refused miss wrote anything
     finally:
@@ -336,8 +338,8 @@ def test_killed_build_stops_its_compilers_and_the_next_build_removes_its_staging
         compiler = "cc1plus"
     script = f"""
 from pathlib import Path
-from jit_kernel import cache
-from jit_kernel.jit import make_build_request
+from jit_kernel.engine import cache
+from jit_kernel.engine.jit import make_build_request
 cache.load_or_build({build}, Path({str(root)!r}))
 """
     builder = subprocess.Popen([sys.executable, "-W", "ignore", "-c", script], env=_environment())

@@ -14,8 +14,8 @@ import pytest
 
 import jit_kernel
 from jit_helpers import recorded_logs, write_host_kernel
-from jit_kernel import cache, target, toolchain
-from jit_kernel.jit import make_build_request
+from jit_kernel.engine import cache, target, toolchain
+from jit_kernel.engine.jit import make_build_request
 
 # Subprocesses import the same jit_kernel as this process (installed, or the source checkout).
 PACKAGE_PARENT = Path(jit_kernel.__file__).resolve().parent.parent
@@ -103,8 +103,8 @@ def test_corrupt_library_is_detected_rebuilt_and_loaded(tmp_path: Path) -> None:
     # A new process, as dlopen would hand this process its already-loaded copy.
     script = f"""
 import sys; sys.path.insert(0, {str(PACKAGE_PARENT)!r})
-from jit_kernel import cache
-from jit_kernel.jit import make_build_request
+from jit_kernel.engine import cache
+from jit_kernel.engine.jit import make_build_request
 from pathlib import Path
 request = make_build_request("cache_test", cpp_files=[{str(folder / "kernel.cc")!r}],
     cpp_wrappers=[("value", "user::value")], extra_include_paths=[{str(folder)!r}])
@@ -137,8 +137,8 @@ def test_eight_concurrent_processes_compile_once(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time; sys.path.insert(0, {str(PACKAGE_PARENT)!r})
         from pathlib import Path
-        from jit_kernel import cache
-        from jit_kernel.jit import make_build_request
+        from jit_kernel.engine import cache
+        from jit_kernel.engine.jit import make_build_request
         request = make_build_request("concurrent", cpp_files=[{str(folder / "kernel.cc")!r}],
             cpp_wrappers=[("value", "user::value")], extra_include_paths=[{str(folder)!r}])
         time.sleep(max(0.0, {start_at} - time.time()))

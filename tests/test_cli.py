@@ -11,7 +11,7 @@ import pytest
 import tvm_ffi.libinfo
 
 import jit_kernel
-from jit_kernel import cache, env
+from jit_kernel.engine import cache, env
 
 # The CLI subprocess imports the same jit_kernel as this process (installed, or the source checkout).
 PACKAGE_PARENT = str(Path(jit_kernel.__file__).resolve().parent.parent)

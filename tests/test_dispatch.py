@@ -9,10 +9,10 @@ import torch
 
 import jit_kernel
 from jit_helpers import fake_gpu, recorded_logs  # noqa: F401 (fake_gpu is a fixture)
-from jit_kernel import env, families, prebuilt
-from jit_kernel.dispatch import Dispatcher, JitDisabledError
-from jit_kernel.spec import IntRange, KernelSpec, OneOf, symbol_name
-from jit_kernel.target import Arch, parse_arch_list, runs_on
+from jit_kernel.engine import env, families, prebuilt
+from jit_kernel.engine.dispatch import Dispatcher, JitDisabledError
+from jit_kernel.engine.spec import IntRange, KernelSpec, OneOf, symbol_name
+from jit_kernel.engine.target import Arch, parse_arch_list, runs_on
 
 installed = pytest.mark.skipif(
     env.DATA_ROOT != env.PACKAGE_DIR, reason="needs the installed wheel (a source checkout has no prebuilt library)"
@@ -44,7 +44,7 @@ def strict(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """JIT_KERNEL_DISABLE_JIT=1 over an empty JIT cache: strict mode loads what is cached, and this
     session may have compiled any config already (on disk and in the module memo)."""
     monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("jit_kernel.jit._loaded", {})
+    monkeypatch.setattr("jit_kernel.engine.jit._loaded", {})
     monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
 
 

@@ -12,8 +12,8 @@ import torch
 
 import jit_kernel
 from _norm_helpers import fake_cuda
-from jit_kernel import cache, families
-from jit_kernel.dispatch import jit_module
+from jit_kernel.engine import cache, families
+from jit_kernel.engine.dispatch import jit_module
 from jit_kernel.hicache import (
     can_use_hicache_jit_kernel,
     default_unroll,
@@ -525,7 +525,7 @@ def test_hicache_compiles_without_a_gpu() -> None:
     """One config (all four exports, int32 and int64) builds for sm_90a and exposes every symbol."""
     config = (128, 4, families.HICACHE_NUM_THREADS)
     module = jit_module(families.HICACHE, config, cuda_arch="9.0a")
-    from jit_kernel.spec import symbol_name
+    from jit_kernel.engine.spec import symbol_name
 
     for export in families.HICACHE.exports:
         assert module.implements_function(symbol_name(families.HICACHE, export, config))

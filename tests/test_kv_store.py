@@ -832,7 +832,7 @@ def test_mla_valid_fake_calls() -> None:
 
 
 def test_families_spec() -> None:
-    from jit_kernel.families import KV_STORE, family
+    from jit_kernel.engine.families import KV_STORE, family
 
     assert family("kv_store") is KV_STORE
     assert set(KV_STORE.exports) == {"store", "mla"}

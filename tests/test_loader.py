@@ -9,8 +9,9 @@ import torch
 
 import jit_kernel
 from jit_helpers import recorded_logs, write_host_kernel
-from jit_kernel import env, load_jit, make_cpp_args
-from jit_kernel.jit import make_build_request
+from jit_kernel import load_jit, make_cpp_args
+from jit_kernel.engine import env
+from jit_kernel.engine.jit import make_build_request
 
 
 def test_user_kernel_in_own_folder_builds_and_runs(tmp_path: Path) -> None:

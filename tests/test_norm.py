@@ -9,9 +9,9 @@ import torch
 
 import jit_kernel
 from _norm_helpers import assert_close, fake_cuda
-from jit_kernel import families
-from jit_kernel.dispatch import jit_module
-from jit_kernel.spec import symbol_name
+from jit_kernel.engine import families
+from jit_kernel.engine.dispatch import jit_module
+from jit_kernel.engine.spec import symbol_name
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 EPS = 1e-6

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import tvm_ffi
 
-from jit_kernel import aot, env, families, prebuilt
-from jit_kernel.unit import TranslationUnit
+from jit_kernel.engine import aot, env, families, prebuilt
+from jit_kernel.engine.unit import TranslationUnit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 installed = pytest.mark.skipif(

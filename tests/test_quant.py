@@ -335,9 +335,9 @@ def test_absmax_registered_op() -> None:
 def test_absmax_compiles_for_sm90a() -> None:
     """Every export of the fp32 config (the widest element, so the fewest elements per vector)
     builds for sm_90a without a GPU."""
-    from jit_kernel import families
-    from jit_kernel.dispatch import jit_module
-    from jit_kernel.spec import symbol_name
+    from jit_kernel.engine import families
+    from jit_kernel.engine.dispatch import jit_module
+    from jit_kernel.engine.spec import symbol_name
 
     spec, config = families.PER_TENSOR_QUANT_FP8, ("fp32_t",)
     assert "absmax" in spec.exports

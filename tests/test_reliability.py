@@ -19,11 +19,12 @@ import tvm_ffi
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jit_kernel
-from jit_kernel import aot, cli, families
-from jit_kernel.dispatch import Dispatcher, jit_module
+from jit_kernel import cli
+from jit_kernel.engine import aot, families
+from jit_kernel.engine.dispatch import Dispatcher, jit_module
+from jit_kernel.engine.spec import ConfigError, symbol_name
+from jit_kernel.engine.unit import TranslationUnit
 from jit_kernel.ops import _common
-from jit_kernel.spec import ConfigError, symbol_name
-from jit_kernel.unit import TranslationUnit
 from jit_kernel.version import __version__
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_cli_without_arguments_writes_clangd(tmp_path: Path, monkeypatch: pytest
     monkeypatch.chdir(tmp_path)
     assert cli.main([]) == 0
     text = (tmp_path / ".clangd").read_text()
-    assert "-xcuda" in text and f"-isystem{jit_kernel.env.INCLUDE_DIR}" in text
+    assert "-xcuda" in text and f"-isystem{jit_kernel.engine.env.INCLUDE_DIR}" in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ _USE_PREBUILT = """
 import sys
 from pathlib import Path
 import torch
-import jit_kernel.prebuilt as prebuilt
+import jit_kernel.engine.prebuilt as prebuilt
 prebuilt.LIBRARY_DIR = Path(sys.argv[1])
 from jit_kernel.ops import add_constant as op
 x = torch.arange(-4, 60, dtype=torch.int32)
@@ -434,7 +435,7 @@ def test_doctor_reports_a_damaged_install_and_how_to_repair_it(prebuilt_dir: Pat
     folder = _copy(prebuilt_dir, tmp_path / "lib")
     named = _damage(folder, "truncated")
     script = (
-        "import sys\nfrom pathlib import Path\nimport jit_kernel.prebuilt as prebuilt\n"
+        "import sys\nfrom pathlib import Path\nimport jit_kernel.engine.prebuilt as prebuilt\n"
         "prebuilt.LIBRARY_DIR = Path(sys.argv[1])\nfrom jit_kernel.cli import main\nsys.exit(main(['doctor']))\n"
     )
     done = _run(script, str(folder), cache=Path(os.environ["JIT_KERNEL_CACHE_DIR"]))

@@ -210,7 +210,7 @@ def test_constants_and_shared_objects() -> None:
     assert bench.DEFAULT_QUANTILES == [0.5, 0.2, 0.8]
     assert bench.DEFAULT_DTYPE is torch.bfloat16 and bench.DEFAULT_DEVICE == "cuda"
     assert (utils.KERNEL_PATH / "include" / "sgl_kernel").is_dir() and (utils.KERNEL_PATH / "csrc").is_dir()
-    assert [str(jit_kernel.env.INCLUDE_DIR)] == utils.DEFAULT_INCLUDE
+    assert [str(jit_kernel.engine.env.INCLUDE_DIR)] == utils.DEFAULT_INCLUDE
     assert utils.DEFAULT_CFLAGS == ["-std=c++20", "-O3"]
     assert utils.CPP_DTYPE_MAP[torch.float32] == "fp32_t" and utils.CPP_DTYPE_MAP[torch.float8_e4m3fn] == "fp8_e4m3_t"
     # One implementation: the seed modules hand out the package's own objects.
@@ -566,7 +566,7 @@ def test_empty_sentinel_and_lazy_register_class(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_load_jit_dependencies_and_header_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from jit_kernel import deps, jit
+    from jit_kernel.engine import deps, jit
     from jit_kernel.utils import load_jit, register_dependency
 
     requests: list[Any] = []
@@ -592,7 +592,7 @@ def test_load_jit_dependencies_and_header_only(monkeypatch: pytest.MonkeyPatch, 
 def test_load_jit_header_only_false_with_a_dependency_builds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A C++ file that exports its own function (the seed's ``header_only=False``) and includes a
     header from a registered dependency: compiled, loaded and called (host code, no GPU)."""
-    from jit_kernel import deps
+    from jit_kernel.engine import deps
     from jit_kernel.utils import load_jit, register_dependency
 
     monkeypatch.setattr(deps, "REGISTERED_DEPENDENCIES", dict(deps.REGISTERED_DEPENDENCIES))

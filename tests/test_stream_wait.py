@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from jit_kernel import families
-from jit_kernel.dispatch import jit_module
+from jit_kernel.engine import families
+from jit_kernel.engine.dispatch import jit_module
+from jit_kernel.engine.spec import symbol_name
 from jit_kernel.hicache import Event, StreamWaitTimeout, stream_wait_value, stream_wait_value_bounded
 from jit_kernel.ops.stream_wait import STATUS_DONE, STATUS_TIMED_OUT, check_status, stream_write_value
-from jit_kernel.spec import symbol_name
 
 SLEEP_CYCLES = 200_000_000  # ~0.1 s at H100 clocks: the consumer is queued long before the producer is done
 WATCHDOG_S = 60.0

@@ -40,7 +40,7 @@ def _marker_line(tag: str, case: str) -> int:
 
 def _have_nvcc() -> bool:
     try:
-        from jit_kernel import toolchain
+        from jit_kernel.engine import toolchain
 
         return toolchain.nvcc_path().is_file()
     except Exception:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from jit_kernel import cache, load_jit, make_cpp_args
-from jit_kernel.jit import make_build_request
+from jit_kernel import load_jit, make_cpp_args
+from jit_kernel.engine import cache
+from jit_kernel.engine.jit import make_build_request
 
 SEEDS = Path(__file__).resolve().parent / "cpp" / "seeds"
 

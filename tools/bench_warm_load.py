@@ -18,7 +18,7 @@ from pathlib import Path
 
 OURS = """
 import time, tvm_ffi
-from jit_kernel.jit import load_jit
+from jit_kernel.engine.jit import load_jit
 start = time.perf_counter()
 module = load_jit("warm_load", cpp_files=[{source!r}], cpp_wrappers=[("v", "u::v")])
 print((time.perf_counter() - start) * 1e3); assert module.v() == 7

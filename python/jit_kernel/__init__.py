@@ -10,10 +10,10 @@ from collections.abc import Callable
 # Imported here rather than at the first kernel call: process start-up pays it, a request does not.
 import tvm_ffi  # noqa: F401
 
-from jit_kernel import env
-from jit_kernel.cache import CacheDirError
-from jit_kernel.dispatch import JitDisabledError
-from jit_kernel.jit import CPPArgList, cache_once, load_jit, make_cpp_args
+from jit_kernel.engine import env
+from jit_kernel.engine.cache import CacheDirError
+from jit_kernel.engine.dispatch import JitDisabledError
+from jit_kernel.engine.jit import CPPArgList, cache_once, load_jit, make_cpp_args
 from jit_kernel.version import __version__
 
 
@@ -43,7 +43,7 @@ def _op_and_module(op: Callable[..., object], module: types.ModuleType) -> Calla
     return both
 
 
-# torch is a runtime dependency; only CMake's configure step (`python -m jit_kernel.aot`, in a
+# torch is a runtime dependency; only CMake's configure step (`python -m jit_kernel.engine.aot`, in a
 # build environment) imports the package without it, and it needs no ops.
 if importlib.util.find_spec("torch") is not None:
     # `jit_kernel.add_constant`, `.scale` and `.per_tensor_quant_fp8` are our ops (`jit_kernel.scale(x, 2.0)`,

@@ -20,11 +20,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jit_kernel import cache, env, families, prebuilt, target, toolchain
-from jit_kernel.dispatch import jit_module
-from jit_kernel.spec import Config, ConfigValue, KernelSpec, symbol_name
-from jit_kernel.target import Arch
-from jit_kernel.unit import TranslationUnit
+from jit_kernel.engine import cache, env, families, prebuilt, target, toolchain
+from jit_kernel.engine.dispatch import jit_module
+from jit_kernel.engine.spec import Config, ConfigValue, KernelSpec, symbol_name
+from jit_kernel.engine.target import Arch
+from jit_kernel.engine.unit import TranslationUnit
 from jit_kernel.version import __version__
 
 DEFAULT_CLANGD_ARCH = "8.0"

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from jit_kernel.jit import cache_once
+from jit_kernel.engine.jit import cache_once
 from jit_kernel.ops import norm as _norm
 from jit_kernel.ops._common import FLOAT_DTYPES
 

@@ -4,8 +4,8 @@ A kernel wrapper written for the seed runs with only its import prefix changed::
 
     from jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
-Everything here is a thin layer over the package's own implementation (``jit_kernel.jit``,
-``jit_kernel.deps``, ``jit_kernel.toolchain``, ``jit_kernel.env``). Where it differs from the seed,
+Everything here is a thin layer over the package's own implementation (``jit_kernel.engine.jit``,
+``jit_kernel.engine.deps``, ``jit_kernel.engine.toolchain``, ``jit_kernel.engine.env``). Where it differs from the seed,
 docs/coming-from-sglang.md says so; in short:
 
 * ``make_cpp_args`` here passes strings through as C++ text, as the seed's does (the top-level
@@ -30,12 +30,12 @@ from typing import Any, TypeAlias, TypeVar
 
 import torch
 
-from jit_kernel import env, target
-from jit_kernel.deps import register_dependency
-from jit_kernel.jit import DEFAULT_CFLAGS as _DEFAULT_CFLAGS
-from jit_kernel.jit import CPPArgList, _dtype_names, cache_once, load_jit
-from jit_kernel.jit import make_cpp_args as _make_cpp_args
-from jit_kernel.target import Arch
+from jit_kernel.engine import env, target
+from jit_kernel.engine.deps import register_dependency
+from jit_kernel.engine.jit import DEFAULT_CFLAGS as _DEFAULT_CFLAGS
+from jit_kernel.engine.jit import CPPArgList, _dtype_names, cache_once, load_jit
+from jit_kernel.engine.jit import make_cpp_args as _make_cpp_args
+from jit_kernel.engine.target import Arch
 
 logger = logging.getLogger("jit_kernel")
 T = TypeVar("T")
@@ -107,7 +107,7 @@ class ArchInfo:
 
 
 def get_jit_cuda_arch() -> ArchInfo:
-    """The arch ``load_jit`` compiles for (:func:`jit_kernel.target.current` owns the rule:
+    """The arch ``load_jit`` compiles for (:func:`jit_kernel.engine.target.current` owns the rule:
     ``$JIT_KERNEL_CUDA_ARCH`` if set, else the current GPU's, with ``a`` for Hopper and datacenter
     Blackwell); 0.0 when neither is there, so that any build for it fails loudly."""
     try:

@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING
 import torch
 
 import jit_kernel
-from jit_kernel import families
 from jit_kernel.benchmark._tables import device_name, format_table, format_us, ratio_cell
 from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
-from jit_kernel.dispatch import Dispatcher
+from jit_kernel.engine import families
+from jit_kernel.engine.dispatch import Dispatcher
 
 if TYPE_CHECKING:
-    from jit_kernel.spec import Config, KernelSpec
+    from jit_kernel.engine.spec import Config, KernelSpec
 
 COMMAND = "python -m jit_kernel.benchmark.bench_dispatch"
 Call = Callable[[], object]

@@ -218,7 +218,7 @@ def host_overhead() -> None:
     tvm-ffi function called directly (no Python checks) and an empty kernel launch by torch."""
     import timeit
 
-    from jit_kernel.families import HICACHE_NUM_THREADS
+    from jit_kernel.engine.families import HICACHE_NUM_THREADS
     from jit_kernel.hicache import default_unroll
     from jit_kernel.ops.hicache import _HICACHE
 

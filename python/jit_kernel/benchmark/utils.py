@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from jit_kernel import env as package_env
+from jit_kernel.engine import env as package_env
 
 T = TypeVar("T")
 

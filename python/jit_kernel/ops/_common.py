@@ -18,11 +18,11 @@ from typing import Any, NoReturn
 
 import torch
 
-from jit_kernel import env
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.jit import make_cpp_args
+from jit_kernel.engine import env
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.jit import make_cpp_args
+from jit_kernel.engine.spec import Config
 from jit_kernel.ops._no_data import checks_only
-from jit_kernel.spec import Config
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Config values name dtypes as C++ types; make_cpp_args owns that table.

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import ACTIVATION
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import ACTIVATION
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
 from jit_kernel.ops._common import KernelTable, explain
 
 _CUDA = Dispatcher(ADD_CONSTANT_CUDA)

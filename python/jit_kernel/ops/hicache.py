@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from jit_kernel import env
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.env import CHECK_INDICES_KEY, ENVIRON_DATA
-from jit_kernel.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
-from jit_kernel.families import hicache_default_unroll as default_unroll
+from jit_kernel.engine import env
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.env import CHECK_INDICES_KEY, ENVIRON_DATA
+from jit_kernel.engine.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
+from jit_kernel.engine.families import hicache_default_unroll as default_unroll
 from jit_kernel.ops._common import (
     CHECK_ONLY,
     FAST_PATH_MISS,

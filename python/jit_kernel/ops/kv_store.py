@@ -38,9 +38,9 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from jit_kernel import env
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import KV_STORE
+from jit_kernel.engine import env
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import KV_STORE
 from jit_kernel.ops._common import KernelTable, explain, float_dtype, is_compiling, register
 
 _KV = Dispatcher(KV_STORE)

@@ -8,7 +8,7 @@ value, so that ``input`` ends up exactly ``rmsnorm(residual_new, weight)``. With
 and ``input = T(float(T(s * rsqrt(mean(s^2) + eps))) * weight)``, the normalised value rounded to the
 dtype before the weight multiply (the ``fused_add_cast`` export; in fp32 both forms are the same).
 
-Any D works: hidden sizes in :data:`~jit_kernel.families.NORM_HIDDEN_SIZES` (head dims in
+Any D works: hidden sizes in :data:`~jit_kernel.engine.families.NORM_HIDDEN_SIZES` (head dims in
 ``QKNORM_HEAD_DIMS``) in fp16/bf16 use kernels specialised for that size; every other D, and fp32,
 use generic kernels that take D at run time (one pass with the row in registers for rows of
 aligned 16-byte vectors up to 2048 vectors, two passes beyond that or for unaligned rows).
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import NORM_HIDDEN_SIZES, QKNORM, QKNORM_HEAD_DIMS, RMSNORM
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     NO_KERNELS,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import PER_TENSOR_QUANT_FP8
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import PER_TENSOR_QUANT_FP8
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,

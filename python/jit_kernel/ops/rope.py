@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import torch
 
-from jit_kernel import env
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import QKNORM_ROPE, ROPE
+from jit_kernel.engine import env
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import QKNORM_ROPE, ROPE
 from jit_kernel.ops._common import CHECK_ONLY, KernelTable, explain, float_dtype, is_compiling, not_a_tensor, register
 
 _ROPE_OP = "apply_rope_with_cos_sin_cache_inplace"

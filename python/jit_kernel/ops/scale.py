@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import SCALE
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import SCALE
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,

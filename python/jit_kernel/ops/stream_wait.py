@@ -35,8 +35,8 @@ import time
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import STREAM_WAIT
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import STREAM_WAIT
 from jit_kernel.ops._common import explain
 
 _STREAM_WAIT = Dispatcher(STREAM_WAIT)

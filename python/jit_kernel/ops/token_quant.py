@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from jit_kernel.dispatch import Dispatcher
-from jit_kernel.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
 from jit_kernel.ops._common import KernelTable, explain, float_dtype, is_compiling, not_a_tensor, register, rows
 from jit_kernel.ops.quant import one_scale, same_shape_q, table_for
 

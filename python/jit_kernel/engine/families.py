@@ -1,6 +1,6 @@
 """Every kernel family, and the grid of configurations the wheel prebuilds: the one obvious place.
 
-CMake reads this module at configure time (``python -m jit_kernel.aot``) to generate the
+CMake reads this module at configure time (``python -m jit_kernel.engine.aot``) to generate the
 prebuilt library's translation units; the ops read it at run time to dispatch. A config missing
 from a grid still works: it is JIT-compiled on first use and cached.
 
@@ -9,7 +9,7 @@ Keep this module free of torch imports (the build environment has no torch).
 
 from __future__ import annotations
 
-from jit_kernel.spec import IntRange, KernelSpec, OneOf
+from jit_kernel.engine.spec import IntRange, KernelSpec, OneOf
 
 INT32 = IntRange(-(2**31), 2**31 - 1)
 FLOAT_DTYPES = OneOf(("bf16_t", "fp16_t", "fp32_t"))

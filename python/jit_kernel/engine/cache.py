@@ -32,11 +32,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jit_kernel import builder, env, toolchain
-from jit_kernel.builder import BuildRequest
-from jit_kernel.target import Arch
-from jit_kernel.toolchain import sha256_file
-from jit_kernel.unit import relocatable_hash
+from jit_kernel.engine import builder, env, toolchain
+from jit_kernel.engine.builder import BuildRequest
+from jit_kernel.engine.target import Arch
+from jit_kernel.engine.toolchain import sha256_file
+from jit_kernel.engine.unit import relocatable_hash
 from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")

@@ -15,7 +15,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from jit_kernel import env, toolchain
+from jit_kernel.engine import env, toolchain
 
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 

@@ -1,4 +1,4 @@
-"""config -> callable: the prebuilt symbol when it fits the :class:`~jit_kernel.target.Target` and its
+"""config -> callable: the prebuilt symbol when it fits the :class:`~jit_kernel.engine.target.Target` and its
 translation unit is the one JIT would compile now (same digest), else JIT.
 
 The first call of a config resolves it; every later call is one dict lookup. The decision is
@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from jit_kernel import cache, env, prebuilt, target, toolchain
-from jit_kernel.jit import load_cached, load_request, module_name
-from jit_kernel.spec import Config, KernelSpec, cpp_literal, symbol_name
-from jit_kernel.unit import TranslationUnit
+from jit_kernel.engine import cache, env, prebuilt, target, toolchain
+from jit_kernel.engine.jit import load_cached, load_request, module_name
+from jit_kernel.engine.spec import Config, KernelSpec, cpp_literal, symbol_name
+from jit_kernel.engine.unit import TranslationUnit
 
 logger = logging.getLogger("jit_kernel")
 
@@ -104,7 +104,7 @@ def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: 
     return (
         f"{spec.describe(config)} has no usable prebuilt kernel ({reason}), the JIT cache has no build of it "
         f"(looked for {entry}), and JIT_KERNEL_DISABLE_JIT=1 forbids compiling it. Pre-compile it with "
-        f"`{' '.join(warm)}`, or add the config to the family's prebuilt grid in jit_kernel/families.py.{stale}"
+        f"`{' '.join(warm)}`, or add the config to the family's prebuilt grid in jit_kernel/engine/families.py.{stale}"
     )
 
 

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from jit_kernel import cache, deps, env, target
-from jit_kernel.spec import name_part
-from jit_kernel.target import Arch
-from jit_kernel.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
+from jit_kernel.engine import cache, deps, env, target
+from jit_kernel.engine.spec import name_part
+from jit_kernel.engine.target import Arch
+from jit_kernel.engine.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
 
 if TYPE_CHECKING:
     import torch
@@ -167,7 +167,7 @@ def load_jit(
     ``args`` name the module (usually the family and its template arguments). Files are looked up
     under the package's ``csrc/`` unless absolute. Each wrapper ``(export_name, expression)``
     exports ``expression`` as ``module.export_name``. ``extra_dependencies`` names header-only
-    libraries whose include directories are added (``jit_kernel.deps``: ``"cutlass"``,
+    libraries whose include directories are added (``jit_kernel.engine.deps``: ``"cutlass"``,
     ``"flashinfer"``, or any registered with ``register_dependency``). ``header_only=False`` means
     the files export their own functions (``TVM_FFI_DLL_EXPORT_TYPED_FUNC``) and no wrappers may be
     given; the files are still compiled as one translation unit per language. ``build_directory``

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from jit_kernel import env
-from jit_kernel.spec import Config, KernelSpec, symbol_name
+from jit_kernel.engine import env
+from jit_kernel.engine.spec import Config, KernelSpec, symbol_name
 
 DEFAULT_CFLAGS = ("-std=c++20", "-O3")
 DEFAULT_CUDA_CFLAGS = ("-std=c++20", "-O3", "--expt-relaxed-constexpr")

@@ -23,9 +23,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from jit_kernel import env, toolchain
-from jit_kernel.target import Arch, ArchTarget
-from jit_kernel.unit import TranslationUnit
+from jit_kernel.engine import env, toolchain
+from jit_kernel.engine.target import Arch, ArchTarget
+from jit_kernel.engine.unit import TranslationUnit
 
 logger = logging.getLogger("jit_kernel")
 

@@ -1,4 +1,4 @@
-"""Compilers: where they are and what version they are (the arch is :mod:`jit_kernel.target`'s).
+"""Compilers: where they are and what version they are (the arch is :mod:`jit_kernel.engine.target`'s).
 
 Versions enter the cache key. Asking a compiler costs 5-50 ms, too much for a warm load, so each
 answer about a file (a compiler's version, the prebuilt library's hash) is remembered in the cache
@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from jit_kernel import env
+from jit_kernel.engine import env
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 

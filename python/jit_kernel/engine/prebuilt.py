@@ -2,7 +2,7 @@
 
 ``lib/prebuilt_manifest.json`` records, per exported symbol, its family, export and config, the
 archs with machine code and PTX, and the digest of the translation unit it was compiled from
-(:mod:`jit_kernel.unit`); and the CUDA and tvm-ffi versions and the library's size and SHA-256.
+(:mod:`jit_kernel.engine.unit`); and the CUDA and tvm-ffi versions and the library's size and SHA-256.
 The library is loaded the first time a prebuilt symbol is chosen, and only after its size and hash
 match: a truncated library would crash the process with SIGBUS when mapped. A damaged install logs
 one warning naming the file and falls back to JIT (``doctor`` reports it). A source checkout
@@ -18,10 +18,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from jit_kernel import env, toolchain
-from jit_kernel.spec import Config, KernelSpec, symbol_name
-from jit_kernel.target import Arch, Target, runs_on
-from jit_kernel.unit import MANIFEST_NAME, TranslationUnit
+from jit_kernel.engine import env, toolchain
+from jit_kernel.engine.spec import Config, KernelSpec, symbol_name
+from jit_kernel.engine.target import Arch, Target, runs_on
+from jit_kernel.engine.unit import MANIFEST_NAME, TranslationUnit
 
 LIBRARY_DIR = env.PACKAGE_DIR / "lib"
 REPAIR_ADVICE = "reinstall jit-kernel (pip install --force-reinstall --no-deps jit-kernel)"
