@@ -8,6 +8,7 @@ Nothing here touches CUDA or imports triton at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from jit_kernel.benchmark import results as result_files
 from jit_kernel.benchmark.utils import gbps, median_time_us
 
 # provider -> (line name in the plot, (colour, line style)). A script copies this into its own
@@ -142,6 +144,46 @@ def comparison_row(
     return cells
 
 
+@dataclasses.dataclass(frozen=True)
+class SummaryTable:
+    """One table of a script's summary: ``configs`` holds ``(key, key cells, minimal bytes, tiny)``
+    per row, ``key_columns`` names the key cells; ``providers`` are the script's (labels for the
+    JSON), ``extras`` the providers given two columns each after the standard ones."""
+
+    name: str
+    title: str
+    key_columns: Sequence[str]
+    configs: Sequence[tuple[Hashable, Sequence[object], int, bool]]
+    providers: Mapping[str, tuple[str, tuple[str, str]]]
+    extras: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def header(self) -> list[str]:
+        return [*self.key_columns, *COMPARISON_HEADER, *extra_header(self.extras)]
+
+
+def tables_markdown(tables: Sequence[SummaryTable], results: Measurements, empty: float) -> str:
+    """The markdown summary: one :func:`format_table` per table, rows from :func:`summary_rows`."""
+    return "\n".join(
+        format_table(table.title, table.header(), summary_rows(results, table.configs, empty, table.extras))
+        for table in tables
+    )
+
+
+def tables_json(tables: Sequence[SummaryTable], results: Measurements, empty: float) -> list[dict[str, Any]]:
+    """The same tables for the JSON results: per measured config, every provider's median us, its
+    share of the copy ceiling and, for tiny configs, the paired empty kernel (see :mod:`results`)."""
+    out = []
+    for table in tables:
+        labels = {provider: label for provider, (label, _) in table.providers.items()}
+        rows = [
+            result_files.provider_row(columns, times, nbytes, tiny, list(labels), empty, EMPTY_PROVIDER)
+            for key, columns, nbytes, tiny in table.configs
+            if (times := results.for_config(key))
+        ]
+        out.append(result_files.provider_table(table.name, table.title, table.key_columns, labels, rows))
+    return out
+
+
 def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
     lines += ["| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
@@ -185,9 +227,9 @@ class Measurements:
 
     With a ``reference`` (:meth:`paired`), every jit measurement is bracketed by two measurements of
     the empty kernel, whose mean is kept as provider :data:`EMPTY_PROVIDER` of that config: a
-    graph-replayed launch's time follows the GPU's state (H100: a 1-element add_ read 1.00-1.05 us
-    as the first graph of a process and 1.21-1.25 us afterwards, our kernels shifting with it), so
-    "vs empty" compares two times taken together, not one taken at the end of the run."""
+    graph-replayed launch's time follows the GPU's state (the first graphs of a process replay
+    faster than later ones, the empty kernel and ours alike), so "vs empty" compares two times taken
+    together, not one taken at the end of the run."""
 
     def __init__(self, timer: Timer = time_case, reference: Callable[[], float] | None = None) -> None:
         self.timer = timer
@@ -255,9 +297,9 @@ _EMPTY: list[float] = []
 
 def empty_kernel_us() -> float:
     """CUDA-graph replay time of the empty-kernel reference: ``x.add_(1)`` on a 1-element float32
-    tensor, as in bench_dispatch and bench_versions (issue 15's definition). Not our add_constant,
-    which, PDL-chained to itself, replays in 0.65 us where torch's add_ takes 0.98 (H100): the
-    issues' decode targets are ratios to the latter."""
+    tensor, as in bench_dispatch and bench_versions. Not our add_constant, which, PDL-chained to
+    itself, replays faster than any kernel a user's model launches between two of ours: the decode
+    targets are ratios to torch's launch."""
     if not _EMPTY:
         _EMPTY.append(empty_kernel_now_us())
     return _EMPTY[0]
@@ -278,20 +320,55 @@ def run_script(
     description: str | None,
     argv: Sequence[str] | None,
     reports: Sequence[object],
-    summary: Callable[[float], str],
+    results: Callable[[], Measurements],
+    tables: Callable[[], Sequence[SummaryTable]],
 ) -> None:
     """A benchmark script's main: run its perf_reports (plots and CSVs with a save path), then print
-    and save the markdown summary that ``summary(empty_kernel_us)`` builds from the same measurements."""
-    from jit_kernel.benchmark.utils import resolve_save_path, run_reports, write_summary
+    and save the markdown summary of ``tables()`` built from the same measurements (``results()``),
+    and with ``--json-dir DIR`` (or ``$BENCH_JSON_DIR``) write them as ``DIR/<name>.json``.
 
-    save_path = resolve_save_path(argv, description=description)
+    Interrupted (Ctrl-C, or SIGINT from ``run_all`` at the script's time bound), it still writes
+    what it measured, marked incomplete, and exits with status 130."""
+    from jit_kernel.benchmark.utils import bench_arg_parser, run_reports, write_summary
+
+    args = bench_arg_parser(description).parse_args(argv)
+    save_path = resolve_save_path_from(args.save_path)
+    json_dir = result_files.resolve_json_dir(args.json_dir)
+    command = result_files.command_line(name, argv)
     torch.manual_seed(0)
-    run_reports(reports, save_path)
-    empty = empty_kernel_us()
+    complete = True
+    try:
+        run_reports(reports, save_path)
+        empty = empty_kernel_us()
+    except KeyboardInterrupt:
+        complete, empty = False, math.nan
+    measured, declared = results(), tables()
     text = (
         f"device: {device_name()}; torch {torch.__version__}; "
         f"empty-kernel CUDA-graph replay at the end of the run: {format_us(empty, 2)} us (1-element torch add_); "
-        '"vs empty" divides by the empty kernel measured beside each jit time\n\n' + summary(empty)
+        '"vs empty" divides by the empty kernel measured beside each jit time\n\n'
+        + tables_markdown(declared, measured, empty)
     )
+    if not complete:
+        text = "interrupted: the tables hold what was measured before the stop\n\n" + text
     print("\n" + text)
     write_summary(save_path, f"{name}.md", text)
+    if json_dir:
+        doc = result_files.document(
+            name,
+            result_files.first_paragraph(description),
+            command,
+            tables_json(declared, measured, empty),
+            complete=complete,
+            empty_kernel_us=empty,
+        )
+        print(f"results: {result_files.write(json_dir, doc)}")
+    if not complete:
+        raise SystemExit(130)
+
+
+def resolve_save_path_from(value: str | None) -> str | None:
+    """``--save-path``'s value, else ``$JIT_KERNEL_BENCH_OUT``, else None (see utils.resolve_save_path)."""
+    from jit_kernel.benchmark.utils import resolve_save_path
+
+    return resolve_save_path(["--save-path", value] if value else [])

@@ -5,18 +5,19 @@ in microseconds.
     python -m jit_kernel.benchmark.bench_activation                                  # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_activation            # CI-sized grid
     python -m jit_kernel.benchmark.bench_activation --save-path bench-out/activation # + PNG plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_activation --json-dir bench-json            # + JSON results (report.py)
 
 Grid: input ``[N, 2 * d]`` bf16 (contiguous), d 14336 (Llama-3-70B / Mixtral MLP) and 4096, tokens 1,
-16, 1024, 4096, 16384 (CI: d 14336, tokens 16, 4096). One ``triton.testing.perf_report`` benchmark
-per (op, d), with the providers of ``PROVIDERS`` as lines: ``jit`` (jit_kernel), ``eager``
-(``F.silu(x[..., :d]) * x[..., d:]``, ``F.gelu`` / ``F.gelu(approximate="tanh")`` for the GELUs),
-``compile`` (torch.compile of it, one static-shape graph per shape), ``copy`` (a device-to-device copy
-moving the minimal bytes), ``flashinfer`` (``flashinfer.activation.<op>``; "n/a" where flashinfer is
-not installed) and ``jit_nopdl`` (jit_kernel with ``enable_pdl=False``; the default turns
-programmatic dependent launch on for sm_90+). With a save path, triton writes ``<plot_name>.png`` and
-``<plot_name>.csv`` per benchmark, ``results.html`` shows them all, and ``bench_activation.md`` holds
-the summary, derived from the same measurements (nothing is re-measured); "vs empty" (our time in
-empty-kernel replays) is shown up to 16 tokens.
+16, 1024, 4096, 16384 (CI-sized grid, the one docs/benchmarks.md shows: d 14336, tokens 16, 4096). One
+``triton.testing.perf_report`` benchmark per (op, d), with the providers of ``PROVIDERS`` as lines:
+``jit`` (jit_kernel), ``eager`` (``F.silu(x[..., :d]) * x[..., d:]``, ``F.gelu`` /
+``F.gelu(approximate="tanh")`` for the GELUs), ``compile`` (torch.compile of it, one static-shape graph
+per shape), ``copy`` (a device-to-device copy moving the minimal bytes), ``flashinfer``
+(``flashinfer.activation.<op>``; "n/a" where flashinfer is not installed) and ``jit_nopdl`` (jit_kernel
+with ``enable_pdl=False``; the default turns programmatic dependent launch on for sm_90+). With a save
+path, triton writes ``<plot_name>.png`` and ``<plot_name>.csv`` per benchmark, ``results.html`` shows
+them all, and ``bench_activation.md`` holds the summary, derived from the same measurements (nothing is
+re-measured); "vs empty" (our time in empty-kernel replays) is shown up to 16 tokens.
 
 Minimal bytes: the input read once and the output written once, ``3 * N * d * elem`` (read ``2d``,
 write ``d`` per token).
@@ -32,15 +33,13 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    extra_header,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 
@@ -150,20 +149,22 @@ def bench_activation(tokens: int, op: str, d: int, provider: str) -> float:
 REPORTS = [bench_activation]
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
+def summary_tables() -> list[SummaryTable]:
     configs = [
         ((op, n, d), [op, f"{n}x2x{d}"], activation_bytes(n, d), n <= TINY_TOKENS)
         for op in OPS
         for d in HIDDEN
         for n in TOKENS
     ]
-    rows = summary_rows(results, configs, empty, EXTRAS)
-    header = ["op", "input", *COMPARISON_HEADER, *extra_header(EXTRAS)]
-    return format_table("gated activations, bf16", header, rows)
+    return [SummaryTable("activation", "gated activations, bf16", ["op", "input"], configs, PROVIDERS, EXTRAS)]
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_activation", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_activation", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Per-op dispatch overhead: each public op against the raw tvm-ffi call of its kernel, eagerly and
-in CUDA-graph replay (issue 15).
+in CUDA-graph replay.
 
 Every op runs on decode-like inputs: bf16 activations ``[tokens, 4096]`` (q/k norms: Hq=32, Hk=8,
 head_dim 128; hicache: one layer, rows of 8 x 128 bf16, caches on the GPU), every output
@@ -17,14 +17,15 @@ preallocated (``out=``, or the op's in-place form). Three measurements:
   (after a warm-up on a side stream), replayed ``--replays`` times, timed with CUDA events; the median
   per op call, against the same graph of an empty kernel (``x.add_(1)`` on a 1-element CUDA tensor).
   The two graphs replay alternately, so each op's reference is measured beside it: a graph-replayed
-  launch's time follows the GPU's recent load (H100: the same add_ graph read 1.01 us at the start
-  of a process and 1.18-1.21 us after a minute of work), and a reference taken once would set every
-  later ratio by when it ran. Target: <= 1.3x the empty kernel.
+  launch's time follows the GPU's recent load (the same graph replays faster at the start of a
+  process than after a minute of work), and a reference taken once would set every later ratio by
+  when it ran. Target: <= 1.3x the empty kernel.
 * **CPU** (runs anywhere, with no GPU): the ``add_constant`` host family, eager against raw, as above.
 
 One failing op prints an error row; the others still run. Markdown tables on stdout, headed by the
 device and the command line (also saved as ``bench_dispatch.md`` with ``--save-path DIR`` or
-``$JIT_KERNEL_BENCH_OUT``)::
+``$JIT_KERNEL_BENCH_OUT``, and as ``bench_dispatch.json`` with ``--json-dir DIR`` or
+``$BENCH_JSON_DIR``, for ``python -m jit_kernel.benchmark.report``)::
 
     python -m jit_kernel.benchmark.bench_dispatch
     python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 2000   # quick, no GPU needed
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import jit_kernel
+from jit_kernel.benchmark import results
 from jit_kernel.benchmark._tables import device_name, format_table, format_us, ratio_cell
 from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
 from jit_kernel.engine import families
@@ -366,8 +368,51 @@ def graph_header() -> list[str]:
     return header
 
 
-def report(args_line: str, calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool) -> str:
-    """Run every section this machine can, and return the markdown."""
+Section = tuple[str, str, list[str], list[list[object]]]  # (name, title, header, rows)
+
+
+def sections(calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool) -> list[Section]:
+    """Run every section this machine can. Each is appended to ``SECTIONS`` as it completes, so an
+    interrupted run keeps the ones measured."""
+    cuda = torch.cuda.is_available() and not cpu_only
+    SECTIONS.clear()
+    if cuda:
+        torch.manual_seed(0)
+        names = list(OPS)
+        SECTIONS.append(
+            (
+                "eager",
+                f"Eager, {EAGER_TOKENS} x {HIDDEN} bf16, outputs given: host us per call "
+                f"(median of {repeats} x {calls} calls)",
+                EAGER_HEADER,
+                eager_rows(names, "cuda", calls, repeats),
+            )
+        )
+        SECTIONS.append(
+            (
+                "graph",
+                f"CUDA-graph replay: us per op call ({graph_calls} calls per graph, median of {replays} replays), "
+                "against an empty kernel (1-element x.add_(1)) replayed alternately with it",
+                graph_header(),
+                graph_rows(names, graph_calls, replays),
+            )
+        )
+    SECTIONS.append(
+        (
+            "cpu",
+            f"CPU (host kernel), {EAGER_TOKENS} x {HIDDEN} int32: host us per call "
+            f"(median of {repeats} x {calls} calls)",
+            EAGER_HEADER,
+            eager_rows(CPU_OPS, "cpu", calls, repeats),
+        )
+    )
+    return list(SECTIONS)
+
+
+SECTIONS: list[Section] = []
+
+
+def markdown(args_line: str, measured: Sequence[Section], cpu_only: bool) -> str:
     cuda = torch.cuda.is_available() and not cpu_only
     lines = [
         f"command: `{args_line}`",
@@ -376,35 +421,12 @@ def report(args_line: str, calls: int, repeats: int, graph_calls: int, replays: 
         f"jit_kernel {jit_kernel.__version__}",
         "",
     ]
-    sections = []
-    if cuda:
-        torch.manual_seed(0)
-        names = list(OPS)
-        sections.append(
-            format_table(
-                f"Eager, {EAGER_TOKENS} x {HIDDEN} bf16, outputs given: host us per call "
-                f"(median of {repeats} x {calls} calls)",
-                EAGER_HEADER,
-                eager_rows(names, "cuda", calls, repeats),
-            )
-        )
-        sections.append(
-            format_table(
-                f"CUDA-graph replay: us per op call ({graph_calls} calls per graph, median of {replays} replays), "
-                "against an empty kernel (1-element x.add_(1)) replayed alternately with it",
-                graph_header(),
-                graph_rows(names, graph_calls, replays),
-            )
-        )
-    sections.append(
-        format_table(
-            f"CPU (host kernel), {EAGER_TOKENS} x {HIDDEN} int32: host us per call "
-            f"(median of {repeats} x {calls} calls)",
-            EAGER_HEADER,
-            eager_rows(CPU_OPS, "cpu", calls, repeats),
-        )
-    )
-    return "\n".join(lines) + "\n" + "\n".join(sections)
+    return "\n".join(lines) + "\n" + "\n".join(format_table(title, header, rows) for _, title, header, rows in measured)
+
+
+def report(args_line: str, calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool) -> str:
+    """Run every section this machine can, and return the markdown."""
+    return markdown(args_line, sections(calls, repeats, graph_calls, replays, cpu_only), cpu_only)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -418,9 +440,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     if min(args.calls, args.repeats, args.graph_calls, args.replays) < 1:
         parser.error("--calls, --repeats, --graph-calls and --replays must be positive")
     args_line = " ".join([COMMAND, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
-    text = report(args_line, args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only)
+    complete = True
+    try:
+        measured = sections(args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only)
+    except KeyboardInterrupt:  # stopped at its time bound: keep the sections measured
+        complete, measured = False, list(SECTIONS)
+    text = markdown(args_line, measured, args.cpu_only)
+    if not complete:
+        text = "interrupted: the tables hold the sections measured before the stop\n\n" + text
     print(text)
     write_summary(args.save_path or os.environ.get(SAVE_PATH_ENV) or None, "bench_dispatch.md", text)
+    json_dir = results.resolve_json_dir(args.json_dir)
+    if json_dir:
+        doc = results.document(
+            "bench_dispatch",
+            results.first_paragraph(__doc__),
+            results.command_line("bench_dispatch", argv),
+            [results.cells_table(name, title, header, rows) for name, title, header, rows in measured],
+            complete=complete,
+        )
+        print(f"results: {results.write(json_dir, doc)}")
+    if not complete:
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,17 @@ microseconds.
     python -m jit_kernel.benchmark.bench_elementwise                                # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_elementwise          # CI-sized grid
     python -m jit_kernel.benchmark.bench_elementwise --save-path bench-out/elementwise   # + plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_elementwise --json-dir bench-json               # + JSON results (report.py)
     JIT_KERNEL_BENCH_OUT=bench-out/elementwise python -m jit_kernel.benchmark.bench_elementwise   # by env
 
 Grid: scale on bfloat16, float16 and float32, add_constant on int32; 1K, 64K, 1M, 16M and 64M elements
-(CI: 1K and 16M). One ``triton.testing.perf_report`` benchmark per (op, dtype), with the providers of
-``PROVIDERS`` as lines: ``jit`` (jit_kernel), ``eager`` (``x * 0.75`` and ``x + 1``), ``compile``
-(torch.compile of it, one static-shape graph per shape) and ``copy`` (a device-to-device copy moving
-the minimal bytes). With a save path, triton writes ``<plot_name>.png`` and ``<plot_name>.csv`` per
-benchmark, ``results.html`` shows them all, and ``bench_elementwise.md`` holds the summary. The markdown
-summary printed at the end is derived from the same measurements (nothing is re-measured).
+(CI-sized grid, the one docs/benchmarks.md shows: scale on bfloat16 only; 1K and 16M elements). One
+``triton.testing.perf_report`` benchmark per (op, dtype), with the providers of ``PROVIDERS`` as lines:
+``jit`` (jit_kernel), ``eager`` (``x * 0.75`` and ``x + 1``), ``compile`` (torch.compile of it, one
+static-shape graph per shape) and ``copy`` (a device-to-device copy moving the minimal bytes). With a
+save path, triton writes ``<plot_name>.png`` and ``<plot_name>.csv`` per benchmark, ``results.html``
+shows them all, and ``bench_elementwise.md`` holds the summary. The markdown summary printed at the end
+is derived from the same measurements (nothing is re-measured).
 
 Minimal bytes: read once, write once (2 * N * elem).
 """
@@ -27,14 +29,13 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import (
     DEFAULT_DEVICE,
@@ -43,7 +44,7 @@ from jit_kernel.benchmark.utils import (
 )
 
 SIZES = get_benchmark_range([1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26], [1 << 10, 1 << 24])
-SCALE_DTYPES = ["bfloat16", "float16", "float32"]
+SCALE_DTYPES = get_benchmark_range(["bfloat16", "float16", "float32"], ["bfloat16"])
 ADD_DTYPES = ["int32"]
 FACTOR = 0.75
 CONSTANT = 1
@@ -123,19 +124,22 @@ def bench_add_constant(elements: int, dtype: str, provider: str) -> float:
 REPORTS = [bench_scale, bench_add_constant]
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
+def summary_tables() -> list[SummaryTable]:
     cases = [("scale", dtype) for dtype in SCALE_DTYPES] + [("add_constant", dtype) for dtype in ADD_DTYPES]
     configs = [
         ((op, dtype, n), [op, dtype, n], elementwise_bytes(n, dtype), n <= TINY_ELEMENTS)
         for op, dtype in cases
         for n in SIZES
     ]
-    rows = summary_rows(results, configs, empty)
-    return format_table("scale / add_constant", ["op", "dtype", "elements", *COMPARISON_HEADER], rows)
+    return [SummaryTable("elementwise", "scale / add_constant", ["op", "dtype", "elements"], configs, PROVIDERS)]
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_elementwise", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_elementwise", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

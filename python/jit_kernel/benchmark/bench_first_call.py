@@ -6,6 +6,7 @@ call to its completion (synchronised). A second table times ``load_jit`` of an a
 process, against tvm-ffi's own ``load_inline`` on its warm cache (which runs ninja every time).
 
     python -m jit_kernel.benchmark.bench_first_call --device cuda --repeats 5
+    python -m jit_kernel.benchmark.bench_first_call --json-dir DIR   # + DIR/bench_first_call.json (report.py)
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+from jit_kernel.benchmark import results
 
 _FIRST_CALL = """
 import json, time, torch
@@ -103,29 +107,76 @@ def warm_load(repeats: int) -> list[tuple[str, float]]:
     return rows
 
 
-def main() -> None:
+FIRST_CALL_HEADER = [
+    "case",
+    "import tvm_ffi (ms)",
+    "import jit_kernel, rest (ms)",
+    "first call (ms)",
+    "call vs cold JIT",
+    "decision",
+]
+LOAD_HEADER = ["loader", "load (ms)"]
+
+
+def first_call_rows(rows: list[tuple[str, dict[str, float], str]]) -> list[list[object]]:
+    cold = rows[-1][1]["call"]
+    return [
+        [
+            name,
+            f"{t['tvm_ffi'] * 1e3:.1f}",
+            f"{t['import'] * 1e3:.1f}",
+            f"{t['call'] * 1e3:.1f}",
+            f"{cold / t['call']:.0f}x",
+            decision,
+        ]
+        for name, t, decision in rows
+    ]
+
+
+def _print_table(title: str, header: Sequence[str], align: str, rows: Sequence[Sequence[object]]) -> None:
+    print(f"\n{title}")
+    print("| " + " | ".join(header) + " |")
+    print(align)
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cold-repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_first_call.json")
+    args = parser.parse_args(argv)
+    json_dir = results.resolve_json_dir(args.json_dir)
 
-    rows = first_call(args.device, args.repeats, args.cold_repeats)
-    cold = rows[-1][1]["call"]
-    print(
-        f"\nfirst call in a fresh process, device={args.device} (median of {args.repeats}; cold: {args.cold_repeats})"
-    )
-    print(
-        "| case | import tvm_ffi (ms) | import jit_kernel, rest (ms) | first call (ms) | call vs cold JIT | decision |"
-    )
-    print("|---|---:|---:|---:|---:|---|")
-    for name, t, decision in rows:
-        cells = [name, f"{t['tvm_ffi'] * 1e3:.1f}", f"{t['import'] * 1e3:.1f}", f"{t['call'] * 1e3:.1f}"]
-        print(f"| {' | '.join(cells)} | {cold / t['call']:.0f}x | {decision} |")
-    print(f"\nwarm load of a cached module in a fresh process (median of {args.repeats})")
-    print("| loader | load (ms) |\n|---|---:|")
-    for name, seconds in warm_load(args.repeats):
-        print(f"| {name} | {seconds * 1e3:.2f} |")
+    tables: list[results.Json] = []
+    complete = True
+    try:
+        title = (
+            f"first call in a fresh process, device={args.device} (median of {args.repeats}; cold: {args.cold_repeats})"
+        )
+        rows = first_call_rows(first_call(args.device, args.repeats, args.cold_repeats))
+        _print_table(title, FIRST_CALL_HEADER, "|---|---:|---:|---:|---:|---|", rows)
+        tables.append(results.cells_table("first_call", title, FIRST_CALL_HEADER, rows))
+        title = f"warm load of a cached module in a fresh process (median of {args.repeats})"
+        rows = [[name, f"{seconds * 1e3:.2f}"] for name, seconds in warm_load(args.repeats)]
+        _print_table(title, LOAD_HEADER, "|---|---:|", rows)
+        tables.append(results.cells_table("warm_load", title, LOAD_HEADER, rows))
+    except KeyboardInterrupt:  # stopped at its time bound: keep the tables measured
+        complete = False
+        print("\ninterrupted: the tables above hold what was measured before the stop")
+    if json_dir:
+        doc = results.document(
+            "bench_first_call",
+            results.first_paragraph(__doc__),
+            results.command_line("bench_first_call", argv),
+            tables,
+            complete=complete,
+        )
+        print(f"results: {results.write(json_dir, doc)}")
+    if not complete:
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

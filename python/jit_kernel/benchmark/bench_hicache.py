@@ -1,6 +1,6 @@
 """hicache benchmark: KV row transfers against the torch a user would write and the copy ceilings.
 
-    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png]   (JIT_KERNEL_BENCH_CI=1: CI sizes)
+    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png] [--json-dir DIR]   (JIT_KERNEL_BENCH_CI=1: CI sizes)
 
 Providers, all measured in the same run on the same buffers:
 
@@ -14,15 +14,19 @@ Bytes: host<->device counts the K and V bytes moved once (``2 * n * element_size
 pinned copy moves them; device->device counts bytes read plus written (``4 * n * element_size``),
 as the device copy ceiling does. Indices are sorted random rows of a cache twice as large as the
 batch (destinations unique). Times are CUDA-graph medians in microseconds.
+
+Each table is printed row by row as markdown; with ``--json-dir DIR`` (or ``$BENCH_JSON_DIR``) the
+tables are also written to ``DIR/bench_hicache.json`` for ``python -m jit_kernel.benchmark.report``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from jit_kernel.benchmark import results
 from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range, median_time_us
 from jit_kernel.hicache import (
     DEFAULT_BLOCK_QUOTA,
@@ -31,6 +35,29 @@ from jit_kernel.hicache import (
 )
 
 DIRECTIONS = {"d2h": ("cuda", "cpu"), "h2d": ("cpu", "cuda"), "d2d": ("cuda", "cuda")}
+
+
+class Table:
+    """A markdown table printed as its rows come (a long run shows progress), and kept for the JSON
+    results: every table made is appended to ``TABLES``."""
+
+    def __init__(self, name: str, title: str, header: Sequence[str]) -> None:
+        self.name, self.title, self.header = name, title, list(header)
+        self.rows: list[list[object]] = []
+        TABLES.append(self)
+        print(f"\n## {title}")
+        print("| " + " | ".join(self.header) + " |")
+        print("|---|" + "---:|" * (len(self.header) - 1))
+
+    def add(self, *cells: object) -> None:
+        self.rows.append(list(cells))
+        print("| " + " | ".join(str(cell) for cell in cells) + " |")
+
+    def json(self) -> results.Json:
+        return results.cells_table(self.name, self.title, self.header, self.rows)
+
+
+TABLES: list[Table] = []
 
 
 def _alloc(rows: int, element_size: int, where: str) -> torch.Tensor:
@@ -150,12 +177,23 @@ def ceiling_gbps(direction: str, num_bytes: int) -> float:
 
 
 def main_table(sizes: list[int], batches: list[int], num_sms: int) -> None:
-    print(
-        f"\n## One layer, default unroll; block quota {DEFAULT_BLOCK_QUOTA} (the default) host<->device, "
-        f"{num_sms} (all SMs) device->device; sorted random indices"
+    table = Table(
+        "one_layer",
+        f"One layer, default unroll; block quota {DEFAULT_BLOCK_QUOTA} (the default) host<->device, "
+        f"{num_sms} (all SMs) device->device; sorted random indices",
+        [
+            "dir",
+            "element B",
+            "rows",
+            "quota",
+            "jit_kernel us",
+            "GB/s",
+            "% ceiling",
+            "ceiling GB/s",
+            "torch us",
+            "speed-up",
+        ],
     )
-    print("| dir | element B | rows | quota | jit_kernel us | GB/s | % ceiling | ceiling GB/s | torch us | speed-up |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for direction in DIRECTIONS:
         quota = num_sms if direction == "d2d" else DEFAULT_BLOCK_QUOTA
         for size in sizes:
@@ -165,51 +203,65 @@ def main_table(sizes: list[int], batches: list[int], num_sms: int) -> None:
                 torch_us = _time(case.torch_baseline(), graph=False)
                 bw = gbps(case.moved_bytes(), us)
                 ceiling = ceiling_gbps(direction, case.moved_bytes())
-                print(
-                    f"| {direction} | {size} | {n} | {quota} | {us:.1f} | {bw:.1f} | {100 * bw / ceiling:.0f}% "
-                    f"| {ceiling:.1f} | {torch_us:.1f} | {torch_us / us:.1f}x |"
+                table.add(
+                    direction,
+                    size,
+                    n,
+                    quota,
+                    f"{us:.1f}",
+                    f"{bw:.1f}",
+                    f"{100 * bw / ceiling:.0f}%",
+                    f"{ceiling:.1f}",
+                    f"{torch_us:.1f}",
+                    f"{torch_us / us:.1f}x",
                 )
                 del case
 
 
 def quota_sweep(sizes: list[int], n: int, quotas: list[int]) -> dict[tuple[str, int], list[float]]:
-    print(f"\n## Bandwidth (GB/s) against block_quota, {n} rows (blocks of 1024 threads)")
-    print("| dir | element B | " + " | ".join(f"q={q}" for q in quotas) + " | ceiling |")
-    print("|---|---:|" + "---:|" * (len(quotas) + 1))
-    results = {}
+    table = Table(
+        "quota_sweep",
+        f"Bandwidth (GB/s) against block_quota, {n} rows (blocks of 1024 threads)",
+        ["dir", "element B", *(f"q={q}" for q in quotas), "ceiling"],
+    )
+    sweep = {}
     for direction in DIRECTIONS:
         for size in sizes:
             case = Case(direction, size, n)
             row = [gbps(case.moved_bytes(), _time(case.kernel(block_quota=q))) for q in quotas]
-            results[(direction, size)] = row
+            sweep[(direction, size)] = row
             ceiling = ceiling_gbps(direction, case.moved_bytes())
-            print(f"| {direction} | {size} | " + " | ".join(f"{b:.1f}" for b in row) + f" | {ceiling:.1f} |")
+            table.add(direction, size, *(f"{b:.1f}" for b in row), f"{ceiling:.1f}")
             del case
-    return results
+    return sweep
 
 
 def alternatives(options: list[tuple[int, int]], n: int, num_sms: int) -> None:
-    print(f"\n## Alternatives: unroll (rows per warp) at the default quota and at quota = {num_sms}, {n} rows, GB/s")
-    print("| dir | element B | unroll | q=default | q=all SMs |")
-    print("|---|---:|---:|---:|---:|")
+    table = Table(
+        "alternatives",
+        f"Alternatives: unroll (rows per warp) at the default quota and at quota = {num_sms}, {n} rows, GB/s",
+        ["dir", "element B", "unroll", "q=default", "q=all SMs"],
+    )
     for direction in DIRECTIONS:
         for size, unroll in options:
             case = Case(direction, size, n)
             a = gbps(case.moved_bytes(), _time(case.kernel(unroll=unroll)))
             b = gbps(case.moved_bytes(), _time(case.kernel(unroll=unroll, block_quota=num_sms)))
-            print(f"| {direction} | {size} | {unroll} | {a:.1f} | {b:.1f} |")
+            table.add(direction, size, unroll, f"{a:.1f}", f"{b:.1f}")
             del case
 
 
 def all_layer_table(size: int, n: int, layers: int) -> None:
-    print(f"\n## All-layer ({layers} layers, one launch) against one-layer calls, {size} B rows, {n} rows")
-    print("| dir | one-layer us | all-layer us per layer | ratio |")
-    print("|---|---:|---:|---:|")
+    table = Table(
+        "all_layer",
+        f"All-layer ({layers} layers, one launch) against one-layer calls, {size} B rows, {n} rows",
+        ["dir", "one-layer us", "all-layer us per layer", "ratio"],
+    )
     for direction in DIRECTIONS:
         case = Case(direction, size, n, num_layers=layers)
         one = _time(case.kernel())
         per_layer = _time(case.all_layers()) / layers
-        print(f"| {direction} | {one:.1f} | {per_layer:.1f} | {per_layer / one:.2f} |")
+        table.add(direction, f"{one:.1f}", f"{per_layer:.1f}", f"{per_layer / one:.2f}")
         del case
 
 
@@ -229,18 +281,16 @@ def host_overhead() -> None:
         torch.cuda.synchronize()
         return us
 
-    print("\n## Host time per call (1 row, 1024 B; median of 5 x 2000 calls)")
-    print("| call | us per call |")
-    print("|---|---:|")
+    table = Table("host_time", "Host time per call (1 row, 1024 B; median of 5 x 2000 calls)", ["call", "us per call"])
     for direction in ("d2d", "h2d"):
         case = Case(direction, 1024, 1)
         where = "CUDA caches" if direction == "d2d" else "pinned host source"
-        print(f"| transfer_hicache_one_layer, {where} | {median_us(case.kernel()):.2f} |")
+        table.add(f"transfer_hicache_one_layer, {where}", f"{median_us(case.kernel()):.2f}")
         direct = _HICACHE.function("run_one", (1024, default_unroll(1024), HICACHE_NUM_THREADS))
         args = (case.k_dst[0], case.v_dst[0], case.idx_dst, case.k_src[0], case.v_src[0], case.idx_src, 4)
-        print(f"| tvm-ffi function called directly, {where} | {median_us(lambda d=direct, a=args: d(*a)):.2f} |")
+        table.add(f"tvm-ffi function called directly, {where}", f"{median_us(lambda d=direct, a=args: d(*a)):.2f}")
     x = torch.zeros(1, device="cuda")
-    print(f"| torch: x.add_(1) on a 1-element CUDA tensor | {median_us(lambda: x.add_(1)):.2f} |")
+    table.add("torch: x.add_(1) on a 1-element CUDA tensor", f"{median_us(lambda: x.add_(1)):.2f}")
 
 
 def plot_quota_sweep(sweep: dict[tuple[str, int], list[float]], quotas: list[int], device: str, path: str) -> None:
@@ -267,13 +317,8 @@ def plot_quota_sweep(sweep: dict[tuple[str, int], list[float]], quotas: list[int
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--plot", help="write the quota sweep as a PNG here")
-    parser.add_argument("--skip-main", action="store_true")
-    parser.add_argument("--only-overhead", action="store_true", help="only the host time per call")
-    args = parser.parse_args()
-    torch.manual_seed(0)
+def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
+    """Every table ``args`` asks for; the quota sweep's bandwidths (for ``--plot``)."""
     props = torch.cuda.get_device_properties(0)
     num_sms = props.multi_processor_count
     print(f"device: {props.name}, {num_sms} SMs; torch {torch.__version__}")
@@ -281,7 +326,7 @@ def main() -> None:
     batches = get_benchmark_range([4096, 16384], [4096])
     host_overhead()
     if args.only_overhead:
-        return
+        return None
     if not args.skip_main:
         main_table(sizes, batches, num_sms)
     quotas = get_benchmark_range([1, 2, 4, 8, 16, 32, num_sms], [1, 2, 4, num_sms])
@@ -292,6 +337,37 @@ def main() -> None:
     if args.plot:
         plot_quota_sweep(sweep, quotas, props.name, args.plot)
         print(f"plot: {args.plot}")
+    return sweep
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plot", help="write the quota sweep as a PNG here")
+    parser.add_argument("--skip-main", action="store_true")
+    parser.add_argument("--only-overhead", action="store_true", help="only the host time per call")
+    parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_hicache.json")
+    args = parser.parse_args(argv)
+    json_dir = results.resolve_json_dir(args.json_dir)
+    command = results.command_line("bench_hicache", argv)
+    torch.manual_seed(0)
+    TABLES.clear()
+    complete = True
+    try:
+        run(args)
+    except KeyboardInterrupt:  # stopped at its time bound: keep what was measured
+        complete = False
+        print("\ninterrupted: the tables above hold what was measured before the stop")
+    if json_dir:
+        doc = results.document(
+            "bench_hicache",
+            results.first_paragraph(__doc__),
+            command,
+            [table.json() for table in TABLES],
+            complete=complete,
+        )
+        print(f"results: {results.write(json_dir, doc)}")
+    if not complete:
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

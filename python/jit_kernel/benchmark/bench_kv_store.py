@@ -5,6 +5,7 @@ in the same run. Times are CUDA-graph medians in microseconds.
     python -m jit_kernel.benchmark.bench_kv_store                                  # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_kv_store            # CI-sized grid
     python -m jit_kernel.benchmark.bench_kv_store --save-path bench-out/kv_store   # + PNG plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_kv_store --json-dir bench-json            # + JSON results (report.py)
 
 Cases (one ``triton.testing.perf_report`` benchmark each):
 
@@ -13,8 +14,8 @@ Cases (one ``triton.testing.perf_report`` benchmark each):
 - ``mla``: DeepSeek MLA, 512 + 64 bf16 (views of one [tokens, 1, 576 + 32] tensor) into a 576 row;
 - ``mla_fp8``: the same into a float8_e4m3fn buffer with a scale tensor.
 
-Tokens 1, 4, 16, 128, 1024, 4096, 16384 (CI: 16, 4096), each at slots drawn at random (without
-repetition) from a cache of ``max(4 * tokens, 4096)`` slots. Providers:
+Tokens 1, 4, 16, 128, 1024, 4096, 16384 (CI-sized grid, the one docs/benchmarks.md shows: 16, 4096),
+each at slots drawn at random (without repetition) from a cache of ``max(4 * tokens, 4096)`` slots. Providers:
 
 - ``jit``: jit_kernel;
 - ``eager``: ``k_cache[loc] = k; v_cache[loc] = v`` (MLA: ``kv_buffer[loc] = cat(nope, rope)``); fp8:
@@ -43,15 +44,13 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    extra_header,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 
@@ -228,17 +227,20 @@ def bench_kv_store(tokens: int, case: str, provider: str) -> float:
 REPORTS = [bench_kv_store]
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
+def summary_tables() -> list[SummaryTable]:
     configs = [
         (("kv_store", case, n), [case, n], store_bytes(n, case), n <= TINY_TOKENS) for case in CASES for n in TOKENS
     ]
-    rows = summary_rows(results, configs, empty, EXTRAS)
-    header = ["case", "tokens", *COMPARISON_HEADER, *extra_header(EXTRAS)]
-    return format_table("store_kv_cache / set_mla_kv_buffer (bf16 activations)", header, rows)
+    title = "store_kv_cache / set_mla_kv_buffer (bf16 activations)"
+    return [SummaryTable("kv_store", title, ["case", "tokens"], configs, PROVIDERS, EXTRAS)]
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_kv_store", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_kv_store", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ CUDA-graph medians in microseconds.
     python -m jit_kernel.benchmark.bench_norm                                  # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_norm            # CI-sized grid
     python -m jit_kernel.benchmark.bench_norm --save-path bench-out/norm       # + PNG plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_norm --json-dir bench-json            # + JSON results (report.py)
     JIT_KERNEL_BENCH_OUT=bench-out/norm python -m jit_kernel.benchmark.bench_norm   # the same, by env
 
-Full grid: tokens 1, 16, 1024, 4096, 16384 x D 1024, 2048, 4096, 5120, 7168, 8192 (CI: tokens 1, 16,
-4096 x D 4096); the q/k norms use Hq=32, Hk=8, head_dim 128 over the same tokens. Each benchmark is a
+Full grid: tokens 1, 16, 1024, 4096, 16384 x D 1024, 2048, 4096, 5120, 7168, 8192 (CI-sized grid, the
+one docs/benchmarks.md shows: tokens 16, 4096 x D 4096); the q/k norms use Hq=32, Hk=8, head_dim 128
+over the same tokens. Each benchmark is a
 ``triton.testing.perf_report`` with the providers of ``PROVIDERS`` as lines: ``jit`` (jit_kernel),
 ``eager`` (the torch code below), ``compile`` (torch.compile of it, one static-shape graph per shape),
 ``copy`` (a device-to-device copy moving the op's minimal bytes), ``jit_nopdl`` (jit_kernel with
@@ -39,15 +41,13 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    extra_header,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import (
     DEFAULT_DEVICE,
@@ -57,7 +57,7 @@ from jit_kernel.benchmark.utils import (
 
 EPS = 1e-6
 DT = torch.bfloat16
-TOKENS = get_benchmark_range([1, 16, 1024, 4096, 16384], [1, 16, 4096])
+TOKENS = get_benchmark_range([1, 16, 1024, 4096, 16384], [16, 4096])
 HIDDEN = get_benchmark_range([1024, 2048, 4096, 5120, 7168, 8192], [4096])
 HQ, HK, HEAD_DIM = 32, 8, 128
 TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
@@ -287,51 +287,61 @@ REPORTS = [bench_rmsnorm, bench_fused_add_rmsnorm, bench_fused_inplace_qknorm, b
 # Markdown summary, from the measurements the reports made
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
-    header = ["tokens", "D", *COMPARISON_HEADER, *extra_header(EXTRAS)]
-    qk_header = ["tokens", "heads", *COMPARISON_HEADER, *extra_header(EXTRAS)]
+def summary_tables() -> list[SummaryTable]:
     heads = f"{HQ}+{HK}x{HEAD_DIM}"
-    tables = [
-        (
+    qk_note = "q/k slices of qkv; eager = the two out-of-place F.rms_norm calls, compile = in-place version"
+    return [
+        SummaryTable(
+            "rmsnorm",
             "rmsnorm (bf16)",
-            header,
+            ["tokens", "D"],
             [(("rmsnorm", n, d), [n, d], rmsnorm_bytes(n, d), n <= TINY_TOKENS) for d in HIDDEN for n in TOKENS],
+            PROVIDERS,
+            EXTRAS,
         ),
-        (
+        SummaryTable(
+            "fused_add_rmsnorm",
             "fused_add_rmsnorm (bf16)",
-            header,
+            ["tokens", "D"],
             [
                 (("fused_add_rmsnorm", n, d), [n, d], fused_add_rmsnorm_bytes(n, d), n <= TINY_TOKENS)
                 for d in HIDDEN
                 for n in TOKENS
             ],
+            PROVIDERS,
+            EXTRAS,
         ),
-        (
-            f"fused_inplace_qknorm (bf16, Hq={HQ}, Hk={HK}, D={HEAD_DIM}, q/k slices of qkv; eager = the two "
-            "out-of-place F.rms_norm calls, compile = in-place version)",
-            qk_header,
+        SummaryTable(
+            "fused_inplace_qknorm",
+            f"fused_inplace_qknorm (bf16, Hq={HQ}, Hk={HK}, D={HEAD_DIM}, {qk_note})",
+            ["tokens", "heads"],
             [
                 (("fused_inplace_qknorm", n, HQ, HK, HEAD_DIM), [n, heads], qknorm_bytes(n), n <= TINY_TOKENS)
                 for n in TOKENS
             ],
+            PROVIDERS,
+            EXTRAS,
         ),
-        (
-            f"qknorm_across_heads (bf16, rows of {HQ * HEAD_DIM} and {HK * HEAD_DIM}, q/k slices of qkv; eager = "
-            "the two out-of-place F.rms_norm calls, compile = in-place version)",
-            qk_header,
+        SummaryTable(
+            "qknorm_across_heads",
+            f"qknorm_across_heads (bf16, rows of {HQ * HEAD_DIM} and {HK * HEAD_DIM}, {qk_note})",
+            ["tokens", "heads"],
             [
                 (("qknorm_across_heads", n, HQ, HK, HEAD_DIM), [n, heads], qknorm_bytes(n), n <= TINY_TOKENS)
                 for n in TOKENS
             ],
+            PROVIDERS,
+            EXTRAS,
         ),
     ]
-    return "\n".join(
-        format_table(title, cols, summary_rows(results, configs, empty, EXTRAS)) for title, cols, configs in tables
-    )
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_norm", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_norm", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,19 @@ same bytes, measured in the same run. Times are CUDA-graph medians in microsecon
     python -m jit_kernel.benchmark.bench_quant                                 # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_quant           # CI-sized grid
     python -m jit_kernel.benchmark.bench_quant --save-path bench-out/quant     # + PNG plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_quant --json-dir bench-json           # + JSON results (report.py)
     JIT_KERNEL_BENCH_OUT=bench-out/quant python -m jit_kernel.benchmark.bench_quant   # the same, by env
 
-Grid: bfloat16, float16 and float32 inputs of tokens x 4096, tokens 1, 16, 128, 1024, 4096, 16384 (CI:
-16, 4096). One ``triton.testing.perf_report`` benchmark per dtype, with the providers of ``PROVIDERS``
-as lines: ``jit`` (jit_kernel), ``eager`` (``s = x.abs().max().float() / 448; q = (x.float() /
-s).clamp(-448, 448).to(float8_e4m3fn)``), ``compile`` (torch.compile of it, one static-shape graph per
-shape), ``copy`` (a device-to-device copy moving the minimal bytes) and ``jit_nopdl`` (jit_kernel with
-``enable_pdl=False``; the default turns programmatic dependent launch on for sm_90+). With a save path, triton writes
-``<plot_name>.png`` and ``<plot_name>.csv`` per dtype, ``results.html`` shows them all, and
-``bench_quant.md`` holds the summary. The markdown summary printed at the end is derived from the same
-measurements (nothing is re-measured).
+Grid: bfloat16, float16 and float32 inputs of tokens x 4096, tokens 1, 16, 128, 1024, 4096, 16384
+(CI-sized grid, the one docs/benchmarks.md shows: bfloat16, tokens 16, 4096). One
+``triton.testing.perf_report`` benchmark per dtype, with the providers of ``PROVIDERS`` as lines:
+``jit`` (jit_kernel), ``eager`` (``s = x.abs().max().float() / 448; q = (x.float() / s).clamp(-448,
+448).to(float8_e4m3fn)``), ``compile`` (torch.compile of it, one static-shape graph per shape), ``copy``
+(a device-to-device copy moving the minimal bytes) and ``jit_nopdl`` (jit_kernel with
+``enable_pdl=False``; the default turns programmatic dependent launch on for sm_90+). With a save path,
+triton writes ``<plot_name>.png`` and ``<plot_name>.csv`` per dtype, ``results.html`` shows them all,
+and ``bench_quant.md`` holds the summary. The markdown summary printed at the end is derived from the
+same measurements (nothing is re-measured).
 
 Minimal bytes: the input read once plus the fp8 output written (N * D * (elem + 1)). The dynamic
 kernel reads HBM once for the part of the input that stays on chip across its grid barrier (about
@@ -30,15 +32,13 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    extra_header,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import (
     DEFAULT_DEVICE,
@@ -48,7 +48,7 @@ from jit_kernel.benchmark.utils import (
 
 FP8_MAX = 448.0
 D = 4096
-DTYPES = ["bfloat16", "float16", "float32"]
+DTYPES = get_benchmark_range(["bfloat16", "float16", "float32"], ["bfloat16"])
 TOKENS = get_benchmark_range([1, 16, 128, 1024, 4096, 16384], [16, 4096])
 TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
 
@@ -118,19 +118,25 @@ def bench_quant(tokens: int, hidden: int, dtype: str, provider: str) -> float:
 REPORTS = [bench_quant]
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
+def summary_tables() -> list[SummaryTable]:
     configs = [
         (("per_tensor_quant_fp8", dtype, n, D), [dtype, f"{n}x{D}"], quant_bytes(n, D, dtype), n <= TINY_TOKENS)
         for dtype in DTYPES
         for n in TOKENS
     ]
-    rows = summary_rows(results, configs, empty, EXTRAS)
-    header = ["dtype", "shape", *COMPARISON_HEADER, *extra_header(EXTRAS)]
-    return format_table("per_tensor_quant_fp8, dynamic", header, rows)
+    return [
+        SummaryTable(
+            "per_tensor_quant_fp8", "per_tensor_quant_fp8, dynamic", ["dtype", "shape"], configs, PROVIDERS, EXTRAS
+        )
+    ]
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_quant", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_quant", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ CUDA-graph medians in microseconds.
     python -m jit_kernel.benchmark.bench_rope                                # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_rope          # CI-sized grid
     python -m jit_kernel.benchmark.bench_rope --save-path bench-out/rope     # + PNG plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_rope --json-dir bench-json          # + JSON results (report.py)
 
 Shape: NeoX style, bf16, 32 q heads and 8 kv heads of 128 (q ``[N, 4096]`` and k ``[N, 1024]``
 contiguous), a ``[65536, 128]`` fp32 cos/sin cache, int64 positions drawn at random; tokens 1, 16,
-1024, 4096, 16384 (CI: 16, 4096).
+1024, 4096, 16384 (CI-sized grid, the one docs/benchmarks.md shows: 16, 4096).
 
 rope providers: ``jit`` (jit_kernel), ``eager`` (the rotation written with torch ops, computed in
 fp32 and written back into q and k), ``compile`` (torch.compile of it, one static-shape graph per
@@ -33,15 +34,13 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    extra_header,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 
@@ -191,22 +190,42 @@ def bench_qknorm_rope(tokens: int, provider: str) -> float:
 REPORTS = [bench_rope, bench_qknorm_rope]
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
+def summary_tables() -> list[SummaryTable]:
     heads = f"{HQ}+{HK}x{HEAD_DIM}"
-    out = []
-    for op, title, extras in (
-        ("rope", f"apply_rope_with_cos_sin_cache_inplace (NeoX, bf16, {heads}, fp32 cache)", ROPE_EXTRAS),
-        ("qknorm_rope", f"fused_qknorm_rope (NeoX, bf16, {heads}, fp32 cache)", QKR_EXTRAS),
-    ):
-        configs = [((op, n), [n, heads], rope_bytes(n), n <= TINY_TOKENS) for n in TOKENS]
-        rows = summary_rows(results, configs, empty, extras)
-        header = ["tokens", "heads", *COMPARISON_HEADER, *extra_header(extras)]
-        out.append(format_table(title, header, rows))
-    return "\n".join(out)
+    return [
+        SummaryTable(
+            name,
+            title,
+            ["tokens", "heads"],
+            [((op, n), [n, heads], rope_bytes(n), n <= TINY_TOKENS) for n in TOKENS],
+            providers,
+            extras,
+        )
+        for op, name, title, providers, extras in (
+            (
+                "rope",
+                "apply_rope_with_cos_sin_cache_inplace",
+                f"apply_rope_with_cos_sin_cache_inplace (NeoX, bf16, {heads}, fp32 cache)",
+                ROPE_PROVIDERS,
+                ROPE_EXTRAS,
+            ),
+            (
+                "qknorm_rope",
+                "fused_qknorm_rope",
+                f"fused_qknorm_rope (NeoX, bf16, {heads}, fp32 cache)",
+                QKR_PROVIDERS,
+                QKR_EXTRAS,
+            ),
+        )
+    ]
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_rope", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_rope", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

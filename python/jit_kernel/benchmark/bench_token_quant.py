@@ -5,9 +5,11 @@ run. Times are CUDA-graph medians in microseconds.
     python -m jit_kernel.benchmark.bench_token_quant                                  # full grid, print only
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_token_quant            # CI-sized grid
     python -m jit_kernel.benchmark.bench_token_quant --save-path bench-out/token_quant  # + plots, CSVs, summary
+    python -m jit_kernel.benchmark.bench_token_quant --json-dir bench-json              # + JSON results (report.py)
 
 Grid: bfloat16 inputs of tokens x hidden, hidden 4096 and 7168 (the fused op: input tokens x 2 * hidden),
-tokens 1, 4, 16, 128, 1024, 4096, 16384 (CI: 16, 4096). One ``triton.testing.perf_report`` benchmark per
+tokens 1, 4, 16, 128, 1024, 4096, 16384 (CI-sized grid, the one docs/benchmarks.md shows: hidden 7168,
+tokens 16, 4096). One ``triton.testing.perf_report`` benchmark per
 (op, hidden), with the providers as lines:
 
 - ``jit``: jit_kernel, outputs preallocated; ``eager``: the torch reference (per token:
@@ -38,22 +40,20 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark._tables import (
-    COMPARISON_HEADER,
     STANDARD_PROVIDERS,
     Measurements,
+    SummaryTable,
     compile_static,
-    extra_header,
-    format_table,
     provider_benchmark,
     run_script,
-    summary_rows,
+    tables_markdown,
 )
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 
 FP8_MAX = 448.0
 GROUP = 128
 DTYPE = "bfloat16"
-HIDDEN = [4096, 7168]
+HIDDEN = get_benchmark_range([4096, 7168], [7168])
 TOKENS = get_benchmark_range([1, 4, 16, 128, 1024, 4096, 16384], [16, 4096])
 TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
 
@@ -231,27 +231,29 @@ def bench_fused(tokens: int, hidden: int, dtype: str, provider: str) -> float:
 REPORTS = [bench_per_token, bench_per_token_group, bench_fused]
 
 
-def summary_markdown(results: Measurements, empty: float) -> str:
+def summary_tables() -> list[SummaryTable]:
     tables = []
-    for op, nbytes, extras, shape in (
-        ("per_token_quant_fp8", token_bytes, {}, "{n}x{d}"),
-        ("per_token_group_quant_fp8", group_bytes, GROUP_EXTRAS, "{n}x{d}"),
-        ("silu_and_mul_per_token_group_quant_fp8", fused_bytes, FUSED_EXTRAS, "{n}x2*{d}"),
+    for op, nbytes, providers, extras, shape in (
+        ("per_token_quant_fp8", token_bytes, TOKEN_PROVIDERS, {}, "{n}x{d}"),
+        ("per_token_group_quant_fp8", group_bytes, GROUP_PROVIDERS, GROUP_EXTRAS, "{n}x{d}"),
+        ("silu_and_mul_per_token_group_quant_fp8", fused_bytes, FUSED_PROVIDERS, FUSED_EXTRAS, "{n}x2*{d}"),
     ):
         configs = [
             ((op, DTYPE, n, d), [DTYPE, shape.format(n=n, d=d)], nbytes(n, d, DTYPE), n <= TINY_TOKENS)
             for d in HIDDEN
             for n in TOKENS
         ]
-        rows = summary_rows(results, configs, empty, extras)
-        header = ["dtype", "shape", *COMPARISON_HEADER, *extra_header(extras)]
         title = op if op == "per_token_quant_fp8" else f"{op}, group {GROUP}"
-        tables.append(format_table(title, header, rows))
-    return "\n".join(tables)
+        tables.append(SummaryTable(op, title, ["dtype", "shape"], configs, providers, extras))
+    return tables
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run_script("bench_token_quant", __doc__, argv, REPORTS, lambda empty: summary_markdown(RESULTS, empty))
+    run_script("bench_token_quant", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Kernel benchmarks time with CUDA graphs (``triton.testing.do_bench_cudagraph``) 
 report medians; each compares against the baselines a user would otherwise pick and against the
 device-copy ceiling measured in the same run. Scripts declare ``triton.testing.perf_report``
 benchmarks and run them through :func:`run_reports`, which writes the plots and CSVs to the directory
-given by ``--save-path DIR`` or ``JIT_KERNEL_BENCH_OUT`` (see :func:`resolve_save_path`).
+given by ``--save-path DIR`` or ``JIT_KERNEL_BENCH_OUT`` (see :func:`resolve_save_path`); with
+``--json-dir DIR`` or ``BENCH_JSON_DIR`` they also write their results as JSON (``results.py``),
+from which ``python -m jit_kernel.benchmark.report`` generates docs/benchmarks.md.
 
 Nothing here touches CUDA or imports triton at import time.
 """
@@ -132,6 +134,12 @@ def bench_arg_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="DIR",
         default=None,
         help=f"write the PNG plots, CSVs and the markdown summary here (default: ${SAVE_PATH_ENV}; unset: print only)",
+    )
+    parser.add_argument(
+        "--json-dir",
+        metavar="DIR",
+        default=None,
+        help="write the results as DIR/<script>.json for jit_kernel.benchmark.report (default: $BENCH_JSON_DIR)",
     )
     return parser
 
