@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -13,7 +18,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from jit_kernel.benchmark import _tables
+from jit_kernel.benchmark import _tables, report, results, run_all
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
     EMPTY_PROVIDER,
@@ -38,6 +43,22 @@ from jit_kernel.benchmark.utils import (
 )
 
 NAN = float("nan")
+FIXTURE = Path(__file__).parent / "fixtures" / "bench_json"
+REPO = Path(__file__).resolve().parents[1]
+FAKE_ENVIRONMENT = {
+    "device": {"name": "Fake GPU", "capability": "9.0", "sms": 132},
+    "driver": "000.00",
+    "cuda": "13.0",
+    "python": "3.12.0",
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "tvm_ffi": "0.1.15",
+    "jit_kernel": "0.1.0",
+    "flashinfer": None,
+    "liger_kernel": None,
+    "commit": "0000000",
+    "grid": "ci",
+}
 PROVIDERS = ["jit", "eager", "compile", "copy"]
 # Each script's providers: the standard four, then its extras.
 SCRIPT_PROVIDERS = {
@@ -418,19 +439,34 @@ def test_main_plots_and_summarises_each_measurement_once(
     monkeypatch.setattr(module, "RESULTS", _fake_measurements(calls))
     monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
     monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
     out = tmp_path / "plots"
-    module.main(["--save-path", str(out)])
+    module.main(["--save-path", str(out), "--json-dir", str(tmp_path / "json")])
 
     # every (config, provider) timed exactly once, the summary reusing those numbers
     assert len(calls) == len(set(calls)) == configs * len(SCRIPT_PROVIDERS[name])
     printed = capsys.readouterr().out
-    summary = printed[printed.index("device: Fake GPU") :]
+    summary = printed[printed.index("device: Fake GPU") : printed.index("results: ")]
     data_rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
     assert len(data_rows) == configs
     for row in data_rows:
         assert "| 10.0 | 25.0 | 15.0 | 8.0 |" in row and "| 80% | 2.50x | 1.50x |" in row
     assert "empty-kernel CUDA-graph replay at the end of the run: 2.50 us" in summary
     assert (out / f"{name}.md").read_text().strip() == summary.strip()
+
+    # the JSON holds the same measurements, the command line and the environment
+    doc = json.loads((tmp_path / "json" / f"{name}.json").read_text())
+    assert doc["schema"] == results.SCHEMA and doc["script"] == name and doc["complete"] is True
+    assert doc["command"].startswith(f"JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.{name} --save-path ")
+    assert doc["environment"] == FAKE_ENVIRONMENT and doc["empty_kernel_us"] == 2.5
+    assert doc["summary"] == results.first_paragraph(module.__doc__)
+    rows = [row for table in doc["tables"] for row in table["rows"]]
+    assert len(rows) == configs
+    for row in rows:
+        assert row["us"] == {provider: FAKE_US[provider] for provider in SCRIPT_PROVIDERS[name]}
+        assert row["of_copy_ceiling"]["jit"] == 0.8 and row["of_copy_ceiling"]["eager"] == pytest.approx(0.32)
+        assert "copy" not in row["of_copy_ceiling"]
+        assert ("vs_empty" in row) == row["tiny"]
 
     # triton wrote a plot and a CSV per benchmark, with the measured times
     names = plot_names(module.REPORTS)
@@ -508,8 +544,13 @@ def test_bench_dispatch_cpu_section(
     assert torch.equal(inputs.ints_out, inputs.ints + 1)
 
     monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
-    bench_dispatch.main(["--cpu-only", "--calls", "20", "--repeats", "2", "--save-path", str(tmp_path)])
-    printed = capsys.readouterr().out
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    json_dir = tmp_path / "json"
+    bench_dispatch.main(
+        ["--cpu-only", "--calls", "20", "--repeats", "2", "--save-path", str(tmp_path), "--json-dir", str(json_dir)]
+    )
+    printed, written = capsys.readouterr().out.split("results: ")
+    assert written.strip() == str(json_dir / "bench_dispatch.json")
     assert (
         "command: `python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 20 --repeats 2 --save-path"
         in printed
@@ -520,6 +561,11 @@ def test_bench_dispatch_cpu_section(
     assert eager_us > 0 and raw_us > 0 and diff == pytest.approx(eager_us - raw_us, abs=0.011)
     assert cells[4] in ("met", "**missed**")
     assert (tmp_path / "bench_dispatch.md").read_text().strip() == printed.strip()
+    doc = json.loads((json_dir / "bench_dispatch.json").read_text())
+    assert doc["command"].startswith("python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 20")
+    [table] = doc["tables"]
+    assert table["kind"] == "cells" and table["name"] == "cpu" and table["header"] == bench_dispatch.EAGER_HEADER
+    assert table["rows"] == [cells]
 
 
 def test_bench_dispatch_failing_op_is_an_error_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -543,3 +589,338 @@ def test_bench_versions_only_selects_matching_cases_and_the_empty_kernel() -> No
     assert names[1:] and all("gelu_tanh" in name or "fp8 cache" in name for name in names[1:])
     assert {name for name, _, _ in bench_versions.selected(cases, None)} == {name for name, _, _ in cases}
     assert [name for name, _, _ in bench_versions.selected(cases, "no such case")] == [cases[0][0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON results (results.py)
+
+
+def test_provider_row_known_numbers() -> None:
+    providers = ["jit", "eager", "compile", "copy", "flashinfer"]
+    times = {"jit": 10.0, "eager": 25.0, "compile": 16.0, "copy": 8.0, "flashinfer": NAN, "empty": 4.0}
+    row = results.provider_row([16, "x"], times, 1000, True, providers, empty=99.0)
+    assert row["key"] == [16, "x"] and row["bytes"] == 1000 and row["tiny"] is True
+    assert row["us"] == {"jit": 10.0, "eager": 25.0, "compile": 16.0, "copy": 8.0, "flashinfer": None}
+    assert row["of_copy_ceiling"] == {"jit": 0.8, "eager": 0.32, "compile": 0.5, "flashinfer": None}
+    assert row["empty_us"] == 4.0 and row["vs_empty"] == 2.5  # the paired reference, not the run-level one
+    unpaired = results.provider_row([16, "x"], {"jit": 10.0}, 1000, True, ["jit", "copy"], empty=5.0)
+    assert unpaired["vs_empty"] == 2.0 and unpaired["of_copy_ceiling"] == {"jit": None}
+    large = results.provider_row([4096, "x"], times, 1000, False, providers)
+    assert "vs_empty" not in large and "empty_us" not in large
+
+
+def test_tables_json_and_markdown_read_the_same_measurements() -> None:
+    measured = Measurements(lambda key, provider, make: {"jit": 10.0, "eager": 20.0, "copy": 8.0}[provider])
+    for key in (("op", 16), ("op", 4096)):
+        for provider in ("jit", "eager", "copy"):
+            measured.time(key, provider, lambda: lambda: None)
+    providers = {"jit": ("ours", ("", "")), "eager": ("torch eager", ("", "")), "copy": ("copy", ("", ""))}
+    configs = [(("op", n), [n], 8_000_000, n <= 16) for n in (16, 4096, 65536)]  # 65536: not measured
+    table = _tables.SummaryTable("op", "op (bf16)", ["tokens"], configs, providers)
+    [doc_table] = _tables.tables_json([table], measured, 2.0)
+    assert doc_table["providers"] == {"jit": "ours", "eager": "torch eager", "copy": "copy"}
+    assert [row["key"] for row in doc_table["rows"]] == [[16], [4096]]
+    assert doc_table["rows"][0]["vs_empty"] == 5.0 and doc_table["rows"][0]["us"]["eager"] == 20.0
+    markdown = _tables.tables_markdown([table], measured, 2.0)
+    assert markdown.startswith("### op (bf16)\n") and markdown.count("\n| ") == 3  # header + two rows
+    assert "| 16 | 10.0 | 20.0 | n/a | 8.0 | 800 | 80% | 2.00x | n/a | 5.00x |" in markdown
+
+
+def test_write_is_strict_json_and_load_skips_other_files(tmp_path: Path) -> None:
+    table = results.cells_table("t", "T", ["a", "b"], [["x", NAN], [1, 2.25]])
+    assert table["rows"] == [["x", None], [1, "2.2"]]
+    doc = results.document("bench_x", "Line one\n  line two.", "cmd", [table], environment_info=FAKE_ENVIRONMENT)
+    assert doc["summary"] == "Line one line two." and doc["complete"] is True and doc["empty_kernel_us"] is None
+    path = results.write(tmp_path, doc)
+    assert path == tmp_path / "bench_x.json" and json.loads(path.read_text()) == doc
+    with pytest.raises(ValueError):
+        results.write(tmp_path, {**doc, "script": "bad", "empty_kernel_us": NAN})
+    (tmp_path / "run_all.json").write_text(json.dumps({"schema": run_all.RUN_SCHEMA}))
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert [d["script"] for d in results.load(tmp_path)] == ["bench_x"]
+
+
+def test_json_dir_and_command_line() -> None:
+    assert results.resolve_json_dir(None, {}) is None
+    assert results.resolve_json_dir(None, {results.JSON_DIR_ENV: ""}) is None
+    assert results.resolve_json_dir(None, {results.JSON_DIR_ENV: "/env"}) == "/env"
+    assert results.resolve_json_dir("/cli", {results.JSON_DIR_ENV: "/env"}) == "/cli"
+    assert (
+        results.command_line("bench_x", ["--json-dir", "a b"], {})
+        == "python -m jit_kernel.benchmark.bench_x --json-dir 'a b'"
+    )
+    ci = results.command_line("bench_x", [], {"JIT_KERNEL_BENCH_CI": "1"})
+    assert ci == "JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_x"
+    assert results.first_paragraph("  One\n  two.\n\n  Three.") == "One two."
+
+
+def test_environment_on_this_machine() -> None:
+    env = results.environment({"JIT_KERNEL_BENCH_COMMIT": "abc1234", "JIT_KERNEL_BENCH_CI": "1"})
+    import jit_kernel
+
+    assert env["torch"] == torch.__version__ and env["jit_kernel"] == jit_kernel.__version__
+    assert env["tvm_ffi"] and env["commit"] == "abc1234" and env["grid"] == "ci"
+    if not torch.cuda.is_available():
+        assert env["device"] == {"name": None, "capability": None, "sms": None} and env["driver"] is None
+    json.dumps(env, allow_nan=False)
+
+
+def test_bench_hicache_tables_print_and_record(capsys: pytest.CaptureFixture[str]) -> None:
+    from jit_kernel.benchmark import bench_hicache
+
+    bench_hicache.TABLES.clear()
+    table = bench_hicache.Table("t", "A title", ["dir", "GB/s"])
+    table.add("d2d", "1.5")
+    assert capsys.readouterr().out == "\n## A title\n| dir | GB/s |\n|---|---:|\n| d2d | 1.5 |\n"
+    assert [table] == bench_hicache.TABLES
+    assert table.json() == results.cells_table("t", "A title", ["dir", "GB/s"], [["d2d", "1.5"]])
+    bench_hicache.TABLES.clear()
+
+
+def test_bench_first_call_writes_its_tables(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from jit_kernel.benchmark import bench_first_call
+
+    phases = {"tvm_ffi": 0.1, "import": 0.05, "call": 0.002}
+    cold = {"tvm_ffi": 0.1, "import": 0.05, "call": 2.0}
+    monkeypatch.setattr(
+        bench_first_call, "first_call", lambda *a: [("prebuilt", phases, "prebuilt"), ("jit, cold", cold, "jit")]
+    )
+    monkeypatch.setattr(bench_first_call, "warm_load", lambda repeats: [("load_jit", 0.006)])
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    bench_first_call.main(["--device", "cpu", "--json-dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "| prebuilt | 100.0 | 50.0 | 2.0 | 1000x | prebuilt |" in printed
+    doc = json.loads((tmp_path / "bench_first_call.json").read_text())
+    assert [t["name"] for t in doc["tables"]] == ["first_call", "warm_load"]
+    assert doc["tables"][0]["rows"][1] == ["jit, cold", "100.0", "50.0", "2000.0", "1x", "jit"]
+    assert doc["tables"][1]["rows"] == [["load_jit", "6.00"]]
+
+
+def test_interrupted_script_writes_what_it_measured(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from jit_kernel.benchmark import bench_first_call
+
+    def interrupted(*args: object) -> list[tuple[str, float]]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        bench_first_call, "first_call", lambda *a: [("prebuilt", {"tvm_ffi": 1, "import": 1, "call": 1}, "p")]
+    )
+    monkeypatch.setattr(bench_first_call, "warm_load", interrupted)
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    with pytest.raises(SystemExit) as stopped:
+        bench_first_call.main(["--json-dir", str(tmp_path)])
+    assert stopped.value.code == 130
+    doc = json.loads((tmp_path / "bench_first_call.json").read_text())
+    assert doc["complete"] is False and [t["name"] for t in doc["tables"]] == ["first_call"]
+
+
+# ---------------------------------------------------------------------------------------------
+# run_all
+
+
+def test_bounds_give_slack_while_the_budget_allows_and_shares_otherwise() -> None:
+    assert run_all.bounds([10, 20, 30], 1000) == [20, 40, 60]
+    assert run_all.bounds([10, 20, 30], 70) == [20, 30, 40]  # slack only while the rest's estimates fit
+    assert run_all.bounds([10, 30], 20) == [5, 15]  # short: shares in proportion to the estimates
+    assert run_all.next_bound(10, 5, 0) == 0
+    assert run_all.next_bound(10, 0, float("inf")) == 20
+
+
+def test_estimate_from_counts() -> None:
+    counts = {"measurements": 10, "jit": 2, "compiles": 2}
+    expected = run_all.START_S + 10 * run_all.MEASURE_S + 4 * run_all.EMPTY_S + 2 * run_all.COMPILE_S
+    assert run_all.estimate_from_counts(counts) == pytest.approx(expected)
+
+
+def test_grid_counts_of_the_ci_grids(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    norm = load_bench("bench_norm", True)
+    # 4 benchmarks (rmsnorm and fused_add at D 4096, both q/k norms) x 2 token counts x 6 providers
+    assert run_all.grid_counts(norm.REPORTS) == {"measurements": 48, "jit": 8, "compiles": 8}
+    elementwise = load_bench("bench_elementwise", True)
+    assert run_all.grid_counts(elementwise.REPORTS) == {"measurements": 16, "jit": 4, "compiles": 4}
+
+
+FAKE_SCRIPT = """
+import json, signal, sys, time
+from pathlib import Path
+folder = Path(sys.argv[sys.argv.index("--json-dir") + 1])
+rows = []
+def write(complete):
+    doc = {"schema": "jit_kernel.benchmark/1", "script": NAME, "complete": complete, "rows": rows}
+    (folder / f"{NAME}.json").write_text(json.dumps(doc))
+try:
+    for i in range(ROWS):
+        rows.append(i)
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    write(False)
+    raise SystemExit(130)
+write(True)
+"""
+
+
+def test_run_all_bounds_each_script_and_keeps_partial_results(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    for name, rows in (("fast_bench", 2), ("slow_bench", 10_000), ("failing_bench", 0)):
+        body = FAKE_SCRIPT.replace("NAME", repr(name)).replace("ROWS", str(rows))
+        if name == "failing_bench":
+            body = "raise SystemExit(3)\n"
+        (modules / f"{name}.py").write_text(body)
+    monkeypatch.setenv("PYTHONPATH", f"{modules}:{REPO / 'python'}")
+    scripts = tuple(
+        run_all.Script(name, (), estimate, module=name)
+        for name, estimate in (("fast_bench", 20.0), ("slow_bench", 3.0), ("failing_bench", 5.0))
+    )
+    monkeypatch.setattr(run_all, "SCRIPTS", scripts)
+    monkeypatch.setattr(run_all, "GRACE_S", 10)
+    out = tmp_path / "json"
+    (out).mkdir()
+    (out / "failing_bench.json").write_text("{}")  # stale: removed before the script runs
+    run_all.main(["--json-dir", str(out), "--budget", "1000", "--log-dir", str(tmp_path / "logs")])
+    manifest = json.loads((out / run_all.MANIFEST).read_text())
+    status = {entry["script"]: entry["status"] for entry in manifest["scripts"]}
+    assert status == {
+        "fast_bench": "ok",
+        "slow_bench": "stopped at its bound of 6 s",
+        "failing_bench": "failed (exit status 3)",
+    }
+    assert json.loads((out / "fast_bench.json").read_text())["complete"] is True
+    partial = json.loads((out / "slow_bench.json").read_text())
+    assert partial["complete"] is False and 10 < len(partial["rows"]) < 10_000
+    assert not (out / "failing_bench.json").exists()
+    assert (tmp_path / "logs" / "slow_bench.log").exists()
+
+    # a second run of one script keeps the others' entries in the manifest
+    run_all.main(["--json-dir", str(out), "--only", "fast", "--budget", "1000"])
+    manifest = json.loads((out / run_all.MANIFEST).read_text())
+    assert sorted(entry["script"] for entry in manifest["scripts"]) == ["failing_bench", "fast_bench", "slow_bench"]
+    # no budget left: nothing runs
+    run_all.main(["--json-dir", str(out), "--only", "fast", "--budget", "0.001"])
+    manifest = json.loads((out / run_all.MANIFEST).read_text())
+    assert {e["script"]: e["status"] for e in manifest["scripts"]}["fast_bench"] == "not run: the budget was spent"
+
+
+# ---------------------------------------------------------------------------------------------
+# The report (docs/benchmarks.md)
+
+
+def _fixture_docs() -> list[dict[str, object]]:
+    return results.load(FIXTURE)
+
+
+def test_report_from_the_fixture(tmp_path: Path) -> None:
+    out = tmp_path / "docs" / "benchmarks.md"
+    text = report.generate(FIXTURE, out, with_plots=False)
+    assert out.read_text() == text
+    lines = text.splitlines()
+    assert lines[0] == "# Benchmarks" and len(lines) <= report.MAX_LINES
+    assert not (tmp_path / "docs" / "benchmarks").exists() and "![" not in text  # no plots asked for
+    # the introduction: device, driver, versions, how to reproduce
+    assert "- **Device**: Fake GPU (compute capability 9.0, 132 SMs)" in lines
+    assert "- **NVIDIA driver**: 000.00" in lines
+    assert "- **Software**: torch 2.11.0, triton 3.6.0, CUDA (torch build) 13.0, apache-tvm-ffi 0.1.15, " in text
+    assert "python -m jit_kernel.benchmark.run_all --json-dir docs/benchmarks/data" in lines
+    assert "python -m jit_kernel.benchmark.report --json-dir docs/benchmarks/data --output docs/benchmarks.md" in lines
+    # one section per script, in the families' order, each with its command (results folder as DIR)
+    sections = [line for line in lines if line.startswith("## ")]
+    assert sections == [
+        "## Summary",
+        "## Norms",
+        "## Gated activations",
+        "## hicache KV-cache transfers",
+        "## Dispatch overhead",
+        "## Not in this run",
+    ]
+    assert "`JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_norm --json-dir DIR`" in lines
+    # provider tables: ours, % of copy, vs empty on decode rows, each peer with its ratio to ours, the copy
+    assert (
+        "| tokens | D | jit_kernel us | % of copy | vs empty | torch eager us | torch.compile us "
+        "| jit_kernel, PDL off us | copy us |" in lines
+    )
+    assert "| 16 | 4096 | 2.00 | 125% | 1.60x | 8.00 (4.00x) | 5.00 (2.50x) | 2.40 (1.20x) | 2.50 |" in lines
+    assert "| 4096 | 4096 | 40.0 | 90% |  | 120.0 (3.00x) | 50.0 (1.25x) | 41.0 (1.02x) | 36.0 |" in lines
+    assert "| silu_and_mul | 4096x2x14336 | 130.0 | 92% |  | 400.0 (3.08x) | 140.0 (1.08x) | n/a | 120.0 |" in lines
+    # the summary: decode time and ratio to the empty kernel, prefill share of the copy, fastest peer
+    assert "| rmsnorm | 2.00 | 1.60x | 90% | 2.50x | 1.25x |" in lines
+    assert "| activation | 3.00 | 2.00x | 92% | 1.20x | 1.08x |" in lines
+    # tables kept as printed, partial runs and scripts that did not run
+    assert "| d2d | 1024 | 100.3 | 200.2 | 398.4 | 3244.8 | 2773.2 |" in lines
+    assert "_The script stopped at its time bound: the rows below are those it measured._" in lines
+    assert "_No rows measured._" in lines
+    assert "- bench_first_call: not run: the budget was spent" in lines
+    assert text == report.render(_fixture_docs(), report._manifest(FIXTURE))
+
+
+def test_report_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "docs" / "benchmarks.md"
+    plots = tmp_path / "docs" / "benchmarks" / "plots"
+    plots.mkdir(parents=True)
+    (plots / "stale.png").write_bytes(b"old")
+    text = report.generate(FIXTURE, out)
+    assert sorted(p.name for p in plots.iterdir()) == ["activation.png", "hicache.png", "norm.png"]
+    for name in ("activation", "hicache", "norm"):
+        assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(benchmarks/plots/{name}.png)" in text
+    # the text does not depend on whether matplotlib drew: the same links from the data alone
+    assert text == report.render(_fixture_docs(), report._manifest(FIXTURE), plots="benchmarks/plots")
+
+
+def test_report_fits_in_the_line_budget_on_the_full_grids(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    """Every script's full grid, every row measured: the document stays within its line budget."""
+    docs = []
+    for name in ("bench_norm", "bench_quant", "bench_elementwise", "bench_activation", "bench_rope",
+                 "bench_kv_store", "bench_token_quant"):  # fmt: skip
+        module = load_bench(name, False)
+        measured = Measurements(lambda key, provider, make: 1.0)
+        for table in module.summary_tables():
+            for key, *_ in table.configs:
+                for provider in table.providers:
+                    measured.time(key, provider, lambda: lambda: None)
+        tables = _tables.tables_json(module.summary_tables(), measured, 1.0)
+        docs.append(results.document(name, "s", "c", tables, environment_info=FAKE_ENVIRONMENT))
+    cells = [["d2h", 1024, 4096, 4, "1.0", "1.0", "1%", "1.0", "1.0", "1.0x"]] * 36
+    docs.append(results.document("bench_hicache", "s", "c", [results.cells_table("one_layer", "t", ["h"] * 10, cells)],
+                                 environment_info=FAKE_ENVIRONMENT))  # fmt: skip
+    text = report.render(docs, None, plots="benchmarks/plots")
+    assert text.count("\n") <= report.MAX_LINES
+
+
+HISTORY = re.compile(r"\b(issue|session|call|probe|seed) \d", re.IGNORECASE)
+
+
+def test_report_text_has_no_development_history() -> None:
+    text = report.render(_fixture_docs(), report._manifest(FIXTURE), plots="benchmarks/plots")
+    assert not HISTORY.search(text)
+
+
+def test_committed_doc_is_the_generators_output() -> None:
+    """docs/benchmarks.md is generated from docs/benchmarks/data, and each plot it links exists."""
+    data = REPO / "docs" / "benchmarks" / "data"
+    docs = results.load(data) if data.is_dir() else []
+    if not docs:
+        pytest.skip("no benchmark results committed in docs/benchmarks/data yet")
+    committed = (REPO / "docs" / "benchmarks.md").read_text()
+    plots = "benchmarks/plots" if "](benchmarks/plots/" in committed else None
+    assert committed == report.render(docs, report._manifest(data), plots=plots)
+    for link in re.findall(r"\]\((benchmarks/plots/[^)]+)\)", committed):
+        assert (REPO / "docs" / link).is_file(), link
+
+
+def test_report_and_run_all_help_run_without_a_gpu() -> None:
+    for module in ("report", "run_all"):
+        result = subprocess.run(
+            [sys.executable, "-m", f"jit_kernel.benchmark.{module}", "--help"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+            check=False,
+        )
+        assert result.returncode == 0 and "--json-dir" in result.stdout, result.stderr
