@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every benchmark on the GPU machine and docs/benchmarks.md generated from their JSON, in one device
+# call: build and install the package (ci/gpu-session.sh), put FlashInfer 0.7.2 from .peers on the
+# path with its prebuilt modules, run `python -m jit_kernel.benchmark.run_all` within the time the
+# call has left (at most 480 s), then `python -m jit_kernel.benchmark.report`. Carry .whl and .peers.
+#
+#   JIT_KERNEL_BENCH_COMMIT=$(git rev-parse --short HEAD) bash ci/bench-docs.sh [--only REGEX]
+#
+# Writes under $OUT: docs/benchmarks.md, docs/benchmarks/plots/*.png and the JSON results in
+# docs/benchmarks/data/ (copy $OUT/docs over docs/ and commit the three together), each script's log
+# in bench-logs/, the build log in session.log. Arguments go to run_all (e.g. --only 'norm|rope').
+#
+# FlashInfer's JIT modules take about a minute each to compile: build them once with
+# ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz). Without that file its JIT is disabled
+# here, and the FlashInfer columns read n/a instead of spending the run's time compiling.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+CALL_S=${CALL_S:-555}  # the device call's 600 s less the report, the copy back and a margin
+start=$(date +%s)
+
+bash ci/gpu-session.sh > "$OUT/session.log" 2>&1 || { tail -30 "$OUT/session.log"; exit 1; }
+tail -1 "$OUT/session.log"
+
+export PYTHONPATH=/tmp/site JIT_KERNEL_CACHE_DIR=/tmp/jit-cache CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ -f .peers/flashinfer-slim.tgz ]; then
+  mkdir -p /tmp/fi && tar xzf .peers/flashinfer-slim.tgz -C /tmp/fi
+  export PYTHONPATH=/tmp/site:/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a
+  if [ -f .peers/flashinfer-jit-cache.tgz ]; then
+    tar xzf .peers/flashinfer-jit-cache.tgz -C /tmp/fi
+  else
+    echo "warning: no .peers/flashinfer-jit-cache.tgz (ci/prebuild-flashinfer.sh): FlashInfer's JIT is disabled"
+    export FLASHINFER_DISABLE_JIT=1
+  fi
+else
+  echo "warning: no .peers/flashinfer-slim.tgz: the FlashInfer columns read n/a"
+fi
+
+budget=$(( CALL_S - ($(date +%s) - start) ))
+[ "$budget" -gt 480 ] && budget=480
+data=$OUT/docs/benchmarks/data
+(cd /tmp && python3 -m jit_kernel.benchmark.run_all --json-dir "$data" --budget "$budget" \
+   --log-dir "$OUT/bench-logs" "$@")
+status=$?
+(cd /tmp && python3 -m jit_kernel.benchmark.report --json-dir "$data" --output "$OUT/docs/benchmarks.md") || status=1
+echo "bench-docs: $(( $(date +%s) - start )) s in all"
+exit $status
