@@ -1,4 +1,4 @@
-"""Issue 13 (reliability): strict mode loads what `warm` compiled, any legal path builds, a bad
+"""Reliability: strict mode loads what `warm` compiled, any legal path builds, a bad
 cache folder is one clear error, a killed build leaves no compilers and no garbage behind, and a
 process that compiles nothing logs nothing."""
 

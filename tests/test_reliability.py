@@ -1,5 +1,5 @@
 """Newcomer mistakes and damaged installs get one clear error (or a safe fallback), never a
-traceback or a signal: issue 13, items 4 and 5. Everything here runs without a GPU; CUDA-looking
+traceback or a signal. Everything here runs without a GPU; CUDA-looking
 inputs are fake tensors, which reach every check that comes before a kernel launch."""
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _valid_fake_calls() -> list[Callable[[], object]]:
         lambda: torch.ops.jit_kernel.per_tensor_quant_fp8(
             x, _cuda(4, 4096, dtype=torch.float8_e4m3fn), _cuda(1, dtype=torch.float32), True
         ),
-        # The decoder-layer families (issues 17, 18).
+        # The decoder-layer families.
         lambda: torch.ops.jit_kernel.silu_and_mul(_cuda(4, 2 * 4096)),
         lambda: torch.ops.jit_kernel.apply_rope_with_cos_sin_cache_inplace(
             _cuda(4, dtype=torch.int64), _cuda(4, 32 * 128), _cuda(4, 8 * 128), 128, _cuda(64, 128, dtype=torch.float32)

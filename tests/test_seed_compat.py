@@ -1,4 +1,4 @@
-"""Issue 14: code written against the seed's API (``sglang.jit_kernel`` 0.5.12 / 0.5.16) runs with only
+"""Code written against the seed's API (``sglang.jit_kernel`` 0.5.12 / 0.5.16) runs with only
 the package prefix changed. The seed's module paths, names and signatures (CPU), the
 module/function name clash of ``add_constant`` / ``scale`` / ``per_tensor_quant_fp8`` in every import
 form (fresh interpreters where order matters), the argument mapping of every seed wrapper onto

@@ -1,4 +1,4 @@
-"""Kernels written for sglang.jit_kernel's headers build unchanged against ours (issue 14, part 3).
+"""Kernels written for sglang.jit_kernel's headers build unchanged against ours.
 
 The fixtures under tests/cpp/compat/ are our own kernels written the way sglang's kernels spell the
 library: its aliases (`device::kMaxVecBytes`, `kDLGPU`, `warp::kFullMask`, width-first

@@ -1,4 +1,4 @@
-"""A user's own kernel package, as the seed's tutorial (seed 004, ``scale``) has one write it, ported
+"""A user's own kernel package, as SGLang's add-jit-kernel tutorial (``scale``) has one write it, ported
 to jit_kernel by changing the import prefix only. It lives outside the package: the kernel source
 sits next to this file (tests/test_seed_compat.py copies the tutorial's ``scale.cuh`` here into a
 temporary folder together with this module), so ``load_jit`` gets its absolute path.

@@ -1,4 +1,4 @@
-// Fixture: the add_constant tutorial kernel of seed 002 ("Add new kernels",
+// Fixture: the add_constant tutorial kernel of SGLang's JIT kernel development guide ("Add new kernels",
 // STEP 1), kept as the guide writes it. It must build unchanged against the headers.
 #include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel

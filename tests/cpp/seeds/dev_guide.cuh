@@ -1,7 +1,7 @@
-// Fixture: the remaining kernel code of the seeds' guides, kept as written:
-// seed 000 §0x4.1 (cuda_wait_value), seed 000 §0x5.2 (MyKernel) and the
-// "C++ Utilities" snippets of seed 001/002. Each snippet sits in its own
-// namespace because the guides reuse names like `test` and `kernel`.
+// Fixture: the remaining kernel code of the seeds' guides, kept as written: the walkthrough of
+// SGLang's JIT kernel system, §0x4.1 (cuda_wait_value) and §0x5.2 (MyKernel), and the "C++ Utilities"
+// snippets of SGLang's JIT kernel development guide. Each snippet sits in its own namespace because
+// the guides reuse names like `test` and `kernel`.
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.cuh>
 #include <sgl_kernel/utils.h>
@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace wait_value {  // seed 000 §0x4.1
+namespace wait_value {  // walkthrough §0x4.1
 
 __global__ void wait_flag_kernel(const int32_t* flag, int32_t target) {
   const volatile int32_t* vflag = (volatile const int32_t*)flag;
@@ -46,7 +46,7 @@ auto stream_wait_value(const tvm::ffi::TensorView flag, std::int32_t value) -> v
 
 }  // namespace wait_value
 
-namespace my_kernel {  // seed 000 §0x5.2
+namespace my_kernel {  // walkthrough §0x5.2
 
 __global__ void my_kernel_impl(float* output, const float* input, int size) {
   int idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -83,7 +83,7 @@ struct MyKernel {
 
 }  // namespace my_kernel
 
-namespace guide_irange {  // seed 001/002 "Integer Range"
+namespace guide_irange {  // development guide, "Integer Range"
 
 void test() {
   for (auto i : host::irange(100)) { // [0, 100)
@@ -98,7 +98,7 @@ void test() {
 
 }  // namespace guide_irange
 
-namespace guide_checks {  // seed 001/002 "Runtime Checking"
+namespace guide_checks {  // development guide, "Runtime Checking"
 
 void test() {
   host::RuntimeCheck(1 + 1 == 2, 1 + 1, " != ", 2);
@@ -109,7 +109,7 @@ void test() {
 
 }  // namespace guide_checks
 
-namespace guide_tensor {  // seed 001/002 "Tensor Checking"
+namespace guide_tensor {  // development guide, "Tensor Checking"
 
 void test(const tvm::ffi::TensorView k_cache, const tvm::ffi::TensorView v_cache) {
   using namespace host;
@@ -129,7 +129,7 @@ void test(const tvm::ffi::TensorView k_cache, const tvm::ffi::TensorView v_cache
 
 }  // namespace guide_tensor
 
-namespace guide_launch {  // seed 001/002 "Kernel Launching"
+namespace guide_launch {  // development guide, "Kernel Launching"
 
 __global__ void kernel() {}
 

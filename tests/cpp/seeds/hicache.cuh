@@ -1,7 +1,7 @@
-// Fixture: the HiCache KV-cache transfer kernel of seed 000 (§0x3.1-0x3.3).
-// The seed shows excerpts; the code it shows is kept as written. Marked
-// "[filled in]" are only the pieces the excerpts leave out (mem_package_t,
-// store_vec, the params struct, the template head and the launch variables).
+// Fixture: the HiCache KV-cache transfer kernel of the walkthrough of SGLang's JIT kernel system
+// (§0x3.1-0x3.3). The walkthrough shows excerpts; the code it shows is kept as written. Marked
+// "[filled in]" are only the pieces the excerpts leave out (mem_package_t, store_vec, the params
+// struct, the template head and the launch variables).
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.cuh>
 #include <sgl_kernel/utils.h>

@@ -1,5 +1,5 @@
-// Fixture: the `scale` tutorial kernel of seed 004 (Step 1), kept as the
-// tutorial writes it; it must build unchanged against the headers.
+// Fixture: the `scale` kernel of SGLang's add-jit-kernel tutorial (Step 1), kept as the tutorial
+// writes it; it must build unchanged against the headers.
 #include <sgl_kernel/tensor.h>   // TensorMatcher, SymbolicSize, SymbolicDevice
 #include <sgl_kernel/type.cuh>   // dtype_trait, fp16_t, bf16_t, fp32_t
 #include <sgl_kernel/utils.h>    // RuntimeCheck, div_ceil
