@@ -119,7 +119,7 @@ def hicache_config() -> Config:
 def call_site(fn: Callable[..., object], *args: object, **kwargs: object) -> Call:
     """``fn(*args, **kwargs)`` as a line of user code makes the call: its arguments are the
     closure's variables, keywords written in the call. (functools.partial would copy its keyword
-    dict on every call, about 0.1 us that a user's call site does not pay.)"""
+    dict on every call, a cost that a user's call site does not pay.)"""
     names = [f"a{i}" for i in range(len(args))]
     arguments = ", ".join([*names, *(f"{k}={k}" for k in kwargs)])
     source = f"def bind(fn, {', '.join([*names, *kwargs])}):\n    return lambda: fn({arguments})\n"
