@@ -9,8 +9,10 @@ import importlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -924,3 +926,64 @@ def test_report_and_run_all_help_run_without_a_gpu() -> None:
             check=False,
         )
         assert result.returncode == 0 and "--json-dir" in result.stdout, result.stderr
+
+
+def test_stoppable_remembers_an_interrupt_that_became_another_error() -> None:
+    previous = signal.getsignal(signal.SIGINT)
+    with results.stoppable():
+        assert not results.stop_requested()
+        with pytest.raises(RuntimeError):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt as interrupt:  # as a CUDA-graph capture's clean-up might
+                raise RuntimeError("capture invalidated") from interrupt
+        assert results.stop_requested()
+        with pytest.raises(KeyboardInterrupt):
+            results.check_stop()
+        # the next measurement does not start
+        with pytest.raises(KeyboardInterrupt):
+            Measurements(lambda key, provider, make: 1.0).time("k", "jit", lambda: lambda: None)
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+@pytest.mark.parametrize("swallowed", [False, True])
+def test_a_perf_report_script_stopped_mid_run_writes_its_rows(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    swallowed: bool,
+) -> None:
+    """SIGINT in the middle of a measurement: the rows measured before it are written, marked
+    incomplete, whether the interrupt arrives as KeyboardInterrupt, as another error, or is
+    swallowed by a baseline's error handling (the next measurement stops)."""
+    pytest.importorskip("matplotlib")
+    module = load_bench("bench_quant", True)
+    calls: list[str] = []
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append(provider)
+        if len(calls) == 6:  # the first config's five providers are done
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt as interrupt:
+                if swallowed:
+                    return NAN
+                raise RuntimeError("capture invalidated") from interrupt
+        return FAKE_US[provider]
+
+    monkeypatch.setattr(module, "RESULTS", Measurements(timer))
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        module.main(["--json-dir", str(tmp_path)])
+    assert stopped.value.code == 130
+    assert "interrupted: the tables hold what was measured before the stop" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "bench_quant.json").read_text())
+    assert doc["complete"] is False and doc["empty_kernel_us"] is None
+    [table] = doc["tables"]
+    assert table["rows"][0]["key"] == ["bfloat16", "16x4096"]
+    assert table["rows"][0]["us"]["jit"] == 10.0

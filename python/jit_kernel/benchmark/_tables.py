@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -200,6 +201,8 @@ def time_or_nan(fn: Callable[[], object]) -> float:
         torch.cuda.synchronize()
         return median_time_us(fn)
     except Exception as error:  # e.g. torch.compile unavailable on this machine
+        if result_files.stop_requested():  # an interrupt the clean-up turned into this error
+            raise KeyboardInterrupt from error
         print(f"<!-- baseline failed: {type(error).__name__}: {str(error)[:200]} -->")
         return float("nan")
 
@@ -209,6 +212,8 @@ def time_case(key: Hashable, provider: str, make: Callable[[], Callable[[], obje
     try:
         fn = make()
     except Exception as error:  # e.g. out of memory
+        if result_files.stop_requested():
+            raise KeyboardInterrupt from error
         print(f"<!-- {provider} {key}: setup failed: {type(error).__name__}: {str(error)[:200]} -->")
         return float("nan")
     return time_or_nan(fn)
@@ -243,6 +248,7 @@ class Measurements:
 
     def time(self, key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
         """The median us of ``provider`` at config ``key``; measured on the first request only."""
+        result_files.check_stop()
         if (key, provider) not in self.times:
             paired = self.reference is not None and provider == "jit"
             before = self.reference() if paired else math.nan
@@ -329,19 +335,24 @@ def run_script(
 
     Interrupted (Ctrl-C, or SIGINT from ``run_all`` at the script's time bound), it still writes
     what it measured, marked incomplete, and exits with status 130."""
-    from jit_kernel.benchmark.utils import bench_arg_parser, run_reports, write_summary
+    from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, run_reports, write_summary
 
     args = bench_arg_parser(description).parse_args(argv)
-    save_path = resolve_save_path_from(args.save_path)
+    save_path = args.save_path or os.environ.get(SAVE_PATH_ENV) or None
     json_dir = result_files.resolve_json_dir(args.json_dir)
     command = result_files.command_line(name, argv)
     torch.manual_seed(0)
-    complete = True
-    try:
-        run_reports(reports, save_path)
-        empty = empty_kernel_us()
-    except KeyboardInterrupt:
-        complete, empty = False, math.nan
+    complete, empty = True, math.nan
+    with result_files.stoppable():
+        try:
+            run_reports(reports, save_path)
+            empty = empty_kernel_us()
+        except KeyboardInterrupt:
+            complete = False
+        except Exception:
+            if not result_files.stop_requested():
+                raise
+            complete = False
     measured, declared = results(), tables()
     text = (
         f"device: {device_name()}; torch {torch.__version__}; "
@@ -365,10 +376,3 @@ def run_script(
         print(f"results: {result_files.write(json_dir, doc)}")
     if not complete:
         raise SystemExit(130)
-
-
-def resolve_save_path_from(value: str | None) -> str | None:
-    """``--save-path``'s value, else ``$JIT_KERNEL_BENCH_OUT``, else None (see utils.resolve_save_path)."""
-    from jit_kernel.benchmark.utils import resolve_save_path
-
-    return resolve_save_path(["--save-path", value] if value else [])

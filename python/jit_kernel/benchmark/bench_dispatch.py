@@ -304,6 +304,7 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
     sync = _sync(device)
     inputs = Inputs(EAGER_TOKENS, device)
     for name in names:
+        results.check_stop()
         try:
             eager, raw = OPS[name](inputs)
             eager()  # one checked call each before timing
@@ -311,6 +312,8 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
             sync()
             (raw_us, eager_us), (overhead_us,) = host_us([raw, eager], sync, calls, repeats)
         except Exception as error:  # one op's failure is its row, not the run's end
+            if results.stop_requested():  # an interrupt the clean-up turned into this error
+                raise KeyboardInterrupt from error
             rows.append([name, _error_cell(error), "", "", ""])
             continue
         rows.append(
@@ -342,9 +345,12 @@ def graph_rows(names: Sequence[str], calls: int, replays: int) -> list[list[obje
     for tokens in GRAPH_TOKENS:
         inputs = Inputs(tokens, "cuda")
         for name, row in zip(names, rows, strict=True):
+            results.check_stop()
             try:
                 us, empty_us = paired_graph_us(OPS[name](inputs)[0], empty, calls, replays)
             except Exception as error:
+                if results.stop_requested():
+                    raise KeyboardInterrupt from error
                 row += [_error_cell(error), "", "", ""]
                 continue
             row += [
@@ -441,10 +447,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--calls, --repeats, --graph-calls and --replays must be positive")
     args_line = " ".join([COMMAND, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     complete = True
-    try:
-        measured = sections(args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only)
-    except KeyboardInterrupt:  # stopped at its time bound: keep the sections measured
-        complete, measured = False, list(SECTIONS)
+    with results.stoppable():
+        try:
+            measured = sections(args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only)
+        except KeyboardInterrupt:  # stopped at its time bound: keep the sections measured
+            complete, measured = False, list(SECTIONS)
     text = markdown(args_line, measured, args.cpu_only)
     if not complete:
         text = "interrupted: the tables hold the sections measured before the stop\n\n" + text

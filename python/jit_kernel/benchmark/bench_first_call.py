@@ -152,20 +152,22 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     tables: list[results.Json] = []
     complete = True
-    try:
-        title = (
-            f"first call in a fresh process, device={args.device} (median of {args.repeats}; cold: {args.cold_repeats})"
-        )
-        rows = first_call_rows(first_call(args.device, args.repeats, args.cold_repeats))
-        _print_table(title, FIRST_CALL_HEADER, "|---|---:|---:|---:|---:|---|", rows)
-        tables.append(results.cells_table("first_call", title, FIRST_CALL_HEADER, rows))
-        title = f"warm load of a cached module in a fresh process (median of {args.repeats})"
-        rows = [[name, f"{seconds * 1e3:.2f}"] for name, seconds in warm_load(args.repeats)]
-        _print_table(title, LOAD_HEADER, "|---|---:|", rows)
-        tables.append(results.cells_table("warm_load", title, LOAD_HEADER, rows))
-    except KeyboardInterrupt:  # stopped at its time bound: keep the tables measured
-        complete = False
-        print("\ninterrupted: the tables above hold what was measured before the stop")
+    with results.stoppable():
+        try:
+            title = (
+                f"first call in a fresh process, device={args.device} "
+                f"(median of {args.repeats}; cold: {args.cold_repeats})"
+            )
+            rows = first_call_rows(first_call(args.device, args.repeats, args.cold_repeats))
+            _print_table(title, FIRST_CALL_HEADER, "|---|---:|---:|---:|---:|---|", rows)
+            tables.append(results.cells_table("first_call", title, FIRST_CALL_HEADER, rows))
+            title = f"warm load of a cached module in a fresh process (median of {args.repeats})"
+            rows = [[name, f"{seconds * 1e3:.2f}"] for name, seconds in warm_load(args.repeats)]
+            _print_table(title, LOAD_HEADER, "|---|---:|", rows)
+            tables.append(results.cells_table("warm_load", title, LOAD_HEADER, rows))
+        except KeyboardInterrupt:  # stopped at its time bound: keep the tables measured
+            complete = False
+            print("\ninterrupted: the tables above hold what was measured before the stop")
     if json_dir:
         doc = results.document(
             "bench_first_call",

@@ -139,12 +139,15 @@ class Case:
 
 
 def _time(fn: Callable[[], object], graph: bool = True) -> float:
+    results.check_stop()
     fn()
     torch.cuda.synchronize()
     if graph:
         try:
             return median_time_us(fn)
         except Exception as error:  # a capture failure must not lose the whole table
+            if results.stop_requested():  # an interrupt the capture's clean-up turned into this error
+                raise KeyboardInterrupt from error
             print(f"  (graph capture failed: {type(error).__name__}: {error}; timing with events)")
     return median_time_us(fn, use_cuda_graph=False)
 
@@ -352,10 +355,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(0)
     TABLES.clear()
     complete = True
-    try:
-        run(args)
-    except KeyboardInterrupt:  # stopped at its time bound: keep what was measured
-        complete = False
+    with results.stoppable():
+        try:
+            run(args)
+        except KeyboardInterrupt:  # stopped at its time bound: keep what was measured
+            complete = False
+        except Exception:
+            if not results.stop_requested():
+                raise
+            complete = False
+    if not complete:
         print("\ninterrupted: the tables above hold what was measured before the stop")
     if json_dir:
         doc = results.document(

@@ -17,6 +17,7 @@ Nothing here imports triton or touches CUDA at import time.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import importlib.util
@@ -26,9 +27,11 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,44 @@ def command_line(script: str, argv: Sequence[str] | None, environ: Mapping[str, 
     args = list(sys.argv[1:] if argv is None else argv)
     prefix = [f"{name}={shlex.quote(env[name])}" for name in GRID_ENV if env.get(name)]
     return " ".join([*prefix, "python", "-m", f"jit_kernel.benchmark.{script}", *map(shlex.quote, args)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopping at a time bound
+
+_STOP = {"requested": False}
+
+
+def _on_interrupt(signum: int, frame: object) -> None:
+    _STOP["requested"] = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """While inside, SIGINT (``run_all`` stopping a script at its bound, or Ctrl-C) raises
+    KeyboardInterrupt and is remembered: a measurement whose clean-up turns the interrupt into
+    another exception (e.g. a CUDA-graph capture cut short) still stops the script, at the next
+    :func:`check_stop` if not at once (see :func:`stop_requested`)."""
+    _STOP["requested"] = False
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_interrupt) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def stop_requested() -> bool:
+    return _STOP["requested"]
+
+
+def check_stop() -> None:
+    """Raise KeyboardInterrupt if a stop was requested (a measurement loop calls it between
+    measurements)."""
+    if _STOP["requested"]:
+        raise KeyboardInterrupt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,9 +177,13 @@ def environment(environ: Mapping[str, str] | None = None) -> Json:
 
     env = os.environ if environ is None else environ
     device: Json = {"name": None, "capability": None, "sms": None}
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        device = {"name": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count}
+    try:
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            capability = f"{props.major}.{props.minor}"
+            device = {"name": props.name, "capability": capability, "sms": props.multi_processor_count}
+    except RuntimeError as error:  # a CUDA error left by an interrupted measurement
+        print(f"environment: no device properties ({error})")
     return {
         "device": device,
         "driver": _driver_version() if device["name"] else None,
