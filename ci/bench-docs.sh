@@ -16,7 +16,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-CALL_S=${CALL_S:-555}  # the device call's 600 s less the report, the copy back and a margin
+CALL_S=${CALL_S:-540}  # the device call's 600 s less the report, a stopped script's grace and the copy back
 start=$(date +%s)
 
 bash ci/gpu-session.sh > "$OUT/session.log" 2>&1 || { tail -30 "$OUT/session.log"; exit 1; }

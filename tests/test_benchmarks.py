@@ -724,10 +724,11 @@ def test_interrupted_script_writes_what_it_measured(
 # run_all
 
 
-def test_bounds_give_slack_while_the_budget_allows_and_shares_otherwise() -> None:
+def test_bounds_give_slack_while_the_budget_allows_and_cut_the_last_scripts_otherwise() -> None:
     assert run_all.bounds([10, 20, 30], 1000) == [20, 40, 60]
     assert run_all.bounds([10, 20, 30], 70) == [20, 30, 40]  # slack only while the rest's estimates fit
-    assert run_all.bounds([10, 30], 20) == [5, 15]  # short: shares in proportion to the estimates
+    assert run_all.bounds([10, 30], 20) == [10, 10]  # short: the first gets its estimate, the last what is left
+    assert run_all.bounds([10, 30, 5], 12) == [10, 2, 0]
     assert run_all.next_bound(10, 5, 0) == 0
     assert run_all.next_bound(10, 0, float("inf")) == 20
 

@@ -13,8 +13,9 @@ Time. Each script's run time is estimated from its grid (:func:`estimate`): a pe
 costs a process start, about 0.8 s per measured (config, provider) (a CUDA-graph median measures
 for 100 ms, ten replays after a capture), two empty-kernel references per jit measurement and one
 torch.compile per config. The other scripts have fixed estimates for the arguments passed here.
-Scripts run in order of importance; each gets a bound of twice its estimate while the budget allows
-it, else its share of what is left (:func:`bounds`). At its bound a script gets SIGINT and writes
+Scripts run in order of importance; each gets a bound of twice its estimate while the later
+scripts' estimates still fit in the budget, else its estimate, so that a budget that runs short
+cuts the last scripts, not every one (:func:`bounds`). At its bound a script gets SIGINT and writes
 the rows it measured, marked incomplete; ``DIR/run_all.json`` records each script's status and
 time, and the report says which tables are partial.
 """
@@ -75,9 +76,9 @@ SCRIPTS: tuple[Script, ...] = (
     # CI grid: ~35 CUDA-graph or event-timed medians (one layer, quota sweep, alternatives,
     # all-layer, ceilings) and the host-time loops, plus a process start.
     Script("bench_hicache", (), 40.0),
+    # 13 fresh processes (~2.5 s each: torch import, CUDA context) and 4 nvcc builds (~8 s each).
+    Script("bench_first_call", ("--repeats", "2", "--cold-repeats", "1"), 65.0),
     Script("bench_elementwise"),
-    # 17 fresh processes (~2.5 s each: torch import, CUDA context) and 4 nvcc builds (~8 s each).
-    Script("bench_first_call", ("--repeats", "3", "--cold-repeats", "1"), 75.0),
 )
 
 
@@ -111,9 +112,8 @@ def estimate(script: Script) -> float:
 
 
 def bounds(estimates: Sequence[float], budget_s: float) -> list[float]:
-    """Each script's time bound when all start on time: twice its estimate while what is left
-    covers the later scripts' estimates, else a share of the budget proportional to its estimate.
-    (``run`` recomputes each bound from the time actually left when the script starts.)"""
+    """Each script's time bound (:func:`next_bound`) when each takes its estimate. (``main``
+    recomputes each bound from the time actually left when the script starts.)"""
     out = []
     left = budget_s
     for i, est in enumerate(estimates):
@@ -125,12 +125,11 @@ def bounds(estimates: Sequence[float], budget_s: float) -> list[float]:
 
 def next_bound(est: float, rest: float, left: float) -> float:
     """The bound of a script estimated at ``est`` s, with ``rest`` s of estimates after it and
-    ``left`` s of budget: 0 means no time for it."""
+    ``left`` s of budget: up to twice its estimate while the rest still fits, never less than its
+    estimate, never more than what is left (0: no time for it)."""
     if left <= 0:
         return 0.0
-    if left >= est + rest:
-        return min(2 * est, left - rest)
-    return left * est / (est + rest)
+    return min(left, max(est, min(2 * est, left - rest)))
 
 
 # ---------------------------------------------------------------------------------------------
