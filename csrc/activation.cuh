@@ -15,9 +15,8 @@
 // L2 cache: silu and gelu_tanh take one token per thread (one block row per token group), gelu (the
 // most arithmetic) two, in one iteration (Act::kTokensPerThread). Data that fit in L2 (an [N, 2d]
 // input the previous GEMM just wrote): one wave of at most two tokens per thread, every activation;
-// block turnover, not DRAM, bounds these (1024 x 4096 bf16: silu 5.34 -> 4.12 us, gelu 7.57 -> 6.78,
-// gelu_tanh 5.63 -> 4.59). Plain loads: evict_first cost 2-4%. (Timings: docs/benchmarks.md, ninth,
-// eleventh and seventeenth sessions.) Up to kDecodeTokens tokens: 8-byte vectors (below).
+// block turnover, not DRAM, bounds these. Plain loads: an evict_first hint made them slower. Up to
+// kDecodeTokens tokens: 8-byte vectors (below). Timings: see docs/benchmarks.md.
 #pragma once
 
 #include "act_math.cuh"
@@ -41,18 +40,14 @@ namespace jit_kernel::activation {
 
 inline constexpr uint32_t kThreads = 128;
 // Data that fit in the L2 cache: the grid is capped at one wave (runtime::max_threads_per_sm /
-// kThreads blocks per SM), at most kMaxL2TokensPerThread tokens per thread. Beyond:
-// Act::kTokensPerThread tokens per thread. H100, bf16 2048 x 4096 (50 MB, within the 52 MB L2 but
-// not held by it), probe s17b: 4 tokens per thread (one wave) silu 17.4-17.5 us, gelu 19.0,
-// gelu_tanh 17.6; 2 tokens 16.6-16.7, 17.7, 16.6. At 1024 x 4096, 2 tokens (one wave) stays.
+// kThreads blocks per SM), at most kMaxL2TokensPerThread tokens per thread: on an input near the
+// L2's size (2048 x 4096 bf16, within the L2 but not held by it) four tokens per thread ran slower
+// than two. Beyond: Act::kTokensPerThread tokens per thread. See docs/benchmarks.md.
 inline constexpr int64_t kMaxGridY = 65535;
 inline constexpr int64_t kMaxL2TokensPerThread = 2;
 // Up to kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the threads,
-// half the serial work each, for a launch that latency bounds. H100, bf16, d 14336: 1 token silu
-// 1.04 -> 0.92 us, gelu 1.40 -> 1.08, gelu_tanh 1.22 -> 0.94; 16 tokens gelu 1.53 -> 1.47, gelu_tanh
-// 1.34 -> 1.23. silu at 16 tokens, five fresh allocations each (probe s17b): 16-byte vectors
-// 1.20-1.57 us (bimodal), 8-byte 1.18-1.19; at 8 tokens 1.08-1.16 against 1.05-1.07. At 64 tokens
-// 8-byte vectors cost every activation about 15%.
+// half the serial work each, for a launch that latency bounds: faster for every activation up to
+// 16 tokens, slower for every activation at 64 (see docs/benchmarks.md).
 inline constexpr int64_t kDecodeTokens = 16;
 
 // act_math.cuh: shared with the fused silu + group quant, which must match it bit for bit.
@@ -68,15 +63,11 @@ struct Silu {
 // Abramowitz & Stegun 7.1.26 (|error of erf| <= 1.5e-7, below an fp32 ulp of values near 1):
 // q = 0.5 t P(t) exp(-x^2 / 2), t = 1 / (1 + p |x| / sqrt 2), with the 0.5, 1 / sqrt 2 and log2(e)
 // folded into the constants. Branch-free: one fast reciprocal, one exponential, where erff
-// branches over two polynomials (H100, bf16 gelu_and_mul 1024 x 4096: 6.74 -> 5.89 us). The folding
-// (q directly, not 1 + erf) saves four operations an element: 16384 x 14336 463.9 -> 458.0 us,
-// 4096 x 14336 117.7 -> 115.9 (probe s17; torch.compile 459.8-460.1 and 116.0 in that process).
-// Before the two tokens per thread of Gelu::kTokensPerThread (kept below): the former 4-wave cap
-// ran 16384 x 14336 at 473.5 us, 4096 x 14336 at 119.2; one token per thread (uncapped) 6-7% slower.
+// branches over two polynomials; q directly (not 1 + erf) saves four operations an element.
 // x Phi(x) as max(x, 0) - |x| q, one FMA (x - x q for x >= 0, x q below), with |x| clamped to 16
-// (q is 0 from 13.3 on, so gelu(inf) = inf and gelu(-inf) = 0, where x q gave NaN) and NaN kept by
-// max.NaN / min.NaN; t by rcp.approx (act_math.cuh). 29 -> 25 instructions an element: H100, bf16
-// 1024 x 4096 5.15 -> 4.87 us in one process (probe s18; the select form before).
+// (q is 0 from 13.3 on, so gelu(inf) = inf and gelu(-inf) = 0, where x q would give NaN) and NaN
+// kept by max.NaN / min.NaN; t by rcp.approx (act_math.cuh): fewer instructions an element than a
+// select between the two signs. Timings: see docs/benchmarks.md.
 SGL_DEVICE float gelu(float x) {
   constexpr float kP = 0.3275911f * 0.70710678118654752440f;
   constexpr float kE = -0.5f * device::math::log2e;
@@ -90,6 +81,7 @@ SGL_DEVICE float gelu(float x) {
   return fmaf(-a, q, max_nan(x, 0.f));
 }
 
+// Two tokens per thread beyond the L2 cache: one token per thread ran slower.
 struct Gelu {
   static constexpr int64_t kTokensPerThread = 2;
   static constexpr int kMinBlocksDecode = 12, kMinBlocks = 1;
@@ -99,9 +91,9 @@ struct Gelu {
 };
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = beta (x + kappa x^3): the form of silu, no tanh and no
-// cancellation; x / (1 + 2^(x (c + c kappa x^2))) with c = -2 beta log2(e) folded (H100, bf16
-// 1024 x 4096: 4.25 -> 4.16 us, probe s17). FlashInfer's tanh.approx.f32 form ran 3.93 there but
-// errs by up to 2^-11 of tanh near -1, where 1 + tanh(u) cancels (x below about -1).
+// cancellation; x / (1 + 2^(x (c + c kappa x^2))) with c = -2 beta log2(e) folded. A tanh.approx.f32
+// form (FlashInfer's) runs faster but errs by up to 2^-11 of tanh near -1, where 1 + tanh(u)
+// cancels (x below about -1).
 struct GeluTanh {
   static constexpr int64_t kTokensPerThread = 1;
   static constexpr int kMinBlocksDecode = 1, kMinBlocks = 1;
@@ -132,11 +124,8 @@ SGL_DEVICE device::AlignedVector<T, kN> act_mul(
 // kernels at 32 registers by issuing loads late (gelu on 8-byte vectors: the up half's load after
 // the gate's math; two tokens per thread: the second token's loads after the first's store) and
 // serialising the exponentials. 1 lifts the cap; gelu's 12 (at most 42 registers) is the one
-// value that kept its loads up front and ran fastest at decode. H100, bf16, graph replay, us,
-// without -> with (probe s18, three rounds; docs/benchmarks.md, eighteenth session): silu 16 x 14336
-// 1.18-1.20 -> 1.12-1.17, 4096 x 14336 115.7 -> 114.7; gelu_tanh 1024 x 4096 4.10-4.25 -> 4.02-4.04
-// (FlashInfer 4.02-4.03), 4096 x 14336 115.7 -> 114.6; gelu 1 / 16 x 14336 1.10 / 1.38 -> 0.87 /
-// 1.17 (12).
+// value that kept its loads up front and ran fastest at decode. Timings with and without the
+// bounds: see docs/benchmarks.md.
 template <typename Act, typename T, int kN>
 __global__ void __launch_bounds__(kThreads, kN * sizeof(T) == 8 ? Act::kMinBlocksDecode : Act::kMinBlocks)
     act_and_mul_kernel(
@@ -200,12 +189,12 @@ struct Activation {
     auto W = SymbolicSize{"2 * d"};
     auto D = SymbolicSize{"d"};
     auto device = SymbolicDevice{};
-    TensorMatcher({N, W}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
+    TensorMatcher::cuda_rows<T>({N, W}, device).verify(input, "input");
     const int64_t width = W.unwrap();
     RuntimeCheck(
         width % 2 == 0, "input: the last dimension holds the gate and up halves and must be even, got ", width);
     D.set_value(width / 2);
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(out, "out");
+    TensorMatcher::cuda_rows<T>({N, D}, device).verify(out, "out");
     const int64_t tokens = N.unwrap();
     const int64_t d = D.unwrap();
     const int64_t out_stride = out.stride(0);

@@ -62,7 +62,7 @@ void run_cuda(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(dst.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<std::uintptr_t>(src.data_ptr()) % 16 == 0;
   // Programmatic dependent launch where the device has it (sm_90+): the launch overlaps the tail
-  // of the previous kernel (H100, graph replay of 4096 int32: 1.19 -> 0.73 us).
+  // of the previous kernel (see docs/benchmarks.md).
   const bool pdl = runtime::supports_pdl(device.unwrap().device_id);
   if (aligned && n >= kVecThreshold) {
     const uint32_t num_sm = runtime::sm_count(device.unwrap().device_id);

@@ -128,8 +128,8 @@ __global__ __launch_bounds__(kThreads, 1) void one_layer_kernel(const __grid_con
   const uint32_t lane = threadIdx.x % kLanes;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
   // Launched with programmatic dependent launch where the device has it (sm_90+): wait for the
-  // previous kernel before the first memory access (H100, graph replay of one layer, 2 KiB rows:
-  // 1 row 1.39 -> 1.00 us, 16 rows 1.61 -> 1.19 us).
+  // previous kernel before the first memory access, so the launch overlaps its tail (see
+  // docs/benchmarks.md).
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / kLanes; i < p.length;

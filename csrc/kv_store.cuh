@@ -58,30 +58,25 @@ using fp8::store_fp8;
 inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
 inline constexpr int kUnroll = 4;          // vectors per lane in flight
 // Chunked launches (one vector per lane per warp, rows split on grid y, 128-thread blocks) while
-// they need at most this many warps per SM. H100, graph replay, 8 x 128 bf16 k and v, 16 tokens:
-// bf16 cache 1.33 -> 0.96 us, fp8 1.35 -> 1.17; MLA 512 + 64, 16 tokens: bf16 1.42 -> 0.94, fp8
-// 1.41 -> 1.34; 128 tokens (1024 and 384 warps) 1.24-1.27 against 1.41-1.46. At 1024 tokens (8192
-// and 3072 warps) chunks lose (fp8 3.32 against 1.97 us): fewer loads in flight per warp.
+// they need at most this many warps per SM: faster at decode (up to 128 tokens of 8 x 128 k and v or
+// of MLA rows); from 1024 tokens on they lose, with fewer loads in flight per warp. See
+// docs/benchmarks.md.
 inline constexpr uint32_t kChunkedThreads = 128;
 inline constexpr int64_t kChunkedMaxWarpsPerSm = 8;
 // Blocks per SM the registers must allow: 4 (<= 64 registers: 32 warps per SM, 64 KiB of loads in
-// flight) for plain caches. fp8 caches take 2: at 4, ptxas spilled 4 values of the conversion to
-// local memory, which cost 0.7 us of a decode store (H100, 8 x 128 bf16 k and v, 1 token: 1.98 ->
-// 1.25 us; no size got slower: 16384 tokens 43.8 -> 42.0 us).
+// flight) for plain caches. fp8 caches take 2: at 4, ptxas spills values of the conversion to local
+// memory, which slows a decode store, and no size is faster with 4.
 template <typename C>
 inline constexpr int kMinBlocks = std::is_same_v<C, fp8_e4m3_t> ? 2 : 4;
 // fp8 caches: the scale is inverted after the row's loads are issued, not before them (see
-// kInvertAfterLoads), by every split launch and by joint launches (MLA) from this many tokens on.
-// Joint, H100, bf16 -> fp8, MLA row 16384 tokens 12.13 -> 10.28 us; below, it cost (earlier kernel
-// form): 1 token 1.25 -> 1.44 us, 1024 2.11 -> 2.63 us. Split launches since kJoint became a
-// template argument: the inversion before the loads held the row's loads behind the division's
-// branch (SASS), after them 8 x 128 k and v at 1024 tokens 2.11-2.12 -> 2.09 us (bench_versions and
-// bench_kv_store, eighteenth session).
+// kInvertAfterLoads), by every split launch and by joint launches (MLA) from this many tokens on:
+// joint launches of fewer tokens are slower with it. In a split launch an inversion before the loads
+// holds the row's loads behind the division's branch (SASS). See docs/benchmarks.md.
 inline constexpr int64_t kInvertAfterLoadsTokens = 2048;
 // Joint launches (a token's two rows in one warp: MLA's 512 + 64) of 16-byte vectors take the flat
-// kernel from this many tokens on. H100, graph replay, MLA bf16 -> fp8: 4096 tokens 3.18 -> 2.81 us,
-// 16384 10.51 -> 6.70 us; bf16 cache 16384 11.16 -> 10.16 us, but 4096 2.66 -> 3.13 us; 1024 tokens:
-// slower for both (1.68 -> 1.84, 1.64 -> 1.79). Split launches (8 x 128 k and v) gain nothing from it.
+// kernel from this many tokens on, where it is faster (fp8 caches from 4096 tokens, plain caches
+// only from 16384; both slower at 1024). Split launches (8 x 128 k and v) gain nothing from it. See
+// docs/benchmarks.md.
 template <typename C>
 inline constexpr int64_t kFlatMinTokens = std::is_same_v<C, fp8_e4m3_t> ? 4096 : 16384;
 inline constexpr uint32_t kFlatThreads = 256;
@@ -131,10 +126,10 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // kChunked: a warp moves one chunk of its row, one vector per lane: vectors blockIdx.y * 32 + lane
 // (the launch has a chunk per 32 vectors on grid y). Otherwise a warp walks its whole row, kUnroll
 // vectors per lane per round. (A chunked kernel with kUnroll vectors per lane and a strided loop
-// over gridDim.y chunks was 1.3x-1.4x slower on the unchunked path: fp8 caches, 1024-16384 tokens.)
+// over gridDim.y chunks is slower than the unchunked path at 1024-16384 tokens, fp8 caches.)
 // kJoint is p.joint as a template argument: split launches then carry none of the joint mode's
-// per-vector stream selects (bf16 -> fp8, 8 x 128 k and v: 528 -> 304 SASS instructions, 66 -> 48
-// registers; H100, 4096 tokens 5.94 -> 4.72 us, bench_versions, eighteenth session).
+// per-vector stream selects, and compile to far fewer instructions and registers (see
+// docs/benchmarks.md).
 template <typename T, typename C, typename Idx, int kN, bool kJoint, bool kInvertAfterLoads, bool kChunked>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __grid_constant__ Params p) {
   static_assert(kIsFp8<C> || std::is_same_v<T, C>, "a plain cache has the activation dtype");
@@ -144,8 +139,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (task >= (kJoint ? p.num_tokens : 2 * p.num_tokens)) return;
-  // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel
-  // (H100, graph replay, fp8 caches: 1 token 1.28 -> 1.19 us, 16 tokens 1.44 -> 1.29 us).
+  // Addresses from the parameters alone, before the wait: under PDL they overlap the previous kernel.
   const int64_t token = kJoint ? task : task >> 1;
   const Stream& s0 = kJoint ? p.stream[0] : p.stream[task & 1];
   const Stream& s1 = p.stream[1];
@@ -191,9 +185,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __
       C* dst = first ? dst0 : dst1;
       const int64_t j = first ? i : i - n0;
       // Vectors: predicated stores (store_if), no branch for the compiler to sink the loads into
-      // behind the slot's check (which put the row's latency after the slot's). H100, bf16 cache,
-      // 8 x 128 k and v, with kJoint (docs/benchmarks.md, eighteenth session): 1 / 16 / 128 tokens
-      // 0.91 / 0.91 / 1.09 -> 0.77 / 0.81 / 1.02 us.
+      // behind the slot's check (which would put the row's latency after the slot's).
       if constexpr (kIsFp8<C>) {
         const float inv = first ? inv0 : inv1;
         float y[kN];
@@ -312,7 +304,7 @@ struct KvStore {
         " must have 2 dimensions [rows, width] or 3 [rows, heads, head_dim], got ",
         rank);
     if (rank == 2) {
-      TensorMatcher({rows, -1}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<D>().verify(t, name);
+      TensorMatcher::cuda_rows<D>({rows, -1}, device).verify(t, name);
     } else {
       auto head_dim = SymbolicSize{"head_dim"};
       TensorMatcher({rows, -1, head_dim})

@@ -56,8 +56,8 @@ void run(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   const uint32_t num_sm = runtime::sm_count(dev.device_id);
   const int64_t units = vec ? num / kN : num;
   const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(units, int64_t{kThreads}), 1, num_sm * 32));
-  // Programmatic dependent launch where the device has it (sm_90+), as add_constant (H100, graph
-  // replay of 4096 bf16: 1.19 -> 0.72 us).
+  // Programmatic dependent launch where the device has it (sm_90+), as add_constant: the launch
+  // overlaps the tail of the previous kernel (see docs/benchmarks.md).
   const bool pdl = runtime::supports_pdl(dev.device_id);
   LaunchKernel(blocks, kThreads, dev)
       .enable_pdl(pdl)(

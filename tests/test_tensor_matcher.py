@@ -150,6 +150,35 @@ def test_named_tensor(build, mod):
     )
 
 
+ROWS = "Tensor<4, 16>[strides=<64, 1>, dtype=float32, device=cpu]"  # rows of a wider buffer
+
+
+@pytest.mark.parametrize(
+    ("case", "tensor", "name", "described", "cause"),
+    [
+        ("cuda_rows_stride", lambda: torch.zeros(16, 4).T, "input",
+         "Tensor<4, 16>[strides=<1, 4>, dtype=float32, device=cpu]",
+         "Stride mismatch for stride#1: expected 1 but got 4"),
+        ("cuda_rows_dtype", lambda: torch.zeros(4, 64, dtype=torch.float16)[:, :16], "input",
+         "Tensor<4, 16>[strides=<64, 1>, dtype=float16, device=cpu]",
+         "Dtype mismatch: expected one of [float32, float64] but got float16"),
+        ("cuda_rows_device", lambda: torch.zeros(4, 64)[:, :16], "out", ROWS,
+         "Device mismatch: expected cuda but got cpu"),
+        ("cuda_rows_heads", lambda: torch.zeros(4, 3, 16)[:, :, :8], "q",
+         "Tensor<4, 3, 8>[strides=<48, 16, 1>, dtype=float32, device=cpu]",
+         "Device mismatch: expected cuda but got cpu"),
+        ("cuda_rows_heads", lambda: torch.zeros(4, 24), "q",
+         "Tensor<4, 24>[strides=<24, 1>, dtype=float32, device=cpu]",
+         "Rank mismatch: expected 3 but got 2"),
+    ],
+)  # fmt: skip
+def test_cuda_rows_names_the_argument(build, mod, case, tensor, name, described, cause):
+    """`TensorMatcher::cuda_rows`: rows at any stride pass the layout check (the CPU tensors then fail
+    on the device), a non-unit last stride, another dtype or rank fail, and every message names the
+    argument and the caller's line."""
+    assert raises(getattr(mod, case), tensor()) == match_error(build, case, cause, described, name=name)
+
+
 def test_chain_shares_dtype(build, mod):
     message = raises(mod.dtype_chain, torch.zeros(3), torch.zeros(3, dtype=torch.int32))
     tensor = "Tensor<3>[strides=<1>, dtype=int32, device=cpu]"
@@ -294,6 +323,13 @@ def test_gpu_device_names(build, mod):
     )  # fmt: skip
     assert raises(mod.device_bound, cuda.cpu()).endswith("expected cuda:0 but got cpu")
     assert list(mod.unwrap_device(cuda[0])) == [2, 0]  # kDLCUDA, id 0
+    rows = torch.zeros(5, 24, device="cuda")
+    assert list(mod.cuda_rows_bind(rows[:, :8], rows[:, 16:])) == [5, 8, 0]
+    message = raises(mod.cuda_rows_bind, rows[:, :8], rows[:4, 16:])
+    assert message == match_error(
+        build, "cuda_rows_bind", "Size mismatch for shape#0('num_tokens'): expected 5 but got 4",
+        "Tensor<4, 8>[strides=<24, 1>, dtype=float32, device=cuda:0]", name="out",
+    )  # fmt: skip
     if torch.cuda.device_count() > 1:
         message = raises(mod.device_bound, torch.zeros(4, 16, device="cuda:1"))
         assert message.endswith("- Root cause: Device mismatch: expected cuda:0 but got cuda:1")

@@ -17,13 +17,12 @@ namespace jit_kernel::norm {
 // row in registers). Two shapes, both sized at compile time so that no vector index needs a
 // bounds check:
 // - one CTA per row: kHidden / kVecElems vectors over at most 512 threads; the plain kernel
-//   over rows of 257-512 vectors (D 4096 bf16) uses 2 vectors per thread on half as many threads
-//   (H100: 16384 x 4096 90.4 against 91.9 us, 4096 x 4096 23.5 against 24.2 us; fused: no gain;
-//   3 or 4 vectors per thread cost 8-14% at 1024 x 5120-8192);
+//   over rows of 257-512 vectors (D 4096 bf16) uses 2 vectors per thread on half as many threads,
+//   which is faster (the fused kernel gains nothing from it; 3 or 4 vectors per thread are slower);
 // - kWarpRows rows per CTA, one warp per row (warp-shuffle reduction, no barrier), for rows of at
 //   most 128 vectors when there are many rows: a CTA per short row makes the CTA launch rate the
-//   limit (H100, 4096 x 1024 bf16, L2-resident: 5.4 us with 4096 CTAs of 128 threads, 4.1 us with
-//   256 CTAs of 16 rows; torch.compile 4.3 us).
+//   limit.
+// Timings of both choices: see docs/benchmarks.md.
 template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 struct RowShape {
   static constexpr int64_t kN = kVecElems<T>;
@@ -38,8 +37,8 @@ struct RowShape {
   static constexpr bool kExact = kPer * kGroup == kVecs;
 };
 
-// Warp rows: 16 rows per CTA, for rows of at most 128 vectors, from 2048 rows (H100: at 1024 x 1024
-// one CTA per row is faster, 1.8 against 2.0 us; at 16384 rows both run at the HBM rate).
+// Warp rows: 16 rows per CTA, for rows of at most 128 vectors, from 2048 rows (at 1024 rows one CTA
+// per row is faster; at 16384 rows both run at the HBM rate; see docs/benchmarks.md).
 inline constexpr int kWarpRows = 16;
 inline constexpr int64_t kWarpRowsMaxVecs = 128;
 inline constexpr int64_t kWarpRowsMinRows = 2048;
@@ -74,8 +73,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       K::kGroup,
       K::kVecs,
       // With one vector per thread the check is one predicate, and it keeps ptxas from issuing
-      // the fused kernel's early weight load after the reduction (H100, fused 16 x 1024: 1.39-1.41
-      // against 1.44 us; 256 x 1024: 1.44-1.51 against 1.69 us).
+      // the fused kernel's early weight load after the reduction, which would make it slower.
       K::kExact && !(kFused && kEarlyWeight && K::kPer == 1),
       1.f / static_cast<float>(kHidden),
       p.eps,
@@ -83,9 +81,9 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
 }
 
 // Up to about two rows per SM, a launch is latency-bound (see kEarlyWeight in normalize_row). The
-// fused kernel over rows of at most 128 vectors (128-thread CTAs) stays so up to 2048 rows (H100,
-// fused 1024 x 1024: 2.66 us with the early weight, 2.83-3.74 without, torch.compile 2.77 us;
-// at D 4096 and 8192 the early weight costs 1-4% at 1024 rows).
+// fused kernel over rows of at most 128 vectors (128-thread CTAs) stays so up to 2048 rows, where
+// the early weight load still pays; over longer rows it costs time at 1024 rows (see
+// docs/benchmarks.md).
 inline constexpr int64_t kLatencyBoundRows = 256;
 inline constexpr int64_t kFusedShortRowsLatencyBoundRows = 2048;
 
@@ -149,8 +147,8 @@ struct RMSNorm {
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
     auto device = SymbolicDevice{};
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(out, "out");
+    TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input");
+    TensorMatcher::cuda_rows<T>({N, D}, device).verify(out, "out");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
     check_eps_and_dim(eps, D.unwrap(), "input");
     if (has_no_data(out)) return;
@@ -199,8 +197,8 @@ struct RMSNorm {
     auto Dq = SymbolicSize{"q_hidden"};
     auto Dk = SymbolicSize{"k_hidden"};
     auto device = SymbolicDevice{};
-    TensorMatcher({N, Dq}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(q, "q");
-    TensorMatcher({N, Dk}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k, "k");
+    TensorMatcher::cuda_rows<T>({N, Dq}, device).verify(q, "q");
+    TensorMatcher::cuda_rows<T>({N, Dk}, device).verify(k, "k");
     TensorMatcher({Dq}).with_device<kDLCUDA>(device).with_dtype<T>().verify(q_weight, "q_weight");
     TensorMatcher({Dk}).with_device<kDLCUDA>(device).with_dtype<T>().verify(k_weight, "k_weight");
     check_eps_and_dim(eps, Dq.unwrap(), "q");
@@ -227,9 +225,8 @@ struct RMSNorm {
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
     auto device = SymbolicDevice{};
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(input, "input");
-    TensorMatcher({N, D}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(
-        residual, "residual");
+    TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input");
+    TensorMatcher::cuda_rows<T>({N, D}, device).verify(residual, "residual");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
     check_eps_and_dim(eps, D.unwrap(), "input");
     if (has_no_data(input)) return;

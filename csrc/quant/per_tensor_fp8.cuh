@@ -42,18 +42,19 @@ namespace jit_kernel::quant {
 inline constexpr float kFp8Max = 448.f;
 inline constexpr uint32_t kThreads = 512;
 // The small path: one block (or, on sm_90+, one cluster of kSmallCluster blocks: one SM alone
-// moves about 30 GB/s here, H100) of up to 1024 threads, kSmallUnroll<kN> vectors per thread per
-// round, 32 elements (more spills the bf16 instance at the 64 registers 1024 threads allow). Above
-// kSmallElems (kClusterElems with a cluster) the cooperative kernel's fixed cost pays off.
+// moves a small fraction of the memory bandwidth) of up to 1024 threads, kSmallUnroll<kN> vectors
+// per thread per round, 32 elements (more spills the bf16 instance at the 64 registers 1024 threads
+// allow). Above kSmallElems (kClusterElems with a cluster) the cooperative kernel's fixed cost
+// pays off.
 inline constexpr uint32_t kSmallThreads = 1024;
 template <int kN>
 inline constexpr int kSmallUnroll = kN == 1 ? 8 : 32 / kN;
 inline constexpr int64_t kSmallElems = 8192;
 inline constexpr unsigned kSmallCluster = 8;
 inline constexpr int64_t kClusterElems = int64_t{kSmallCluster} * kSmallThreads * 32;  // one round
-// From kWideClusterElems on, clusters of 16 blocks where the GPU runs them (non-portable size).
-// H100, bf16, graph replay (us, 8 -> 16 blocks): 65536 2.37 -> 2.32, 114688 2.88 -> 2.47, 262144
-// 4.24 -> 3.28; 32768 2.18 -> 2.26 (smaller inputs gain nothing from more blocks).
+// From kWideClusterElems on, clusters of 16 blocks where the GPU runs them (non-portable size):
+// faster from 65536 elements on, while smaller inputs gain nothing from more blocks (see
+// docs/benchmarks.md).
 inline constexpr unsigned kWideCluster = 16;
 inline constexpr int64_t kWideClusterElems = 65536;
 
@@ -222,7 +223,7 @@ inline constexpr int kBlocksPerSm = 2;
 // 3. The held vectors are quantised, the streamed part is re-read newest first (what pass 1 read
 //    last is still in L2), then the stashed vectors are quantised.
 // Every global access but the first read of the streamed part is evict-first, so that L2 keeps it
-// for its re-read (H100: bf16 16M elements 24.2 -> 21.8 us, fp32 16M 40.7 -> 35.8 us).
+// for its re-read (faster on large inputs: see docs/benchmarks.md).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kernel(
     fp8_e4m3_t* out, float* scale, float* block_max, const T* in, int64_t n, int64_t stash_slots) {

@@ -33,15 +33,10 @@
 
 namespace jit_kernel::token_quant {
 
-// 128 threads: as fast as 256 from 128 tokens up, and faster at decode (H100, graph replay, group
-// 128, bf16: 1 x 4096 1.33 -> 1.12 us, 16 x 7168 1.50 -> 1.23 us, fused 16 x 2 * 7168 1.91 -> 1.68
-// us; 4096 x 7168 31.0 -> 30.9 us).
+// 128 threads: as fast as 256 from 128 tokens up, and faster at decode (see docs/benchmarks.md).
 inline constexpr int kGroupThreads = 128;
-// The fused kernel's layouts (H100, graph replay, group 128, bf16, us; docs/benchmarks.md,
-// fourteenth session): from 2 vectors of gate and up per lane on a 1-D grid to 1 vector on the
-// 2-D grid, 1 x 4096 1.58 -> 1.09, 16 x 7168 1.66 -> 1.22 (probe: 128 x 7168 3.10 -> 2.2); 2
-// vectors on the 2-D grid, 1024 x 4096 5.68 -> 4.72, 4096 x 7168 49.8 -> 50.1 (probe: 1 vector
-// there 6.1-6.3 and 49.3-50.4).
+// The fused kernel's layouts, both on the 2-D grid: 1 vector of gate and up per lane while the
+// groups fit one wave of threads, 2 vectors per lane beyond it (see docs/benchmarks.md).
 inline constexpr int kFusedWaveVecs = 1;
 inline constexpr int kFusedVecs = 2;
 

@@ -155,7 +155,7 @@ inline HeadView verify_heads(
   using namespace host;
   HeadView v{};
   if (t.dim() == 2) {
-    TensorMatcher({tokens, -1}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(t, name);
+    TensorMatcher::cuda_rows<T>({tokens, -1}, device).verify(t, name);
     RuntimeCheck(
         t.size(1) % head_size == 0,
         name,
@@ -166,11 +166,7 @@ inline HeadView verify_heads(
     v.heads = t.size(1) / head_size;
     v.s1 = head_size;
   } else if (t.dim() == 3) {
-    TensorMatcher({tokens, -1, head_size})
-        .with_strides({-1, -1, 1})
-        .with_device<kDLCUDA>(device)
-        .with_dtype<T>()
-        .verify(t, name);
+    TensorMatcher::cuda_rows<T>({tokens, -1, head_size}, device).verify(t, name);
     v.heads = t.size(1);
     v.s1 = t.stride(1);
   } else {
@@ -212,8 +208,7 @@ inline Params make_params(
   const HeadView k = verify_heads<T>(key, "key", head_size, N, device);
   TensorMatcher({N}).with_strides({-1}).with_device<kDLCUDA>(device).with_dtype<int32_t, int64_t>().verify(
       positions, "positions");
-  TensorMatcher({P, R}).with_strides({-1, 1}).with_device<kDLCUDA>(device).with_dtype<fp32_t, T>().verify(
-      cos_sin_cache, "cos_sin_cache");
+  TensorMatcher::cuda_rows<fp32_t, T>({P, R}, device).verify(cos_sin_cache, "cos_sin_cache");
   const int64_t rot = R.unwrap();
   RuntimeCheck(
       rot >= 2 && rot % 2 == 0 && rot <= head_size,

@@ -38,10 +38,9 @@ struct FastShape {
 
 // Launches of up to kEarlyWeightMaxHeads heads load the weights with the head, one memory latency
 // less per thread; larger ones after the reduction, so the weights are not live across the data's
-// DRAM latency (sm_90a: 58 -> 48 registers, 4 -> 5 CTAs per SM). H100, NeoX bf16 32+8 x 128, same
-// GPU (bench_versions): 4096 tokens 32.14 -> 30.53 us, 16384 126.40 -> 119.74 (the copy: 112-115);
-// in a probe, 1024 tokens early 6.13-6.17 against late 6.30-6.33. Capping registers instead (48 or
-// 40) spilled and ran 1.3-3.6x slower; weights staged in shared memory cost a barrier, also slower.
+// DRAM latency (fewer registers, one more CTA per SM on sm_90a). Capping registers instead spills
+// and runs slower; weights staged in shared memory cost a barrier, also slower. See
+// docs/benchmarks.md.
 inline constexpr int64_t kEarlyWeightMaxHeads = 65536;
 
 template <typename T, int64_t kHeadDim, bool kNeox, bool kEarlyWeight>

@@ -14,6 +14,10 @@
 ///   const int64_t num_tokens = N.unwrap();
 /// \endcode
 ///
+/// Most kernels take rows: `TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input")`
+/// matches a CUDA tensor of `T` whose last dimension is contiguous and whose rows may sit at any
+/// stride (a slice of a wider buffer).
+///
 /// Matching rules:
 /// - A shape or stride entry is a literal (must match exactly), `-1` (matches
 ///   anything, independently for every tensor) or a `SymbolicSize`: the first
@@ -564,6 +568,22 @@ class TensorMatcher {
     return TensorMatcher(reference, where);
   }
 
+  /**
+   * \brief A matcher for a CUDA tensor of `shape` made of rows: the last dimension contiguous
+   *        (unit stride), every other dimension at any stride, so a kernel reads each row with
+   *        vector loads and the rows may be a slice of a wider buffer. The dtype is one of `Ts`,
+   *        the device binds `device`. Shorthand for
+   *        `TensorMatcher(shape).with_strides({-1, ..., -1, 1}).with_device<kDLCUDA>(device)
+   *        .with_dtype<Ts...>()`, and verified the same way:
+   *        `TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input")`.
+   */
+  template <has_dl_dtype... Ts>
+  static auto cuda_rows(std::initializer_list<SizeRef> shape, SymbolicDevice& device, DebugInfo where = {})
+      -> TensorMatcher {
+    static_assert(sizeof...(Ts) > 0, "cuda_rows<Ts...>() needs at least one type");
+    return TensorMatcher(shape, {dl_dtype_v<Ts>...}, device, where);
+  }
+
   /// \brief Expected strides (in elements). Omit to require a contiguous tensor.
   auto with_strides(std::initializer_list<SizeRef> strides, DebugInfo where = {}) && -> TensorMatcher&& {
     RuntimeCheck(where, !m_has_strides, "with_strides() was already given");
@@ -638,6 +658,23 @@ class TensorMatcher {
  private:
   TensorMatcher(const tvm::ffi::TensorView& reference, const DebugInfo& where) {
     for (int32_t i = 0; i < reference.dim(); ++i) m_shape.push_back(SizeRef(reference.size(i)), where);
+  }
+
+  /// \brief `cuda_rows`' matcher, configured in place: a matcher is neither copied nor moved.
+  TensorMatcher(
+      std::initializer_list<SizeRef> shape,
+      std::initializer_list<DLDataType> dtypes,
+      SymbolicDevice& device,
+      const DebugInfo& where)
+      : TensorMatcher(shape, where) {
+    RuntimeCheck(where, shape.size() > 0, "cuda_rows() needs a shape of rank 1 or more");
+    for (std::size_t i = 0; i + 1 < shape.size(); ++i) m_strides.push_back(SizeRef{}, where);
+    m_strides.push_back(SizeRef{1}, where);
+    m_has_strides = true;
+    set_device_options<kDLCUDA>(where);
+    m_device_symbol = &device;
+    m_has_dtype = true;
+    m_chain_dtype.set_options(dtypes, where);
   }
 
   template <has_dl_dtype... Ts>

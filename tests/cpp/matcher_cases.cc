@@ -7,7 +7,8 @@
 //   size_mismatch, size_literal_mismatch, size_options, rank_mismatch,
 //   stride_mismatch, stride_literal_mismatch, not_contiguous, dtype_bound,
 //   dtype_symbol_options, dtype_options, dtype_chain, device_type,
-//   device_options, device_bound, device_bound_host, named_tensor, bind_shared, wildcard,
+//   device_options, device_bound, device_bound_host, named_tensor, cuda_rows_stride,
+//   cuda_rows_dtype, cuda_rows_device, cuda_rows_heads, cuda_rows_bind, bind_shared, wildcard,
 //   size_one_stride, size_one_binds, unwrap_dtype, unwrap_device,
 //   unwrap_unbound, set_value_conflict, runtime_check, runtime_check_at,
 //   panic_now, irange_sum, div_ceil, dtype_bytes
@@ -126,6 +127,44 @@ inline void named_tensor(TensorView k_cache) {
   auto D = SymbolicSize{"hidden_size"};
   D.set_value(8);
   TensorMatcher({-1, D}).verify(k_cache, "k_cache");  // @line:named_tensor
+}
+
+// TensorMatcher::cuda_rows: rows of `hidden_size` floats on a CUDA device. Each failure names the
+// argument and the caller's line, as the chain it abbreviates does.
+inline void cuda_rows_stride(TensorView input) {
+  using namespace host;
+  auto D = SymbolicSize{"hidden_size"};
+  auto device = SymbolicDevice{};
+  TensorMatcher::cuda_rows<float>({-1, D}, device).verify(input, "input");  // @line:cuda_rows_stride
+}
+
+inline void cuda_rows_dtype(TensorView input) {
+  using namespace host;
+  auto device = SymbolicDevice{};
+  TensorMatcher::cuda_rows<float, double>({-1, -1}, device).verify(input, "input");  // @line:cuda_rows_dtype
+}
+
+inline void cuda_rows_device(TensorView out) {
+  using namespace host;
+  auto device = SymbolicDevice{};
+  TensorMatcher::cuda_rows<float>({-1, -1}, device).verify(out, "out");  // @line:cuda_rows_device
+}
+
+inline void cuda_rows_heads(TensorView q) {
+  using namespace host;
+  auto device = SymbolicDevice{};
+  TensorMatcher::cuda_rows<float>({-1, -1, 8}, device).verify(q, "q");  // @line:cuda_rows_heads
+}
+
+// Success on a GPU: binds [N, D] and the device from strided rows; returns [N, D, device_id].
+inline auto cuda_rows_bind(TensorView input, TensorView out) -> tvm::ffi::Array<int64_t> {
+  using namespace host;
+  auto N = SymbolicSize{"num_tokens"};
+  auto D = SymbolicSize{"hidden_size"};
+  auto device = SymbolicDevice{};
+  TensorMatcher::cuda_rows<float>({N, D}, device).verify(input, "input");
+  TensorMatcher::cuda_rows<float>({N, D}, device).verify(out, "out");  // @line:cuda_rows_bind
+  return {N.unwrap(), D.unwrap(), device.unwrap().device_id};
 }
 
 inline auto unwrap_unbound() -> int64_t {
