@@ -253,3 +253,46 @@ def test_add_constant_runs_on_its_tensors_device() -> None:
             assert out.device == torch.device("cuda:1")
             assert torch.equal(out, src + constant)
     assert torch.cuda.current_device() == 0
+
+
+def test_decisions_are_per_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a host whose GPUs differ in arch, one device's prebuilt-or-JIT decision does not serve the
+    other: the dispatcher resolves each (export, config) once per target."""
+    from jit_kernel.engine import target
+
+    capabilities = {0: (9, 0), 1: (8, 0)}
+    current = {"device": 0}
+    monkeypatch.setattr(target, "_current_device", lambda: current["device"])
+    monkeypatch.setattr(target, "device_properties", lambda index: (capabilities[index], 132, f"GPU {index}"))
+    monkeypatch.setattr(target, "device_count", lambda: len(capabilities))
+    monkeypatch.delenv("JIT_KERNEL_CUDA_ARCH", raising=False)
+    target.clear()
+    seen: list[str] = []
+
+    def reason(spec: object, config: object, device: target.Target | None) -> str | None:
+        assert device is not None
+        seen.append(str(device.arch))
+        return None if device.capability == (9, 0) else f"no prebuilt for {device.arch.sm}"
+
+    class Library:
+        def get_function(self, symbol: str) -> str:
+            return f"prebuilt {symbol}"
+
+    class Module:
+        def get_function(self, symbol: str) -> str:
+            return f"jit {symbol}"
+
+    monkeypatch.setattr(prebuilt, "unusable_reason", reason)
+    monkeypatch.setattr(prebuilt, "library", Library)
+    monkeypatch.setattr(Dispatcher, "_jit_module", lambda self, config, why, device: Module())
+    try:
+        dispatcher = Dispatcher(families.ADD_CONSTANT_CUDA)
+        assert dispatcher.function("run", (1,)).startswith("prebuilt ")
+        current["device"] = 1
+        assert dispatcher.function("run", (1,)).startswith("jit ")
+        current["device"] = 0
+        assert dispatcher.function("run", (1,)).startswith("prebuilt ")
+        assert seen == ["9.0a", "8.0"]  # each target resolved once, then remembered
+        assert not target.one_arch_for_all_devices()
+    finally:
+        target.clear()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import jit_kernel
+from jit_kernel.engine import families
 from jit_kernel.ops import activation, hicache, norm, quant, scale
 
 BF16 = torch.bfloat16
@@ -173,6 +174,8 @@ def test_kernel_table_files_sized_keys_by_dtype() -> None:
     loads: list[tuple[int, str]] = []
 
     class Loader:  # a Dispatcher's interface: the function of an export's config
+        spec = families.ADD_CONSTANT_CUDA
+
         def function(self, export: str, config: tuple[int, str]) -> Callable[..., object]:
             loads.append(config)
             return lambda *args: config
@@ -184,6 +187,28 @@ def test_kernel_table_files_sized_keys_by_dtype() -> None:
     assert table.by_dtype == {BF16: {256: kernel}} and table[BF16, 256] is kernel and len(loads) == 1
     table.clear()
     assert not table and not table.by_dtype and not NO_KERNELS
+
+
+def test_kernel_table_remembers_nothing_across_archs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the visible GPUs differ in arch, a loaded function serves only its own device: the
+    table asks the dispatcher (which resolves per target) on every call, and arms no fast path."""
+    from jit_kernel.engine import target
+    from jit_kernel.ops._common import KernelTable
+
+    loads: list[tuple[int, str]] = []
+
+    class Loader:
+        spec = families.ADD_CONSTANT_CUDA
+
+        def function(self, export: str, config: tuple[int, str]) -> Callable[..., object]:
+            loads.append(config)
+            return lambda *args: config
+
+    monkeypatch.setattr(target, "one_arch_for_all_devices", lambda: False)
+    table = KernelTable(Loader(), "run", lambda dtype, d: (d, str(dtype)))  # type: ignore[arg-type]
+    table[BF16, 256]
+    table[BF16, 256]
+    assert len(loads) == 2 and not table and not table.by_dtype
 
 
 def test_compile_switch_reads_as_torch_compiler_is_compiling(monkeypatch: pytest.MonkeyPatch) -> None:

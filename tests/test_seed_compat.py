@@ -934,3 +934,29 @@ def test_gpu_clashing_names_run_the_same_kernels() -> None:
     q2, s2 = torch.empty_like(q), torch.zeros_like(s)
     jit_kernel.per_tensor_quant_fp8.per_tensor_quant_fp8(x, q2, s2)
     assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+
+
+def test_a_tutorial_module_written_into_the_package_leaves_the_root_importable(tmp_path: Path) -> None:
+    """The tutorial tells kernel authors to write their ``scale.py`` into the package: the package
+    root then imports, ``from jit_kernel.scale import scale`` gives the author's function, and the
+    top-level op still runs (the root reads the module's names as they are, no ``__all__`` needed)."""
+    root = tmp_path / "check out"  # a space in the path, as users have
+    shutil.copytree(
+        Path(jit_kernel.__file__).parent, root / "python" / "jit_kernel", ignore=shutil.ignore_patterns("lib")
+    )
+    repo = Path(jit_kernel.engine.env.DATA_ROOT)
+    for data in ("include", "csrc"):
+        (root / data).symlink_to(repo / data)
+    (root / "python" / "jit_kernel" / "scale.py").write_text(USER_SCALE_WRAPPER.read_text())
+    script = textwrap.dedent(
+        """
+        import jit_kernel, torch
+        from jit_kernel.scale import scale, _jit_scale_module
+        assert scale.__module__ == "jit_kernel.scale", scale.__module__
+        assert jit_kernel.scale.scale is scale and callable(jit_kernel.scale)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(root / "python")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

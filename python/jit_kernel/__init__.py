@@ -33,13 +33,20 @@ _configure_logging()
 
 def _op_and_module(op: Callable[..., object], module: types.ModuleType) -> Callable[..., object]:
     """A copy of the function ``op`` (same code, defaults and closure, so a call costs exactly what
-    calling ``op`` does) that also carries ``module``'s public names as attributes."""
+    calling ``op`` does) that also carries ``module``'s public names as attributes. Whatever the
+    module holds (ours, or one a kernel author wrote in its place, as the seeds' tutorial does),
+    its public names are read as they are: ``__all__`` where it has one, else every name without
+    a leading underscore."""
     both = types.FunctionType(op.__code__, op.__globals__, op.__name__, op.__defaults__, op.__closure__)
     both.__kwdefaults__ = op.__kwdefaults__
     both.__doc__, both.__annotations__ = op.__doc__, op.__annotations__
     both.__module__, both.__qualname__ = __name__, op.__name__  # pickles as jit_kernel.<name>: this object
-    for name in module.__all__:
-        setattr(both, name, getattr(module, name))
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [name for name in vars(module) if not name.startswith("_")]
+    for name in names:
+        if hasattr(module, name):
+            setattr(both, name, getattr(module, name))
     return both
 
 

@@ -33,7 +33,7 @@ import torch
 from jit_kernel.engine import env, target
 from jit_kernel.engine.deps import register_dependency
 from jit_kernel.engine.jit import DEFAULT_CFLAGS as _DEFAULT_CFLAGS
-from jit_kernel.engine.jit import CPPArgList, _dtype_names, cache_once, load_jit
+from jit_kernel.engine.jit import CPPArgList, cache_once, cpp_dtype_names, load_jit
 from jit_kernel.engine.jit import make_cpp_args as _make_cpp_args
 from jit_kernel.engine.target import Arch
 
@@ -47,7 +47,7 @@ DEFAULT_CFLAGS = list(_DEFAULT_CFLAGS)
 DEFAULT_LDFLAGS: list[str] = []
 CPP_TEMPLATE_TYPE: TypeAlias = int | float | str | bool | torch.dtype
 #: torch dtype -> the C++ type name ``make_cpp_args`` writes for it.
-CPP_DTYPE_MAP: dict[torch.dtype, str] = _dtype_names()
+CPP_DTYPE_MAP: dict[torch.dtype, str] = cpp_dtype_names()
 
 
 def make_cpp_args(*args: CPP_TEMPLATE_TYPE) -> CPPArgList:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jit_kernel.engine import cache, env, prebuilt, target, toolchain
+from jit_kernel.engine.builder import BuildRequest
 from jit_kernel.engine.jit import load_cached, load_request, module_name
 from jit_kernel.engine.spec import Config, KernelSpec, cpp_literal, symbol_name
 from jit_kernel.engine.unit import TranslationUnit
@@ -30,26 +31,34 @@ class JitDisabledError(RuntimeError):
 
 
 class Dispatcher:
-    """Resolves and remembers one family's configs. Ops keep one per family at module level."""
+    """Resolves and remembers one family's configs, per target: on a host whose GPUs differ in arch,
+    each device's target gets its own decision. Ops keep one per family at module level."""
 
     def __init__(self, spec: KernelSpec) -> None:
         self.spec = spec
-        self._resolved: dict[tuple[str, Config], Callable[..., Any]] = {}
+        self._resolved: dict[tuple[str, Config, target.Arch | None], Callable[..., Any]] = {}
         self.decisions: dict[Config, str] = {}
         self._lock = threading.Lock()
 
     def function(self, export: str, config: Config) -> Callable[..., Any]:
-        found = self._resolved.get((export, config))
+        """The function of ``export`` for ``config`` on the current device's target."""
+        try:
+            device = target.current() if self.spec.target == "cuda" else None
+        except toolchain.ToolchainError:
+            self.spec.check_config(config)  # a config outside its domain says so first
+            raise
+        key = (export, config, device.arch if device is not None else None)
+        found = self._resolved.get(key)
         if found is None:
             with self._lock:
-                found = self._resolved.get((export, config)) or self._resolve(export, config)
+                found = self._resolved.get(key) or self._resolve(export, config, device)
+                self._resolved[key] = found
         return found
 
-    def _resolve(self, export: str, config: Config) -> Callable[..., Any]:
+    def _resolve(self, export: str, config: Config, device: target.Target | None) -> Callable[..., Any]:
         spec = self.spec
         spec.check_config(config)
         symbol = symbol_name(spec, export, config)
-        device = target.current() if spec.target == "cuda" else None
         reason = prebuilt.unusable_reason(spec, config, device)
         if reason is None:
             function = prebuilt.library().get_function(symbol)
@@ -59,7 +68,6 @@ class Dispatcher:
             decision = f"jit ({reason})"
             function = self._jit_module(config, reason, device).get_function(symbol)
         self.decisions[config] = decision
-        self._resolved[(export, config)] = function
         return function
 
     def _jit_module(self, config: Config, reason: str, device: target.Target | None) -> Any:
@@ -84,7 +92,7 @@ class Dispatcher:
         return load_request(request)
 
 
-def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: cache.BuildRequest) -> str:
+def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: BuildRequest) -> str:
     entry = cache.entry_path(request)
     warm = [
         f"JIT_KERNEL_CACHE_DIR={shlex.quote(str(entry.parent))}",
@@ -108,14 +116,14 @@ def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: 
     )
 
 
-def jit_request(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> cache.BuildRequest:
+def jit_request(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> BuildRequest:
     """The JIT build of one config. Its module holds every export of the config under its
     :func:`symbol_name`, so resolving a second export is a hit in the in-process memo.
     ``cuda_arch`` overrides the current GPU's arch (``warm --arch``)."""
     arch = (cuda_arch or str(target.current().arch)) if spec.target == "cuda" else None
     unit = TranslationUnit.for_config(spec, config)
     name = module_name([spec.family, *(cpp_literal(value) for value in config)])
-    return cache.BuildRequest(name, (unit,), arch=arch, description=spec.describe(config))
+    return BuildRequest(name, (unit,), arch=arch, description=spec.describe(config))
 
 
 def jit_module(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> Any:

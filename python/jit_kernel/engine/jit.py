@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from jit_kernel.engine import cache, deps, env, target
+from jit_kernel.engine.builder import BuildRequest
 from jit_kernel.engine.spec import name_part
 from jit_kernel.engine.target import Arch
 from jit_kernel.engine.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
@@ -51,7 +52,8 @@ class CPPArgList(list[str]):
         return ", ".join(self)
 
 
-def _dtype_names() -> dict[torch.dtype, str]:
+def cpp_dtype_names() -> dict[torch.dtype, str]:
+    """torch dtype -> the C++ type name ``make_cpp_args`` gives it (the seeds' ``CPP_DTYPE_MAP``)."""
     import torch
 
     return {
@@ -86,7 +88,7 @@ def make_cpp_args(*values: bool | int | float | torch.dtype) -> CPPArgList:
                 raise ValueError(f"make_cpp_args: {value} has no C++ literal")
             return repr(value)
         if isinstance(value, torch.dtype):
-            names = _dtype_names()
+            names = cpp_dtype_names()
             if value not in names:
                 raise TypeError(f"make_cpp_args: unsupported torch dtype {value}; supported: {list(names)}")
             return names[value]
@@ -125,7 +127,7 @@ def make_build_request(
     extra_ldflags: Sequence[str] | None = None,
     extra_include_paths: Sequence[str] | None = None,
     cuda_arch: str | None = None,
-) -> cache.BuildRequest:
+) -> BuildRequest:
     """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the target's."""
     includes = extra_include_paths or ()
     languages = (
@@ -141,10 +143,10 @@ def make_build_request(
         raise ValueError("load_jit: give at least one of cpp_files, cuda_files, cpp_wrappers, cuda_wrappers")
     has_cuda = units[-1].language == "cuda"
     arch = (str(Arch.parse(cuda_arch)) if cuda_arch else str(target.current().arch)) if has_cuda else None
-    return cache.BuildRequest(module_name(args), tuple(units), tuple(extra_ldflags or ()), arch)
+    return BuildRequest(module_name(args), tuple(units), tuple(extra_ldflags or ()), arch)
 
 
-_loaded: dict[tuple[cache.BuildRequest, Path | None], Module] = {}
+_loaded: dict[tuple[BuildRequest, Path | None], Module] = {}
 _loaded_lock = threading.Lock()
 
 
@@ -192,7 +194,7 @@ def load_jit(
     return load_request(request, Path(build_directory).resolve() if build_directory else None)
 
 
-def load_request(request: cache.BuildRequest, root: Path | None = None) -> Module:
+def load_request(request: BuildRequest, root: Path | None = None) -> Module:
     """Load a described build through the in-process memo and the disk cache."""
     if (request, root) not in _loaded:
         with _loaded_lock:
@@ -201,7 +203,7 @@ def load_request(request: cache.BuildRequest, root: Path | None = None) -> Modul
     return _loaded[(request, root)]
 
 
-def load_cached(request: cache.BuildRequest, root: Path | None = None) -> Module | None:
+def load_cached(request: BuildRequest, root: Path | None = None) -> Module | None:
     """The module if it is already built, in this process or in the disk cache; never compiles."""
     if (request, root) not in _loaded:
         module = cache.load_cached(request, root)

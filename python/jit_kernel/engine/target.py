@@ -147,6 +147,25 @@ def current(device: int | None = None) -> Target:
     return _target(_current_device() if device is None else device, env.cuda_arch_override())
 
 
+def device_count() -> int:
+    """How many CUDA devices are visible: the seam tests replace."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@functools.cache
+def _archs_of_devices(override: str | None) -> frozenset[Arch]:
+    return frozenset(_target(device, override).arch for device in range(device_count()))
+
+
+def one_arch_for_all_devices() -> bool:
+    """Whether every visible GPU compiles for the same arch (or none is visible), so that a
+    function resolved on one device serves them all; memoised per override."""
+    return len(_archs_of_devices(env.cuda_arch_override())) <= 1
+
+
 def clear() -> None:
     """Forget every memoised target (tests that fake a device)."""
     _target.cache_clear()
+    _archs_of_devices.cache_clear()

@@ -1,4 +1,5 @@
-"""What every op shares: the kernel tables of the eager path, error explanations, registration.
+"""What every op shares: the kernel tables, the one declaration of an op (:func:`kernel_op`), the
+explanation of a failed call, and the eager fast paths' conventions.
 
 Division of labour (DESIGN.md, "one owner for every rule"): the C++ launcher checks every tensor
 rule (shape, dtype, device, strides, alignment, scalar ranges) and raises ``ValueError`` /
@@ -6,6 +7,17 @@ rule (shape, dtype, device, strides, alignment, scalar ranges) and raises ``Valu
 configuration from a call's dtype and sizes, allocates outputs and reshapes; it repeats no C++
 check. When a call fails, :func:`explain` turns what C++ cannot see (a non-tensor, a sparse or
 meta tensor, a value of the wrong Python type) into an error that names the argument.
+
+An op is declared once, by a *plan* decorated with :func:`kernel_op`::
+
+    @kernel_op("scale", out="out")
+    def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> Launch:
+        if out is None:
+            out = src.new_empty(src.shape)
+        return Launch(_KERNELS, src.dtype, (out, src, factor), result=out)
+
+and its public function calls it (``_scale(src, factor, out)``), after an eager fast path where
+one is measured to matter.
 """
 
 from __future__ import annotations
@@ -13,12 +25,12 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from jit_kernel.engine import env
+from jit_kernel.engine import env, target
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.jit import make_cpp_args
 from jit_kernel.engine.spec import Config
@@ -78,7 +90,10 @@ class KernelTable(dict[Any, Callable[..., Any]]):
 
     def __missing__(self, key: Any) -> Callable[..., Any]:
         function = self._dispatcher.function(self._export, self.config(key))
-        self[key] = function
+        # A function serves every device only where all have one arch; elsewhere each call asks the
+        # dispatcher, which resolves per target (and the fast paths, never armed, stay off).
+        if self._dispatcher.spec.target != "cuda" or target.one_arch_for_all_devices():
+            self[key] = function
         return function
 
     def get_kernel(self, key: Any, run: bool) -> Callable[..., Any] | None:
@@ -146,16 +161,16 @@ _PYTHON_TYPE = {"Optional<bool>": "a bool or None", "bool": "a bool", "int": "an
 
 
 def explain(
-    op: str, error: BaseException, kernel_args: Sequence[str], values: dict[str, object], tensors: Sequence[str]
+    op: str, error: BaseException, values: Mapping[str, object], tensors: Sequence[str], launch_args: Sequence[object]
 ) -> None:
     """Raise a clearer error than ``error`` for what C++ cannot report, naming the argument; return
     (and let the caller re-raise ``error``) when ``error`` already says it.
 
     ``values`` are the op's arguments by name; ``tensors`` names those that must be tensors (or
-    None, for optional outputs); ``kernel_args`` names the kernel's arguments in its C++ order
-    (tvm-ffi reports a conversion failure by position)."""
+    None, for optional ones); ``launch_args`` are the failed launch's arguments in the launcher's
+    order (tvm-ffi reports a conversion failure by position: the argument is the one passed as is)."""
     for name in tensors:
-        value = values[name]
+        value = values.get(name)
         if isinstance(value, torch.Tensor):
             _dense(op, name, value)
         elif value is not None:
@@ -163,10 +178,10 @@ def explain(
     match = _MISMATCHED_ARGUMENT.match(str(error)) if isinstance(error, TypeError) else None
     if match is not None:
         index, expected = int(match.group(1)), match.group(2)
-        name = kernel_args[index] if index < len(kernel_args) else f"argument #{index}"
-        value = values.get(name)
+        passed = launch_args[index] if index < len(launch_args) else None
+        name = next((n for n, v in values.items() if v is passed), f"argument #{index}")
         wanted = "a torch.Tensor" if "Tensor" in expected else _PYTHON_TYPE.get(expected, f"a {expected}")
-        raise TypeError(f"{op}: {name} must be {wanted}, got {type(value).__name__}") from None
+        raise TypeError(f"{op}: {name} must be {wanted}, got {type(passed).__name__}") from None
 
 
 def _dense(op: str, name: str, t: torch.Tensor) -> None:
@@ -212,6 +227,28 @@ def rows_like(op: str, name: str, t: torch.Tensor, like: torch.Tensor) -> torch.
     return rows(op, name, t)
 
 
+# ---------------------------------------------------------------------------------------------
+# One declaration per op
+
+
+class Launch(NamedTuple):
+    """One kernel launch of an op: ``kernels[key](*args)``, ``args`` in the launcher's C++ order.
+
+    ``result`` is what the op returns when this is its last launch. ``bounds``, when given, reads
+    index tensors and raises ``IndexError`` naming the first bad one: it runs only under
+    ``JIT_KERNEL_CHECK_INDICES=1``, after the launcher has checked the tensors (without their data)
+    and before the launch, so that it reads only indices the kernel would accept."""
+
+    kernels: KernelTable
+    key: Any
+    args: tuple[Any, ...]
+    result: Any = None
+    bounds: Callable[[], None] | None = None
+
+
+Plan = Callable[..., "Launch | tuple[Launch, ...]"]
+
+
 def _launchers_can_check(args: Sequence[object]) -> bool:
     """Whether a fake call can reach the C++ launcher: the tensors' sizes are concrete (symbolic
     ones have no DLPack form) and a kernel can be loaded (a GPU, or an arch override)."""
@@ -223,35 +260,125 @@ def _launchers_can_check(args: Sequence[object]) -> bool:
     return torch.cuda.is_available() or env.cuda_arch_override() is not None
 
 
-def register(name: str, impl: Callable[..., Any], mutates: tuple[str, ...] = (), fake_checks: bool = False) -> Any:
-    """Register ``impl`` as ``torch.ops.jit_kernel.<name>``, declared once: ``impl`` takes the op's
-    arguments plus ``run: bool``; the op calls it with ``run=True``. The schema comes from
-    ``impl``'s signature without ``run``.
+class Op:
+    """An op declared once, by its *plan*: a function whose signature is the op's (the names,
+    types and defaults of ``torch.ops.jit_kernel.<name>``) and which returns the :class:`Launch`
+    (or launches) a call makes: the kernel table and key that pick the kernel, and its arguments.
 
-    The fake implementation (torch.compile's tracing) calls ``impl`` too. With ``fake_checks`` it
-    passes ``run=CHECK_ONLY``: the kernel's launcher gets tensors with the FakeTensors' metadata and
-    no data (``_no_data``), runs its checks (the one copy of the tensor rules, so tracing rejects
-    what the op rejects, with the same error) and returns without launching
-    (``host::has_no_data``; only for launchers that return there before any CUDA call). Otherwise,
-    or when the launcher cannot be reached (symbolic sizes, no GPU), ``run=False``: the config is
-    picked and the outputs allocated, nothing is called."""
-    signature = inspect.signature(impl)
-    public = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "run"])
+    From that one declaration come the ``torch.library`` registration (schema from the signature;
+    with ``out="out"`` a functional ``<name>`` without ``out`` and a ``<name>_out`` that mutates it),
+    the fake implementation (the same plan, with the launcher's checks run on tensors without data:
+    the one copy of the tensor rules, so tracing rejects what the op rejects, with the same error),
+    the explanation of a failed call (:func:`explain`, naming the argument), and the call itself,
+    eager or traced. Public functions call the op; where an eager fast path is measured to matter,
+    they try it first (``FAST_PATH_MISS``)."""
 
-    def bound(run: bool) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if not run and fake_checks:
-                check = _launchers_can_check((*args, *kwargs.values()))
-                return impl(*args, **kwargs, run=CHECK_ONLY if check else False)
-            return impl(*args, **kwargs, run=run)
+    def __init__(self, name: str, plan: Plan, mutates: tuple[str, ...], out: str | None, register: bool) -> None:
+        self.name = name
+        self.plan = plan
+        self.signature = inspect.signature(plan)
+        parameters = self.signature.parameters
+        self._tensors = tuple(n for n, p in parameters.items() if "Tensor" in str(p.annotation))
+        self._out = out
+        self._out_index = list(parameters).index(out) if out is not None else -1
+        self._registered = register
+        if register:
+            self._register(mutates)
 
-        call.__signature__ = public  # type: ignore[attr-defined]
-        call.__annotations__ = {p.name: p.annotation for p in public.parameters.values()} | {
-            "return": public.return_annotation
-        }
-        call.__name__ = name
-        return call
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The op: through ``torch.ops.jit_kernel`` while torch.compile traces, else launched here."""
+        if self._registered and (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined
+            return self.traced(*args, **kwargs)
+        return self.run(True, args, kwargs)
 
-    op = torch.library.custom_op(f"jit_kernel::{name}", bound(True), mutates_args=mutates)
-    op.register_fake(bound(False))
-    return op
+    def run(self, mode: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Plan the call and launch it: ``mode`` True launches; ``CHECK_ONLY`` runs the launchers'
+        checks on tensors without data (a fake call); False only picks the configs (a fake call
+        that cannot reach a launcher). A failure is explained, naming the argument."""
+        launch = None
+        try:
+            planned = self.plan(*args, **kwargs)
+            if mode is True and type(planned) is Launch and planned.bounds is None:  # the common case
+                launch = planned
+                launch.kernels[launch.key](*launch.args)
+                return launch.result
+            launches = planned if type(planned) is tuple else (planned,)
+            for launch in launches:
+                kernel = launch.kernels.get_kernel(launch.key, mode)
+                if kernel is None:
+                    continue
+                if launch.bounds is not None and mode is True and env.check_indices():
+                    checks_only(kernel)(*launch.args)
+                    launch.bounds()
+                kernel(*launch.args)
+        except (TypeError, RuntimeError, AttributeError) as error:
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+            except TypeError:
+                raise error from None  # a wrong argument list: Python's own message says it
+            bound.apply_defaults()
+            explain(self.name, error, bound.arguments, self._tensors, launch.args if launch is not None else ())
+            raise
+        return launches[-1].result
+
+    def traced(self, *args: Any, **kwargs: Any) -> Any:
+        """The call through ``torch.ops.jit_kernel`` (what torch.compile sees)."""
+        if self._out is None:
+            return self._torch_op(*args, **kwargs)
+        index = self._out_index
+        if len(args) > index:
+            out, args = args[index], (*args[:index], *args[index + 1 :])
+        else:
+            out = kwargs.pop(self._out, None)
+        if out is None:
+            return self._torch_op(*args, **kwargs)
+        self._torch_out_op(out, *args, **kwargs)
+        return out
+
+    def _register(self, mutates: tuple[str, ...]) -> None:
+        parameters = list(self.signature.parameters.values())
+        if self._out is None:
+            self._torch_op = self._custom_op(self.name, parameters, None, mutates)
+            return
+        rest = [p for p in parameters if p.name != self._out]
+        out = parameters[self._out_index].replace(annotation="torch.Tensor", default=inspect.Parameter.empty)
+        self._torch_op = self._custom_op(self.name, rest, "torch.Tensor", mutates)
+        self._torch_out_op = self._custom_op(f"{self.name}_out", [out, *rest], None, (*mutates, self._out))
+
+    def _custom_op(
+        self, name: str, parameters: list[inspect.Parameter], returns: str | None, mutates: tuple[str, ...]
+    ) -> Any:
+        """``torch.ops.jit_kernel.<name>`` taking ``parameters``: its real and fake implementations
+        run the plan with the arguments by name (``out``, when left out, as None)."""
+        names = [p.name for p in parameters]
+        missing = {self._out: None} if self._out is not None and self._out not in names else {}
+
+        def implementation(mode: Any) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                values = dict(zip(names, args, strict=False)) | kwargs | missing
+                checked = CHECK_ONLY if mode is False and _launchers_can_check(tuple(values.values())) else mode
+                result = self.run(checked, (), values)
+                return result if returns is not None else None
+
+            call.__name__ = name
+            call.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
+            call.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": returns}
+            return call
+
+        op = torch.library.custom_op(f"jit_kernel::{name}", implementation(True), mutates_args=mutates)
+        op.register_fake(implementation(False))
+        return getattr(torch.ops.jit_kernel, name)
+
+
+def kernel_op(
+    name: str, *, mutates: tuple[str, ...] = (), out: str | None = None, register: bool = True
+) -> Callable[[Plan], Op]:
+    """Declare the op ``name`` by its plan (see :class:`Op`). ``mutates``: the tensors it writes in
+    place; ``out``: the parameter of an optional output the op allocates when it is None (registered
+    as a functional op and an ``_out`` op); ``register=False`` for ops torch.compile cannot see
+    through (raw addresses), which get everything but the ``torch.library`` registration."""
+
+    def declare(plan: Plan) -> Op:
+        return Op(name, plan, mutates, out, register)
+
+    return declare

@@ -26,12 +26,13 @@ from jit_kernel.engine.families import ACTIVATION
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,
+    Launch,
+    Op,
     compile_state,
     dynamo_compiling,
-    explain,
     float_dtype,
+    kernel_op,
     not_a_tensor,
-    register,
     rows,
 )
 
@@ -41,20 +42,19 @@ _NAMES = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
 _KERNELS = {
     name: KernelTable(_ACTIVATION, name, lambda dtype, op=name: (float_dtype(op, "input", dtype),)) for name in _NAMES
 }
-# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
-_KERNEL_ARGS = ("out", "input", "enable_pdl")
 
 
-def _act_and_mul(
-    op: str, input: torch.Tensor, out: torch.Tensor | None, enable_pdl: bool | None, run: bool = True
-) -> torch.Tensor:
-    try:
+def _declare(name: str) -> Op:
+    """The op ``name`` (``torch.ops.jit_kernel.<name>`` and ``<name>_out``), declared once for the
+    three activations."""
+    kernels = _KERNELS[name]
+
+    def plan(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> Launch:
         try:
             dtype, shape = input.dtype, input.shape
         except AttributeError:
-            not_a_tensor(op, "input", input)
-        kernel = _KERNELS[op].get_kernel(dtype, run)
-        in_rows = rows(op, "input", input)
+            not_a_tensor(name, "input", input)
+        in_rows = rows(name, "input", input)
         # An odd last dimension gets an out of half of it, rounded down; C++ then rejects the input.
         out_shape = (*shape[:-1], shape[-1] // 2)
         if out is None:
@@ -62,36 +62,16 @@ def _act_and_mul(
             out_rows = out.view(in_rows.shape[0], out_shape[-1])
         else:
             if not isinstance(out, torch.Tensor):
-                not_a_tensor(op, "out", out)
+                not_a_tensor(name, "out", out)
             if out.shape != out_shape:
                 raise ValueError(
-                    f"{op}: out must have shape {tuple(out_shape)} (input {tuple(shape)} with the last "
+                    f"{name}: out must have shape {tuple(out_shape)} (input {tuple(shape)} with the last "
                     f"dimension halved), got {tuple(out.shape)}"
                 )
-            out_rows = rows(op, "out", out)
-        if run:
-            kernel(out_rows, in_rows, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        explain(op, error, _KERNEL_ARGS, {"input": input, "out": out, "enable_pdl": enable_pdl}, ("input", "out"))
-        raise
-    return out
+            out_rows = rows(name, "out", out)
+        return Launch(kernels, dtype, (out_rows, in_rows, enable_pdl), out)
 
-
-def _register(name: str) -> None:
-    """``torch.ops.jit_kernel.<name>(input, enable_pdl)`` and ``<name>_out(out, input, enable_pdl)``."""
-
-    def functional(input: torch.Tensor, enable_pdl: bool | None = None, run: bool = True) -> torch.Tensor:
-        return _act_and_mul(name, input, None, enable_pdl, run)
-
-    def with_out(out: torch.Tensor, input: torch.Tensor, enable_pdl: bool | None = None, run: bool = True) -> None:
-        _act_and_mul(name, input, out, enable_pdl, run)
-
-    register(name, functional, fake_checks=True)
-    register(f"{name}_out", with_out, mutates=("out",), fake_checks=True)
-
-
-for _name in _NAMES:
-    _register(_name)
+    return kernel_op(name, out="out")(plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,27 +80,26 @@ for _name in _NAMES:
 
 
 def _public(name: str, doc: str) -> Callable[..., torch.Tensor]:
-    """The public op ``name``, written once for the three activations. A closure over its kernel
-    table and registered ops, so a call costs what a hand-written function's does."""
+    """The public op ``name``: the eager fast path (_common.FAST_PATH_MISS) for the rows the kernel
+    takes as they are, in both forms, else the declared op. A closure over its kernel table, so a
+    call costs what a hand-written function's does."""
+    declared = _declare(name)
     kernels = _KERNELS[name]
-    functional = getattr(torch.ops.jit_kernel, name)
-    with_out = getattr(torch.ops.jit_kernel, f"{name}_out")
 
     def op(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
         if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-            if out is None:
-                return functional(input, enable_pdl)
-            with_out(out, input, enable_pdl)
-            return out
-        if out is not None:
-            try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-                kernel = kernels.get(input.dtype) if input.ndim == 2 else None
-                if kernel is not None:
-                    kernel(out, input, enable_pdl)
-                    return out
-            except FAST_PATH_MISS:
-                pass
-        return _act_and_mul(name, input, out, enable_pdl)
+            return declared.traced(input, out, enable_pdl)
+        try:
+            kernel = kernels.get(input.dtype) if input.ndim == 2 else None
+            if kernel is not None:
+                if out is None:
+                    shape = input.shape
+                    out = input.new_empty((shape[0], shape[1] // 2))
+                kernel(out, input, enable_pdl)
+                return out
+        except FAST_PATH_MISS:
+            pass
+        return declared(input, out, enable_pdl)
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = doc

@@ -11,25 +11,24 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
-from jit_kernel.ops._common import KernelTable, explain
+from jit_kernel.ops._common import KernelTable, Launch, kernel_op
 
 _CUDA = Dispatcher(ADD_CONSTANT_CUDA)
 _HOST = Dispatcher(ADD_CONSTANT_HOST)
 # constant -> kernel; the dispatcher checks the constant against the family's domain (int32).
 _KERNELS = {True: KernelTable(_CUDA, "run", lambda c: (c,)), False: KernelTable(_HOST, "run", lambda c: (c,))}
-_KERNEL_ARGS = ("out", "src")
+
+
+@kernel_op("add_constant", out="out", register=False)
+def _add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> Launch:
+    if type(constant) is not int:
+        raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
+    if out is None:
+        out = torch.empty_like(src, memory_format=torch.contiguous_format)
+    # C++ checks the shapes, contiguity, dtype and device.
+    return Launch(_KERNELS[src.is_cuda], constant, (out, src), out)
 
 
 def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return ``src + constant`` for a contiguous int32 tensor on CUDA or the CPU."""
-    if type(constant) is not int:
-        raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
-    try:
-        kernel = _KERNELS[src.is_cuda][constant]
-        if out is None:
-            out = torch.empty_like(src, memory_format=torch.contiguous_format)
-        kernel(out, src)  # C++ checks the shapes, contiguity, dtype and device
-    except (TypeError, RuntimeError, AttributeError) as error:
-        explain("add_constant", error, _KERNEL_ARGS, {"src": src, "out": out}, ("src", "out"))
-        raise
-    return out
+    return _add_constant(src, constant, out)

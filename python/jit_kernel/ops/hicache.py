@@ -18,9 +18,6 @@ detected.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
 from jit_kernel.engine import env
@@ -29,15 +26,14 @@ from jit_kernel.engine.env import CHECK_INDICES_KEY, ENVIRON_DATA
 from jit_kernel.engine.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
 from jit_kernel.engine.families import hicache_default_unroll as default_unroll
 from jit_kernel.ops._common import (
-    CHECK_ONLY,
     FAST_PATH_MISS,
     NO_KERNELS,
+    KernelTable,
+    Launch,
     compile_state,
     dynamo_compiling,
-    explain,
-    register,
+    kernel_op,
 )
-from jit_kernel.ops._no_data import checks_only
 
 _HICACHE = Dispatcher(HICACHE)
 
@@ -113,37 +109,25 @@ def _check_bounds(fn: str, name: str, indices: torch.Tensor, num_rows: int | Non
     raise IndexError(f"{fn}: {name}[{position}] = {value} is out of range: it must be {limit}")
 
 
-def _kernel(export: str, config: tuple[int, int, int], run: bool) -> Callable[..., Any] | None:
-    """The export's function for a launch; for ``run=CHECK_ONLY`` (a fake call) the same called on
-    tensors without data (the launcher's checks, no launch); for ``run=False`` nothing."""
-    if run is CHECK_ONLY:
-        return checks_only(_HICACHE.function(export, config))
-    return _HICACHE.function(export, config) if run else None
+def _one_layer_config(dtype: torch.dtype, element_dim: int, unroll: int | None = None) -> tuple[int, int, int]:
+    """(dtype, row width, unroll or None for the default) -> the hicache config."""
+    element_size = element_dim * dtype.itemsize
+    return (element_size, default_unroll(element_size) if unroll is None else unroll, HICACHE_NUM_THREADS)
 
 
-def _launch(kernel: Callable[..., Any], args: tuple[Any, ...], run: bool, bounds: Callable[[], None]) -> None:
-    """``kernel(*args)``; with ``JIT_KERNEL_CHECK_INDICES=1`` the launcher's checks run first (on
-    tensors without data), then ``bounds()`` reads the indices, then the launch."""
-    if run is True and env.check_indices():
-        checks_only(kernel)(*args)
-        bounds()
-    kernel(*args)
-
-
-_EXPORTS = {2: "run_one", 1: "run_one_mla"}  # by the number of destination caches
-_ONE_ARGS = ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src", "v_cache_src", "indices_src", "block_quota")
-_ONE_MLA_ARGS = ("cache_dst", "indices_dst", "cache_src", "indices_src", "block_quota")
-
-
-# The eager fast path: export -> dtype -> row width of a call with the default unroll and 2-D
-# caches -> its kernel, filled by the first such call (the block quota is a run-time argument).
-# Two plain lookups, no key tuple (as KernelTable.by_dtype).
-_DEFAULT_KERNELS: dict[str, dict[torch.dtype, dict[int, Callable[..., Any]]]] = {"run_one": {}, "run_one_mla": {}}
-_ONE_LAYER_KERNELS, _ONE_LAYER_MLA_KERNELS = _DEFAULT_KERNELS["run_one"], _DEFAULT_KERNELS["run_one_mla"]
+# Keys (dtype, row width) for the default unroll, which KernelTable.by_dtype files for the eager
+# fast paths (the block quota is a run-time argument), else (dtype, row width, unroll).
+_ONE_LAYER_KERNELS = KernelTable(_HICACHE, "run_one", _one_layer_config)
+_ONE_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_one_mla", _one_layer_config)
+_ALL_LAYER_KERNELS = KernelTable(_HICACHE, "run_all", lambda *config: config)
+_ALL_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_all_mla", lambda *config: config)
+_ONE_LAYER_BY_DTYPE = _ONE_LAYER_KERNELS.by_dtype
+_ONE_LAYER_MLA_BY_DTYPE = _ONE_LAYER_MLA_KERNELS.by_dtype
 
 
 def _one_layer(
     fn: str,
+    kernels: KernelTable,
     caches_dst: tuple[tuple[str, torch.Tensor], ...],
     indices_dst: torch.Tensor,
     caches_src: tuple[tuple[str, torch.Tensor], ...],
@@ -151,40 +135,31 @@ def _one_layer(
     element_dim: int | None,
     unroll: int | None,
     block_quota: int | None,
-    run: bool = True,
-) -> None:
+) -> Launch:
+    """The launch of both one-layer forms (two caches a side, or one for MLA)."""
     named = caches_dst + caches_src
     n_dst = len(caches_dst)
-    unroll_by_default = element_dim is None and unroll is None
-    try:
-        first_name, first = named[0]
-        if element_dim is None:
-            if first.dim() == 0:
-                raise ValueError(f"{fn}: {first_name} must have at least one dimension")
-            element_dim = first.size(-1)
-        elif type(element_dim) is not int or element_dim <= 0:
-            raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
-        element_size = element_dim * first.element_size()
-        unroll, block_quota = _options(fn, element_size, unroll, block_quota)
-        rows = [_rows(fn, name, t, element_dim) for name, t in named]
-        kernel = _kernel(_EXPORTS[n_dst], (element_size, unroll, HICACHE_NUM_THREADS), run)
-        if kernel is None:
-            return
-        if run is True and unroll_by_default and all(t.dim() == 2 for _, t in named):
-            _DEFAULT_KERNELS[_EXPORTS[n_dst]].setdefault(first.dtype, {})[element_dim] = kernel
-        args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
+    first_name, first = named[0]
+    if element_dim is None:
+        if first.dim() == 0:
+            raise ValueError(f"{fn}: {first_name} must have at least one dimension")
+        element_dim = first.size(-1)
+    elif type(element_dim) is not int or element_dim <= 0:
+        raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
+    default = unroll is None
+    unroll, block_quota = _options(fn, element_dim * first.element_size(), unroll, block_quota)
+    rows = [_rows(fn, name, t, element_dim) for name, t in named]
+    args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
+    key = (first.dtype, element_dim) if default else (first.dtype, element_dim, unroll)
 
-        def bounds() -> None:
-            _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
-            _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
+    def bounds() -> None:
+        _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
+        _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
 
-        _launch(kernel, args, run, bounds)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = dict(named) | {"indices_dst": indices_dst, "indices_src": indices_src, "block_quota": block_quota}
-        explain(fn, error, _ONE_ARGS if n_dst == 2 else _ONE_MLA_ARGS, values, (*values.keys(),)[:-1])
-        raise
+    return Launch(kernels, key, args, bounds=bounds)
 
 
+@kernel_op("transfer_hicache_one_layer", mutates=("k_cache_dst", "v_cache_dst"))
 def _one_layer_op(
     k_cache_dst: torch.Tensor,
     v_cache_dst: torch.Tensor,
@@ -195,21 +170,14 @@ def _one_layer_op(
     element_dim: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
-    run: bool = True,
-) -> None:
-    _one_layer(
-        "transfer_hicache_one_layer",
-        (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst)),
-        indices_dst,
-        (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src)),
-        indices_src,
-        element_dim,
-        unroll,
-        block_quota,
-        run,
-    )
+) -> Launch:
+    dst = (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst))
+    src = (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src))
+    fn = "transfer_hicache_one_layer"
+    return _one_layer(fn, _ONE_LAYER_KERNELS, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota)
 
 
+@kernel_op("transfer_hicache_one_layer_mla", mutates=("cache_dst",))
 def _one_layer_mla_op(
     cache_dst: torch.Tensor,
     indices_dst: torch.Tensor,
@@ -218,23 +186,23 @@ def _one_layer_mla_op(
     element_dim: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
-    run: bool = True,
-) -> None:
-    _one_layer(
-        "transfer_hicache_one_layer_mla",
-        (("cache_dst", cache_dst),),
-        indices_dst,
-        (("cache_src", cache_src),),
-        indices_src,
-        element_dim,
-        unroll,
-        block_quota,
-        run,
+) -> Launch:
+    dst, src = (("cache_dst", cache_dst),), (("cache_src", cache_src),)
+    fn = "transfer_hicache_one_layer_mla"
+    return _one_layer(fn, _ONE_LAYER_MLA_KERNELS, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota)
+
+
+def _fast_path_applies(element_dim: object, unroll: object, quota: object) -> bool:
+    """Whether a one-layer call may take the eager fast path (_common.FAST_PATH_MISS): the row width
+    and unroll by default, a block quota the full path would take, no index checking (the full path
+    does it; env.check_indices, inlined)."""
+    return (
+        element_dim is None
+        and unroll is None
+        and type(quota) is int
+        and quota >= 1
+        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
     )
-
-
-register("transfer_hicache_one_layer", _one_layer_op, mutates=("k_cache_dst", "v_cache_dst"), fake_checks=True)
-register("transfer_hicache_one_layer_mla", _one_layer_mla_op, mutates=("cache_dst",), fake_checks=True)
 
 
 def transfer_hicache_one_layer(
@@ -256,29 +224,16 @@ def transfer_hicache_one_layer(
     memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
     and ``block_quota`` (most blocks the copy occupies) default to tuned values.
     """
-    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        torch.ops.jit_kernel.transfer_hicache_one_layer(
-            k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll,
-            block_quota,
-        )  # fmt: skip
-        return
-    # The fast path (_common.FAST_PATH_MISS): 2-D caches, the default unroll, a block quota the
-    # full path would take, no index checking (the full path does it; env.check_indices, inlined).
-    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    if (
-        element_dim is None
-        and unroll is None
-        and type(quota) is int
-        and quota >= 1
-        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
-    ):
-        try:
-            kernel = _ONE_LAYER_KERNELS.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
-            if kernel is not None:
-                kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
-                return
-        except FAST_PATH_MISS:
-            pass
+    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
+        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+        if _fast_path_applies(element_dim, unroll, quota):
+            try:
+                kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
+                if kernel is not None:
+                    kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
+                    return
+            except FAST_PATH_MISS:
+                pass
     _one_layer_op(
         k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota
     )
@@ -295,53 +250,33 @@ def transfer_hicache_one_layer_mla(
     block_quota: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        torch.ops.jit_kernel.transfer_hicache_one_layer_mla(
-            cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota
-        )
-        return
-    # The fast path (_common.FAST_PATH_MISS): 2-D caches, the default unroll, a block quota the
-    # full path would take, no index checking (the full path does it; env.check_indices, inlined).
-    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    if (
-        element_dim is None
-        and unroll is None
-        and type(quota) is int
-        and quota >= 1
-        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
-    ):
-        try:
-            kernel = _ONE_LAYER_MLA_KERNELS.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
-            if kernel is not None:
-                kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
-                return
-        except FAST_PATH_MISS:
-            pass
+    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
+        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+        if _fast_path_applies(element_dim, unroll, quota):
+            try:
+                kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
+                if kernel is not None:
+                    kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
+                    return
+            except FAST_PATH_MISS:
+                pass
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
-
-
-_ALL_ARGS = (
-    "k_ptr_dst", "v_ptr_dst", "indices_dst", "k_ptr_src", "v_ptr_src", "indices_src", "kv_cache_src_stride_bytes",
-    "kv_cache_dst_stride_bytes", "block_quota",
-)  # fmt: skip
-_ALL_MLA_ARGS = (
-    "ptr_dst", "indices_dst", "ptr_src", "indices_src", "kv_cache_src_stride_bytes", "kv_cache_dst_stride_bytes",
-    "block_quota",
-)  # fmt: skip
 
 
 def _all_layer(
     fn: str,
-    tables_dst: tuple[tuple[str, torch.Tensor], ...],
+    kernels: KernelTable,
+    tables_dst: tuple[torch.Tensor, ...],
     indices_dst: torch.Tensor,
-    tables_src: tuple[tuple[str, torch.Tensor], ...],
+    tables_src: tuple[torch.Tensor, ...],
     indices_src: torch.Tensor,
     src_stride: int,
     dst_stride: int,
     element_size: int | None,
     unroll: int | None,
     block_quota: int | None,
-) -> None:
+) -> Launch:
+    """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA)."""
     for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
         if type(value) is not int or value <= 0:
             raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
@@ -354,26 +289,51 @@ def _all_layer(
     elif type(element_size) is not int:
         raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
     unroll, block_quota = _options(fn, element_size, unroll, block_quota)
-    tables = tables_dst + tables_src
-    n_dst = len(tables_dst)
-    try:
-        kernel = _HICACHE.function(
-            "run_all" if n_dst == 2 else "run_all_mla", (element_size, unroll, HICACHE_NUM_THREADS)
-        )
-        args = (
-            *(t for _, t in tables_dst), indices_dst, *(t for _, t in tables_src), indices_src, src_stride, dst_stride,
-            block_quota,
-        )  # fmt: skip
+    args = (*tables_dst, indices_dst, *tables_src, indices_src, src_stride, dst_stride, block_quota)
 
-        def bounds() -> None:
-            _check_bounds(fn, "indices_dst", indices_dst, None)
-            _check_bounds(fn, "indices_src", indices_src, None)
+    def bounds() -> None:
+        _check_bounds(fn, "indices_dst", indices_dst, None)
+        _check_bounds(fn, "indices_src", indices_src, None)
 
-        _launch(kernel, args, True, bounds)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = dict(tables) | {"indices_dst": indices_dst, "indices_src": indices_src}
-        explain(fn, error, _ALL_ARGS if n_dst == 2 else _ALL_MLA_ARGS, values, tuple(values))
-        raise
+    return Launch(kernels, (element_size, unroll, HICACHE_NUM_THREADS), args, bounds=bounds)
+
+
+@kernel_op("transfer_hicache_all_layer", register=False)
+def _all_layer_op(
+    k_ptr_dst: torch.Tensor,
+    v_ptr_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    k_ptr_src: torch.Tensor,
+    v_ptr_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    kv_cache_src_stride_bytes: int,
+    kv_cache_dst_stride_bytes: int,
+    element_size: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+) -> Launch:
+    return _all_layer(
+        "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst), indices_dst, (k_ptr_src, v_ptr_src),
+        indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size, unroll, block_quota,
+    )  # fmt: skip
+
+
+@kernel_op("transfer_hicache_all_layer_mla", register=False)
+def _all_layer_mla_op(
+    ptr_dst: torch.Tensor,
+    indices_dst: torch.Tensor,
+    ptr_src: torch.Tensor,
+    indices_src: torch.Tensor,
+    kv_cache_src_stride_bytes: int,
+    kv_cache_dst_stride_bytes: int,
+    element_size: int | None = None,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+) -> Launch:
+    return _all_layer(
+        "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,), indices_dst, (ptr_src,), indices_src,
+        kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size, unroll, block_quota,
+    )  # fmt: skip
 
 
 def transfer_hicache_all_layer(
@@ -398,18 +358,10 @@ def transfer_hicache_all_layer(
     The addresses cannot be checked: they must be valid for every index, and host buffers pinned.
     Not a ``torch.ops`` op: what it writes lies behind raw addresses that torch.compile cannot see.
     """
-    _all_layer(
-        "transfer_hicache_all_layer",
-        (("k_ptr_dst", k_ptr_dst), ("v_ptr_dst", v_ptr_dst)),
-        indices_dst,
-        (("k_ptr_src", k_ptr_src), ("v_ptr_src", v_ptr_src)),
-        indices_src,
-        kv_cache_src_stride_bytes,
-        kv_cache_dst_stride_bytes,
-        element_size,
-        unroll,
-        block_quota,
-    )
+    _all_layer_op(
+        k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, kv_cache_src_stride_bytes,
+        kv_cache_dst_stride_bytes, element_size, unroll, block_quota,
+    )  # fmt: skip
 
 
 def transfer_hicache_all_layer_mla(
@@ -425,18 +377,10 @@ def transfer_hicache_all_layer_mla(
     block_quota: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_all_layer`: one cache per layer, no V."""
-    _all_layer(
-        "transfer_hicache_all_layer_mla",
-        (("ptr_dst", ptr_dst),),
-        indices_dst,
-        (("ptr_src", ptr_src),),
-        indices_src,
-        kv_cache_src_stride_bytes,
-        kv_cache_dst_stride_bytes,
-        element_size,
-        unroll,
-        block_quota,
-    )
+    _all_layer_mla_op(
+        ptr_dst, indices_dst, ptr_src, indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
+        element_size, unroll, block_quota,
+    )  # fmt: skip
 
 
 __all__ = [

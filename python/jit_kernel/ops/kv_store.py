@@ -35,13 +35,14 @@ functions here switch to those under ``torch.compile``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from jit_kernel.engine import env
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import KV_STORE
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, is_compiling, register
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op
 
 _KV = Dispatcher(KV_STORE)
 _STORE = "store_kv_cache"
@@ -60,11 +61,6 @@ def _selector(op: str, name: str):
 
 _STORE_KERNELS = KernelTable(_KV, "store", _selector(_STORE, "k"))
 _MLA_KERNELS = KernelTable(_KV, "mla", _selector(_MLA, "cache_k_nope"))
-# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
-_STORE_ARGS = (
-    "k", "v", "k_cache", "v_cache", "out_cache_loc", "k_scale", "v_scale", "k_scale", "v_scale", "enable_pdl",
-)  # fmt: skip
-_MLA_ARGS = ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "scale", "scale", "enable_pdl")
 
 
 def _split_scale(op: str, name: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
@@ -103,37 +99,8 @@ def _check_bounds(op: str, name: str, loc: object, caches: tuple[tuple[str, obje
         )
 
 
+@kernel_op(_STORE, mutates=("k_cache", "v_cache"))
 def _store(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    k_scale_value: float | None,
-    v_scale_value: float | None,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
-    try:
-        kernel = _STORE_KERNELS.get_kernel((k.dtype, k_cache.dtype), run)
-        if run:
-            if env.check_indices():
-                caches = (("k_cache", k_cache), ("v_cache", v_cache))
-                _check_bounds(_STORE, "out_cache_loc", out_cache_loc, caches)
-            kernel(k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {
-            "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "out_cache_loc": out_cache_loc,
-            "k_scale": k_scale, "v_scale": v_scale, "enable_pdl": enable_pdl,
-        }  # fmt: skip
-        tensors = ("k", "v", "k_cache", "v_cache", "out_cache_loc", "k_scale", "v_scale")
-        explain(_STORE, error, _STORE_ARGS, values, tensors)
-        raise
-
-
-def _store_op(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
@@ -144,12 +111,11 @@ def _store_op(
     k_scale_value: float | None = None,
     v_scale_value: float | None = None,
     enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _store(k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl, run)
-
-
-register(_STORE, _store_op, mutates=("k_cache", "v_cache"), fake_checks=True)
+) -> Launch:
+    args = (k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl)
+    caches = (("k_cache", k_cache), ("v_cache", v_cache))
+    bounds = functools.partial(_check_bounds, _STORE, "out_cache_loc", out_cache_loc, caches)
+    return Launch(_STORE_KERNELS, (k.dtype, k_cache.dtype), args, bounds=bounds)
 
 
 def store_kv_cache(
@@ -173,38 +139,11 @@ def store_kv_cache(
     sm_90+). See the module docstring for out-of-range and duplicate slots."""
     ks, ksv = _split_scale(_STORE, "k_scale", k_scale)
     vs, vsv = _split_scale(_STORE, "v_scale", v_scale)
-    if is_compiling():
-        torch.ops.jit_kernel.store_kv_cache(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
-    else:
-        _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
+    _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
 
 
+@kernel_op(_MLA, mutates=("kv_buffer",))
 def _mla(
-    kv_buffer: torch.Tensor,
-    loc: torch.Tensor,
-    cache_k_nope: torch.Tensor,
-    cache_k_rope: torch.Tensor,
-    scale: torch.Tensor | None,
-    scale_value: float | None,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
-    try:
-        kernel = _MLA_KERNELS.get_kernel((cache_k_nope.dtype, kv_buffer.dtype), run)
-        if run:
-            if env.check_indices():
-                _check_bounds(_MLA, "loc", loc, (("kv_buffer", kv_buffer),))
-            kernel(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {
-            "kv_buffer": kv_buffer, "loc": loc, "cache_k_nope": cache_k_nope, "cache_k_rope": cache_k_rope,
-            "scale": scale, "enable_pdl": enable_pdl,
-        }  # fmt: skip
-        explain(_MLA, error, _MLA_ARGS, values, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "scale"))
-        raise
-
-
-def _mla_op(
     kv_buffer: torch.Tensor,
     loc: torch.Tensor,
     cache_k_nope: torch.Tensor,
@@ -212,12 +151,10 @@ def _mla_op(
     scale: torch.Tensor | None = None,
     scale_value: float | None = None,
     enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl, run)
-
-
-register(_MLA, _mla_op, mutates=("kv_buffer",), fake_checks=True)
+) -> Launch:
+    args = (kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl)
+    bounds = functools.partial(_check_bounds, _MLA, "loc", loc, (("kv_buffer", kv_buffer),))
+    return Launch(_MLA_KERNELS, (cache_k_nope.dtype, kv_buffer.dtype), args, bounds=bounds)
 
 
 def set_mla_kv_buffer(
@@ -237,10 +174,7 @@ def set_mla_kv_buffer(
     ``loc``: int32/int64 ``[tokens]``. ``scale`` (fp8 buffers only; default 1): the stored value is
     ``fp8(clamp(x * (1 / scale), -448, 448))``."""
     s, sv = _split_scale(_MLA, "scale", scale)
-    if is_compiling():
-        torch.ops.jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
-    else:
-        _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
+    _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
 
 
 __all__ = ["set_mla_kv_buffer", "store_kv_cache"]

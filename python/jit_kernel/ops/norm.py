@@ -30,12 +30,12 @@ from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     NO_KERNELS,
     KernelTable,
+    Launch,
     compile_state,
     dynamo_compiling,
-    explain,
     float_dtype,
+    kernel_op,
     not_a_tensor,
-    register,
     rows,
     rows_like,
 )
@@ -48,9 +48,7 @@ _FAST_HIDDEN = frozenset(NORM_HIDDEN_SIZES)
 MAX_HIDDEN = 1 << 20
 _FAST_HEAD_DIM = frozenset(QKNORM_HEAD_DIMS)
 # qknorm_across_heads with q and k of different widths: one generic launch up to this many tokens
-# (latency-bound), two specialised launches above (H100, (4096, 1024) bf16: the same time at 256
-# tokens; at 1024 / 4096 / 16384 tokens one launch takes 7.4 / 36.0 / 144.1 us, two 7.1 / 30.6 /
-# 121.6 us).
+# (latency-bound), two specialised launches above, where they are faster (docs/benchmarks.md).
 _ONE_LAUNCH_MAX_TOKENS = 256
 
 
@@ -85,11 +83,6 @@ _FUSED_ADD_BY_DTYPE = _FUSED_ADD_ROUND_ONCE.by_dtype
 _ACROSS_HEADS_BY_DTYPE = _ACROSS_HEADS_KERNELS.by_dtype
 _QKNORM_BY_DTYPE = _QKNORM_KERNELS.by_dtype
 
-# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
-_ROWS_ARGS = ("out", "input", "weight", "eps", "enable_pdl")
-_FUSED_ARGS = ("input", "residual", "weight", "eps", "enable_pdl")
-_QK_ARGS = ("q", "k", "q_weight", "k_weight", "eps", "enable_pdl")
-
 
 def _key(op: str, name: str, t: object, d_dim: int = -1) -> tuple[torch.dtype, int]:
     try:
@@ -101,189 +94,83 @@ def _key(op: str, name: str, t: object, d_dim: int = -1) -> tuple[torch.dtype, i
 
 
 # ---------------------------------------------------------------------------------------------
-# Implementations: pick the kernel, allocate, reshape, call. C++ checks every tensor rule.
-# ``run=False`` (torch.compile's fake implementations) does all of that but the call.
+# The ops, declared once (_common.kernel_op): pick the kernel, allocate, reshape. C++ checks every
+# tensor rule.
 
 
+@kernel_op("rmsnorm", out="out")
 def _rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
-    eps: float,
-    out: torch.Tensor | None,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> torch.Tensor:
-    try:
-        kernel = _RMSNORM_KERNELS.get_kernel(_key("rmsnorm", "input", input), run)
-        in_rows = rows("rmsnorm", "input", input)
-        if out is None:
-            out = input.new_empty(input.shape)
-        out_rows = rows_like("rmsnorm", "out", out, input)
-        if run:
-            kernel(out_rows, in_rows, weight, eps, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        explain(
-            "rmsnorm",
-            error,
-            _ROWS_ARGS,
-            {"input": input, "weight": weight, "out": out, "eps": eps, "enable_pdl": enable_pdl},
-            ("input", "weight", "out"),
-        )
-        raise
-    return out
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> Launch:
+    key = _key("rmsnorm", "input", input)
+    in_rows = rows("rmsnorm", "input", input)
+    if out is None:
+        out = input.new_empty(input.shape)
+    out_rows = rows_like("rmsnorm", "out", out, input)
+    return Launch(_RMSNORM_KERNELS, key, (out_rows, in_rows, weight, eps, enable_pdl), out)
 
 
+@kernel_op("fused_add_rmsnorm", mutates=("input", "residual"))
 def _fused_add_rmsnorm(
     input: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
     cast_x_before_out_mul: bool = False,
-    run: bool = True,
-) -> None:
+) -> Launch:
     op = "fused_add_rmsnorm"
     # Identity lookup: the flag must be a bool (1 or None would pick a rounding silently).
     kernels = _FUSED_ADD_KERNELS.get(cast_x_before_out_mul) if type(cast_x_before_out_mul) is bool else None
     if kernels is None:
         raise TypeError(f"{op}: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}")
-    try:
-        kernel = kernels.get_kernel(_key(op, "input", input), run)
-        in_rows = rows(op, "input", input)
-        res_rows = rows_like(op, "residual", residual, input)
-        if run:
-            kernel(in_rows, res_rows, weight, eps, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        explain(
-            op,
-            error,
-            _FUSED_ARGS,
-            {"input": input, "residual": residual, "weight": weight, "eps": eps, "enable_pdl": enable_pdl},
-            ("input", "residual", "weight"),
-        )
-        raise
+    key = _key(op, "input", input)
+    in_rows = rows(op, "input", input)
+    res_rows = rows_like(op, "residual", residual, input)
+    return Launch(kernels, key, (in_rows, res_rows, weight, eps, enable_pdl))
 
 
+@kernel_op("qknorm_across_heads", mutates=("q", "k"))
 def _qknorm_across_heads(
     q: torch.Tensor,
     k: torch.Tensor,
     q_weight: torch.Tensor,
     k_weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
+) -> Launch | tuple[Launch, ...]:
     op = "qknorm_across_heads"
-    try:
-        key = _key(op, "q", q)
-        dk = _key(op, "k", k)[1]
-        # C++ checks that q and k are [N, H*D] (the same N), whichever launch runs.
-        if key[1] == dk or q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
-            # Different widths share no specialised kernel: the generic one (0) takes both.
-            kernel = _ACROSS_HEADS_KERNELS.get_kernel(key if key[1] == dk else (key[0], 0), run)
-            if run:
-                kernel(q, k, q_weight, k_weight, eps, enable_pdl)
-        else:
-            # With many tokens, two specialised in-place launches beat one generic launch (H100,
-            # 1024 x (4096, 1024): 9.6 us generic, against 4.9 + 2.4 us for the two rmsnorm launches).
-            q_kernel = _ACROSS_HEADS_ONE_BY_ONE.get_kernel(key, run)
-            k_kernel = _ACROSS_HEADS_ONE_BY_ONE.get_kernel((k.dtype, dk), run)
-            if q.shape[0] != k.shape[0]:
-                raise ValueError(
-                    f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}"
-                )
-            if run:
-                q_kernel(q, q, q_weight, eps, enable_pdl)
-                k_kernel(k, k, k_weight, eps, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        explain(
-            op,
-            error,
-            _QK_ARGS,
-            {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": eps, "enable_pdl": enable_pdl},
-            ("q", "k", "q_weight", "k_weight"),
+    key = _key(op, "q", q)
+    dk = _key(op, "k", k)[1]
+    # C++ checks that q and k are [N, H*D] (the same N), whichever launch runs.
+    if key[1] == dk or q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
+        # Different widths share no specialised kernel: the generic one (0) takes both.
+        return Launch(
+            _ACROSS_HEADS_KERNELS, key if key[1] == dk else (key[0], 0), (q, k, q_weight, k_weight, eps, enable_pdl)
         )
-        raise
+    # With many tokens, two specialised in-place launches beat one generic launch (docs/benchmarks.md).
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
+    return (
+        Launch(_ACROSS_HEADS_ONE_BY_ONE, key, (q, q, q_weight, eps, enable_pdl)),
+        Launch(_ACROSS_HEADS_ONE_BY_ONE, (k.dtype, dk), (k, k, k_weight, eps, enable_pdl)),
+    )
 
 
+@kernel_op("fused_inplace_qknorm", mutates=("q", "k"))
 def _fused_inplace_qknorm(
     q: torch.Tensor,
     k: torch.Tensor,
     q_weight: torch.Tensor,
     k_weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
-    op = "fused_inplace_qknorm"
-    try:
-        kernel = _QKNORM_KERNELS.get_kernel(_key(op, "q", q), run)
-        if run:
-            kernel(q, k, q_weight, k_weight, eps, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        explain(
-            op,
-            error,
-            _QK_ARGS,
-            {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": eps, "enable_pdl": enable_pdl},
-            ("q", "k", "q_weight", "k_weight"),
-        )
-        raise
-
-
-# ---------------------------------------------------------------------------------------------
-# torch.library registration: torch.ops.jit_kernel.*
-
-
-def _rmsnorm_functional(
-    input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool | None = None, run: bool = True
-) -> torch.Tensor:
-    return _rmsnorm(input, weight, eps, None, enable_pdl, run)
-
-
-def _rmsnorm_out(
-    out: torch.Tensor,
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
+    eps: float = 1e-6,
     enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _rmsnorm(input, weight, eps, out, enable_pdl, run)
-
-
-def _fused_add_rmsnorm_op(
-    input: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    enable_pdl: bool | None = None,
-    cast_x_before_out_mul: bool = False,
-    run: bool = True,
-) -> None:
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul, run)
-
-
-def _qk(impl: Callable[..., None]) -> Callable[..., None]:
-    def call(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        q_weight: torch.Tensor,
-        k_weight: torch.Tensor,
-        eps: float,
-        enable_pdl: bool | None = None,
-        run: bool = True,
-    ) -> None:
-        impl(q, k, q_weight, k_weight, eps, enable_pdl, run)
-
-    return call
-
-
-register("rmsnorm", _rmsnorm_functional, fake_checks=True)
-register("rmsnorm_out", _rmsnorm_out, mutates=("out",), fake_checks=True)
-register("fused_add_rmsnorm", _fused_add_rmsnorm_op, mutates=("input", "residual"), fake_checks=True)
-register("fused_inplace_qknorm", _qk(_fused_inplace_qknorm), mutates=("q", "k"), fake_checks=True)
-register("qknorm_across_heads", _qk(_qknorm_across_heads), mutates=("q", "k"), fake_checks=True)
+) -> Launch:
+    return Launch(_QKNORM_KERNELS, _key("fused_inplace_qknorm", "q", q), (q, k, q_weight, k_weight, eps, enable_pdl))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,18 +191,16 @@ def rmsnorm(
     may be strided); ``weight`` is ``[D]`` of the same dtype. ``out`` may be ``input`` (in place).
     """
     if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        if out is None:
-            return torch.ops.jit_kernel.rmsnorm(input, weight, eps, enable_pdl)
-        torch.ops.jit_kernel.rmsnorm_out(out, input, weight, eps, enable_pdl)
-        return out
-    if out is not None:
-        try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-            kernel = _RMSNORM_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel()) if input.ndim == 2 else None
-            if kernel is not None:
-                kernel(out, input, weight, eps, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
+        return _rmsnorm.traced(input, weight, eps, out, enable_pdl)
+    try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
+        kernel = _RMSNORM_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel()) if input.ndim == 2 else None
+        if kernel is not None:
+            if out is None:
+                out = torch.empty_like(input)
+            kernel(out, input, weight, eps, enable_pdl)
+            return out
+    except FAST_PATH_MISS:
+        pass
     return _rmsnorm(input, weight, eps, out, enable_pdl)
 
 
@@ -336,7 +221,7 @@ def fused_add_rmsnorm(
     multiply, and it is normalised from the unrounded fp32 sum (the stored residual is still
     rounded). The default rounds once, after the weight multiply."""
     if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        torch.ops.jit_kernel.fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
+        _fused_add_rmsnorm.traced(input, residual, weight, eps, enable_pdl, cast_x_before_out_mul)
         return
     if cast_x_before_out_mul is False:
         try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
@@ -360,7 +245,7 @@ def fused_inplace_qknorm(
     """Per-head RMSNorm in place, in one launch: q ``[N, Hq, D]``, k ``[N, Hk, D]`` (token and
     head strides allowed, unit last stride), weights ``[D]``."""
     if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        torch.ops.jit_kernel.fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
+        _fused_inplace_qknorm.traced(q, k, q_weight, k_weight, eps, enable_pdl)
         return
     try:  # the fast path (_common.FAST_PATH_MISS)
         kernel = _QKNORM_BY_DTYPE.get(q.dtype, NO_KERNELS).get(q_weight.numel())
@@ -389,7 +274,7 @@ def qknorm_across_heads(
     """RMSNorm of whole rows in place, in one launch: q ``[N, Hq*D]`` with ``q_weight`` ``[Hq*D]``,
     k ``[N, Hk*D]`` with ``k_weight`` ``[Hk*D]``."""
     if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        torch.ops.jit_kernel.qknorm_across_heads(q, k, q_weight, k_weight, eps, enable_pdl)
+        _qknorm_across_heads.traced(q, k, q_weight, k_weight, eps, enable_pdl)
         return
     try:  # the fast path (_common.FAST_PATH_MISS) of the one launch: equal widths, or few tokens
         shape, dk = q.shape, k.shape[-1]

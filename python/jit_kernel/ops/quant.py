@@ -21,13 +21,12 @@ from jit_kernel.engine.families import PER_TENSOR_QUANT_FP8
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
     KernelTable,
+    Launch,
     compile_state,
     dynamo_compiling,
-    explain,
     float_dtype,
-    is_compiling,
+    kernel_op,
     not_a_tensor,
-    register,
 )
 
 _QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
@@ -38,11 +37,8 @@ _KERNELS = {
     True: KernelTable(_QUANT, "static", lambda dtype: (float_dtype(_OP, "input", dtype),)),
 }
 _DYNAMIC = _KERNELS[False]
-# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
-_KERNEL_ARGS = ("output_q", "output_s", "input", "enable_pdl")
 _ABSMAX_OP = "per_tensor_absmax_fp8"
 _ABSMAX = KernelTable(_QUANT, "absmax", lambda dtype: (float_dtype(_ABSMAX_OP, "input", dtype),))
-_ABSMAX_ARGS = ("output_s", "input", "enable_pdl")
 
 
 def table_for(op: str, tables: dict[bool, KernelTable], is_static: object) -> KernelTable:
@@ -71,38 +67,17 @@ def one_scale(op: str, output_s: torch.Tensor) -> torch.Tensor:
     return output_s.view(1)
 
 
+@kernel_op(_OP, mutates=("output_q", "output_s"))
 def _quant(
     input: torch.Tensor,
     output_q: torch.Tensor,
     output_s: torch.Tensor,
-    is_static: bool,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
-    kernels = table_for(_OP, _KERNELS, is_static)
-    try:
-        kernel = kernels.get_kernel(input.dtype, run)
-        scale = one_scale(_OP, output_s)
-        if run:  # C++ checks the shapes (output_q has input's, any rank), contiguity, dtypes, devices
-            kernel(output_q, scale, input, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {"input": input, "output_q": output_q, "output_s": output_s, "enable_pdl": enable_pdl}
-        explain(_OP, error, _KERNEL_ARGS, values, ("input", "output_q", "output_s"))
-        raise
-
-
-def _quant_op(
-    input: torch.Tensor,
-    output_q: torch.Tensor,
-    output_s: torch.Tensor,
-    is_static: bool,
+    is_static: bool = False,
     enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _quant(input, output_q, output_s, is_static, enable_pdl, run)
-
-
-register(_OP, _quant_op, mutates=("output_q", "output_s"), fake_checks=True)
+) -> Launch:
+    kernels = table_for(_OP, _KERNELS, is_static)
+    # C++ checks the shapes (output_q has input's, any rank), contiguity, dtypes, devices.
+    return Launch(kernels, input.dtype, (output_q, one_scale(_OP, output_s), input, enable_pdl))
 
 
 def per_tensor_quant_fp8(
@@ -117,16 +92,15 @@ def per_tensor_quant_fp8(
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+). The
     cooperative kernel that dynamic mode uses above 64K elements is never launched with it."""
-    if (
-        is_static is False
-        and output_q is not None
-        and output_s is not None
-        and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
-    ):
-        try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode with both outputs given
-            # A scale of another shape than (1,) is viewed as (1,) by the full path.
-            kernel = _DYNAMIC.get(input.dtype) if output_s.ndim == 1 else None
-            if kernel is not None:
+    if is_static is False and not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling()
+        try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode; a scale of another shape than
+            # (1,) is viewed as (1,) by the full path
+            kernel = _DYNAMIC.get(input.dtype)
+            if kernel is not None and (output_s is None or output_s.ndim == 1):
+                if output_q is None:
+                    output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
+                if output_s is None:
+                    output_s = input.new_empty(1, dtype=torch.float32)
                 kernel(output_q, output_s, input, enable_pdl)
                 return output_q, output_s
         except FAST_PATH_MISS:
@@ -140,26 +114,14 @@ def per_tensor_quant_fp8(
             if is_static is True:
                 raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")
             output_s = torch.empty(1, dtype=torch.float32, device=input.device)
-    if is_compiling():
-        torch.ops.jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static, enable_pdl)
-    else:
-        _quant(input, output_q, output_s, is_static, enable_pdl)
+    _quant(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
 
-def _absmax(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None, run: bool = True) -> None:
-    try:
-        kernel = _ABSMAX.get_kernel(input.dtype, run)
-        scale = one_scale(_ABSMAX_OP, output_s)
-        if run:  # C++ checks input (contiguous, any shape) and output_s: dtypes, sizes, one device
-            kernel(scale, input, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {"input": input, "output_s": output_s, "enable_pdl": enable_pdl}
-        explain(_ABSMAX_OP, error, _ABSMAX_ARGS, values, ("input", "output_s"))
-        raise
-
-
-register(_ABSMAX_OP, _absmax, mutates=("output_s",), fake_checks=True)
+@kernel_op(_ABSMAX_OP, mutates=("output_s",))
+def _absmax(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None) -> Launch:
+    # C++ checks input (contiguous, any shape) and output_s: dtypes, sizes, one device.
+    return Launch(_ABSMAX, input.dtype, (one_scale(_ABSMAX_OP, output_s), input, enable_pdl))
 
 
 def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None) -> None:
@@ -175,7 +137,4 @@ def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pd
     gives inf. A NaN already in ``output_s`` stays NaN if its sign bit is clear (torch's NaN) and is
     replaced if it is set (the atomic compares bit patterns); any other old value gives the
     maximum. ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
-    if is_compiling():
-        torch.ops.jit_kernel.per_tensor_absmax_fp8(input, output_s, enable_pdl)
-    else:
-        _absmax(input, output_s, enable_pdl)
+    _absmax(input, output_s, enable_pdl)

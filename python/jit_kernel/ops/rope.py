@@ -35,12 +35,13 @@ Both are also ``torch.ops.jit_kernel.*`` custom ops (mutating ``query`` and ``ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from jit_kernel.engine import env
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import QKNORM_ROPE, ROPE
-from jit_kernel.ops._common import CHECK_ONLY, KernelTable, explain, float_dtype, is_compiling, not_a_tensor, register
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor
 
 _ROPE_OP = "apply_rope_with_cos_sin_cache_inplace"
 _QKR_OP = "fused_qknorm_rope"
@@ -51,11 +52,6 @@ _ROPE_KERNELS = KernelTable(_ROPE, "run", lambda dtype: (float_dtype(_ROPE_OP, "
 
 
 _QKR_KERNELS = KernelTable(_QKNORM_ROPE, "run", lambda dtype: (float_dtype(_QKR_OP, "query", dtype),))
-
-# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
-_ROPE_ARGS = ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox", "enable_pdl")
-_QKR_ARGS = ("query", "key", "q_weight", "k_weight", "positions", "cos_sin_cache", "eps", "is_neox", "enable_pdl")
-_TENSOR_ARGS = frozenset(("positions", "query", "key", "cos_sin_cache", "q_weight", "k_weight"))
 
 
 def _check_bool(op: str, name: str, value: object) -> None:
@@ -70,69 +66,24 @@ def _dtype_of(op: str, name: str, t: object) -> torch.dtype:
         not_a_tensor(op, name, t)
 
 
-def _check_positions(op: str, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def _position_bounds(op: str, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> Callable[[], None]:
     """JIT_KERNEL_CHECK_INDICES=1: every position indexes a row of the cache (one sync)."""
-    rows = cos_sin_cache.shape[0]
-    bad = (positions < 0) | (positions >= rows)
-    if bool(bad.any()):
-        first = int(bad.nonzero()[0, 0])
-        raise IndexError(
-            f"{op}: positions[{first}] = {int(positions[first])} is out of range for cos_sin_cache "
-            f"with {rows} rows (valid positions: 0 <= p < {rows})"
-        )
+
+    def check() -> None:
+        rows = cos_sin_cache.shape[0]
+        bad = (positions < 0) | (positions >= rows)
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0, 0])
+            raise IndexError(
+                f"{op}: positions[{first}] = {int(positions[first])} is out of range for cos_sin_cache "
+                f"with {rows} rows (valid positions: 0 <= p < {rows})"
+            )
+
+    return check
 
 
-def _apply(op: str, kernels: KernelTable, kernel_args: tuple[str, ...], args: tuple[object, ...], run: bool) -> None:
-    """Both ops: ``args`` in the kernel's C++ order (``kernel_args`` names them)."""
-    values = dict(zip(kernel_args, args, strict=True))
-    _check_bool(op, "is_neox", values["is_neox"])
-    try:
-        kernel = kernels.get_kernel(_dtype_of(op, "query", values["query"]), run)
-        if run:
-            if env.check_indices() and run is not CHECK_ONLY:  # a fake call has no values
-                _check_positions(op, values["positions"], values["cos_sin_cache"])  # type: ignore[arg-type]
-            kernel(*args)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        tensors = [name for name in kernel_args if name in _TENSOR_ARGS]
-        explain(op, error, kernel_args, values, tensors)
-        raise
-
-
+@kernel_op(_ROPE_OP, mutates=("query", "key"))
 def _rope(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
-    args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
-    _apply(_ROPE_OP, _ROPE_KERNELS, _ROPE_ARGS, args, run)
-
-
-def _qknorm_rope(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    eps: float,
-    is_neox: bool,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
-    args = (query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
-    _apply(_QKR_OP, _QKR_KERNELS, _QKR_ARGS, args, run)
-
-
-# ---------------------------------------------------------------------------------------------
-# torch.library registration: torch.ops.jit_kernel.*
-
-
-def _rope_op(
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -140,12 +91,15 @@ def _rope_op(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
     enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _rope(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl, run)
+) -> Launch:
+    _check_bool(_ROPE_OP, "is_neox", is_neox)
+    args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
+    bounds = _position_bounds(_ROPE_OP, positions, cos_sin_cache)
+    return Launch(_ROPE_KERNELS, _dtype_of(_ROPE_OP, "query", query), args, bounds=bounds)
 
 
-def _qknorm_rope_op(
+@kernel_op(_QKR_OP, mutates=("query", "key"))
+def _qknorm_rope(
     query: torch.Tensor,
     key: torch.Tensor,
     q_weight: torch.Tensor,
@@ -155,13 +109,11 @@ def _qknorm_rope_op(
     eps: float = 1e-6,
     is_neox: bool = True,
     enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _qknorm_rope(query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl, run)
-
-
-register(_ROPE_OP, _rope_op, mutates=("query", "key"), fake_checks=True)
-register(_QKR_OP, _qknorm_rope_op, mutates=("query", "key"), fake_checks=True)
+) -> Launch:
+    _check_bool(_QKR_OP, "is_neox", is_neox)
+    args = (query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
+    bounds = _position_bounds(_QKR_OP, positions, cos_sin_cache)
+    return Launch(_QKR_KERNELS, _dtype_of(_QKR_OP, "query", query), args, bounds=bounds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,11 +133,6 @@ def apply_rope_with_cos_sin_cache_inplace(
     """Rotary embedding of ``query`` and ``key`` in place from a ``[max_position, rotary_dim]``
     cos/sin cache (cos in the first half of a row, sin in the second), FlashInfer's semantics: see
     the module docstring."""
-    if is_compiling():
-        torch.ops.jit_kernel.apply_rope_with_cos_sin_cache_inplace(
-            positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl
-        )
-        return
     _rope(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
 
 
@@ -203,9 +150,4 @@ def fused_qknorm_rope(
     """Per-head RMSNorm of ``query`` (``q_weight [head_size]``) and ``key`` (``k_weight``), then
     rotary embedding, in place and in one launch; equals ``fused_inplace_qknorm`` followed by
     :func:`apply_rope_with_cos_sin_cache_inplace` (the normalised value rounded to the dtype)."""
-    if is_compiling():
-        torch.ops.jit_kernel.fused_qknorm_rope(
-            query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl
-        )
-        return
     _qknorm_rope(query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)

@@ -37,7 +37,7 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import STREAM_WAIT
-from jit_kernel.ops._common import explain
+from jit_kernel.ops._common import KernelTable, Launch, kernel_op
 
 _STREAM_WAIT = Dispatcher(STREAM_WAIT)
 
@@ -63,26 +63,41 @@ def _check_timeout(fn: str, timeout_s: object) -> float:
     return float(timeout_s)
 
 
-def _call(fn: str, export: str, kernel_args: tuple[str, ...], *args: object) -> None:
-    """The export's launcher owns the tensor rules (csrc/stream_wait.cuh: ``flag`` one-dimensional
-    int32 on a GPU, ``status`` one int32 on that GPU or pinned); what it cannot report (a
-    non-tensor, a sparse or meta tensor) is explained here, naming the argument."""
-    try:
-        _STREAM_WAIT.function(export, ())(*args)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = dict(zip(kernel_args, args, strict=True))
-        explain(fn, error, kernel_args, values, tuple(name for name in ("flag", "status") if name in values))
-        raise
+# No config: the key () picks the family's one translation unit.
+_KERNELS = {export: KernelTable(_STREAM_WAIT, export, lambda: ()) for export in ("wait", "write", "wait_bounded")}
+
+# The launchers own the tensor rules (csrc/stream_wait.cuh: ``flag`` one-dimensional int32 on a GPU,
+# ``status`` one int32 on that GPU or pinned); Python converts the scalars C++ takes already converted.
+
+
+@kernel_op("stream_wait_value", register=False)
+def _wait(flag: torch.Tensor, value: int) -> Launch:
+    return Launch(_KERNELS["wait"], (), (flag, _check_value("stream_wait_value", value)))
+
+
+@kernel_op("stream_write_value", register=False)
+def _write(flag: torch.Tensor, value: int) -> Launch:
+    return Launch(_KERNELS["write"], (), (flag, _check_value("stream_write_value", value)))
+
+
+@kernel_op("stream_wait_value_bounded", register=False)
+def _wait_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> Launch:
+    fn = "stream_wait_value_bounded"
+    value = _check_value(fn, value)
+    timeout_ns = min(int(_check_timeout(fn, timeout_s) * 1e9), 2**63 - 1)
+    if isinstance(status, torch.Tensor) and status.dim() != 1 and status.numel() == 1:
+        status = status.view(1)  # one element of any shape; C++ checks the rest
+    return Launch(_KERNELS["wait_bounded"], (), (flag, value, status, timeout_ns))
 
 
 def stream_wait_value(flag: torch.Tensor, value: int) -> None:
     """Make the current stream wait until ``flag[0] == value`` (no timeout)."""
-    _call("stream_wait_value", "wait", ("flag", "value"), flag, _check_value("stream_wait_value", value))
+    _wait(flag, value)
 
 
 def stream_write_value(flag: torch.Tensor, value: int) -> None:
     """Set ``flag[0] = value`` on the current stream once its earlier work is done (no kernel)."""
-    _call("stream_write_value", "write", ("flag", "value"), flag, _check_value("stream_write_value", value))
+    _write(flag, value)
 
 
 def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> None:
@@ -94,12 +109,7 @@ def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tens
     the flag's device or in pinned host memory (which the host can read while the stream is
     busy). Read it once the wait has run, e.g. with :func:`check_status`.
     """
-    fn = "stream_wait_value_bounded"
-    value = _check_value(fn, value)
-    timeout_ns = min(int(_check_timeout(fn, timeout_s) * 1e9), 2**63 - 1)
-    if isinstance(status, torch.Tensor) and status.dim() != 1 and status.numel() == 1:
-        status = status.view(1)  # one element of any shape; C++ checks the rest
-    _call(fn, "wait_bounded", ("flag", "value", "status", "timeout_ns"), flag, value, status, timeout_ns)
+    _wait_bounded(flag, value, status, timeout_s)
 
 
 def check_status(status: torch.Tensor, what: str = "stream wait") -> None:
@@ -152,7 +162,7 @@ class Event:
     def record(self, value: int = 1) -> None:
         """Set the flag to ``value`` once the current stream's earlier work is done."""
         _check_value("Event.record", value)
-        _STREAM_WAIT.function("write", ())(self.flag, value)
+        _KERNELS["write"][()](self.flag, value)
 
     def wait(self, value: int = 1, *, timeout: float | None = None) -> None:
         """The current stream waits until the flag is ``value``. With ``timeout`` (seconds),
@@ -160,7 +170,7 @@ class Event:
         _check_value("Event.wait", value)
         if timeout is not None:
             timeout = _check_timeout("Event.wait", timeout)
-        _STREAM_WAIT.function("wait", ())(self.flag, value)
+        _KERNELS["wait"][()](self.flag, value)
         if timeout is None:
             self._arrived = None
             return

@@ -35,7 +35,7 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
-from jit_kernel.ops._common import KernelTable, explain, float_dtype, is_compiling, not_a_tensor, register, rows
+from jit_kernel.ops._common import KernelTable, Launch, Op, float_dtype, kernel_op, not_a_tensor, rows
 from jit_kernel.ops.quant import one_scale, same_shape_q, table_for
 
 FP8_E4M3_MAX = 448.0
@@ -53,9 +53,6 @@ _GROUP_KERNELS = {
     False: KernelTable(_GROUP, "quant", lambda dtype: (float_dtype(_GROUP_OP, "input", dtype),)),
     True: KernelTable(_GROUP, "silu_and_mul_quant", lambda dtype: (float_dtype(_FUSED_OP, "input", dtype),)),
 }
-# The kernels' arguments in C++ order: tvm-ffi names a badly typed one by position.
-_TOKEN_ARGS = ("output_q", "output_s", "input", "enable_pdl")
-_GROUP_ARGS = ("output_q", "output_s", "input", "group_size", "eps", "scale_ue8m0", "enable_pdl")
 
 
 def _width(op: str, input: object) -> int:
@@ -88,48 +85,27 @@ def _group_shapes(op: str, input: torch.Tensor, group_size: object, fused: bool)
 # per_token_quant_fp8
 
 
+@kernel_op(_TOKEN_OP, mutates=("output_q", "output_s"))
 def _per_token(
     input: torch.Tensor,
     output_q: torch.Tensor,
     output_s: torch.Tensor,
-    is_static: bool,
-    enable_pdl: bool | None,
-    run: bool = True,
-) -> None:
+    is_static: bool = False,
+    enable_pdl: bool | None = None,
+) -> Launch:
     op = _TOKEN_OP
     kernels = table_for(op, _TOKEN_KERNELS, is_static)
-    try:
-        kernel = kernels.get_kernel(input.dtype, run)
-        same_shape_q(op, output_q, input)
-        in_rows = rows(op, "input", input)
-        q_rows = rows(op, "output_q", output_q)
-        if is_static:
-            s = one_scale(op, output_s)
-        else:
-            expected = (*input.shape[:-1], 1)
-            if output_s.shape != expected:
-                raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
-            s = rows(op, "output_s", output_s)
-        if run:
-            kernel(q_rows, s, in_rows, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {"input": input, "output_q": output_q, "output_s": output_s, "enable_pdl": enable_pdl}
-        explain(op, error, _TOKEN_ARGS, values, ("input", "output_q", "output_s"))
-        raise
-
-
-def _per_token_op(
-    input: torch.Tensor,
-    output_q: torch.Tensor,
-    output_s: torch.Tensor,
-    is_static: bool,
-    enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _per_token(input, output_q, output_s, is_static, enable_pdl, run)
-
-
-register(_TOKEN_OP, _per_token_op, mutates=("output_q", "output_s"), fake_checks=True)
+    same_shape_q(op, output_q, input)
+    in_rows = rows(op, "input", input)
+    q_rows = rows(op, "output_q", output_q)
+    if is_static:
+        s = one_scale(op, output_s)
+    else:
+        expected = (*input.shape[:-1], 1)
+        if output_s.shape != expected:
+            raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
+        s = rows(op, "output_s", output_s)
+    return Launch(kernels, input.dtype, (q_rows, s, in_rows, enable_pdl))
 
 
 def per_token_quant_fp8(
@@ -154,10 +130,7 @@ def per_token_quant_fp8(
             if is_static is True:
                 raise ValueError(f"{_TOKEN_OP}: is_static=True needs the scale in output_s")
             output_s = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
-    if is_compiling():
-        torch.ops.jit_kernel.per_token_quant_fp8(input, output_q, output_s, is_static, enable_pdl)
-    else:
-        _per_token(input, output_q, output_s, is_static, enable_pdl)
+    _per_token(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
 
@@ -165,20 +138,18 @@ def per_token_quant_fp8(
 # per_token_group_quant_fp8 and the fused silu_and_mul
 
 
-def _group(
-    fused: bool,
-    input: torch.Tensor,
-    output_q: torch.Tensor,
-    output_s: torch.Tensor,
-    group_size: int,
-    eps: float,
-    scale_ue8m0: bool,
-    enable_pdl: bool | None,
-    run: bool,
-) -> None:
-    op = _FUSED_OP if fused else _GROUP_OP
-    try:
-        kernel = _GROUP_KERNELS[fused].get_kernel(input.dtype, run)
+def _declare_group(op: str, fused: bool) -> Op:
+    """``per_token_group_quant_fp8`` and, with ``fused``, ``silu_and_mul_per_token_group_quant_fp8``."""
+
+    def plan(
+        input: torch.Tensor,
+        output_q: torch.Tensor,
+        output_s: torch.Tensor,
+        group_size: int,
+        eps: float,
+        scale_ue8m0: bool,
+        enable_pdl: bool | None = None,
+    ) -> Launch:
         hidden, groups = _group_shapes(op, input, group_size, fused)
         lead = tuple(input.shape[:-1])
         if output_q.shape != (*lead, hidden):
@@ -188,50 +159,14 @@ def _group(
         in_rows = rows(op, "input", input)
         q_rows = rows(op, "output_q", output_q)
         s_rows = rows(op, "output_s", output_s)
-        if run:
-            kernel(q_rows, s_rows, in_rows, group_size, eps, scale_ue8m0, enable_pdl)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        values = {
-            "input": input,
-            "output_q": output_q,
-            "output_s": output_s,
-            "group_size": group_size,
-            "eps": eps,
-            "scale_ue8m0": scale_ue8m0,
-            "enable_pdl": enable_pdl,
-        }
-        explain(op, error, _GROUP_ARGS, values, ("input", "output_q", "output_s"))
-        raise
+        args = (q_rows, s_rows, in_rows, group_size, eps, scale_ue8m0, enable_pdl)
+        return Launch(_GROUP_KERNELS[fused], input.dtype, args)
+
+    return kernel_op(op, mutates=("output_q", "output_s"))(plan)
 
 
-def _group_op(
-    input: torch.Tensor,
-    output_q: torch.Tensor,
-    output_s: torch.Tensor,
-    group_size: int,
-    eps: float,
-    scale_ue8m0: bool,
-    enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _group(False, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, run)
-
-
-def _fused_op(
-    input: torch.Tensor,
-    output_q: torch.Tensor,
-    output_s: torch.Tensor,
-    group_size: int,
-    eps: float,
-    scale_ue8m0: bool,
-    enable_pdl: bool | None = None,
-    run: bool = True,
-) -> None:
-    _group(True, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, run)
-
-
-register(_GROUP_OP, _group_op, mutates=("output_q", "output_s"), fake_checks=True)
-register(_FUSED_OP, _fused_op, mutates=("output_q", "output_s"), fake_checks=True)
+_group = _declare_group(_GROUP_OP, fused=False)
+_silu_and_mul_group = _declare_group(_FUSED_OP, fused=True)
 
 
 def _group_outputs(
@@ -283,12 +218,7 @@ def per_token_group_quant_fp8(
         output_q, output_s = _group_outputs(
             _GROUP_OP, input, group_size, column_major_scales, output_q, output_s, fused=False
         )
-    if is_compiling():
-        torch.ops.jit_kernel.per_token_group_quant_fp8(
-            input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl
-        )
-    else:
-        _group(False, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, True)
+    _group(input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl)
     return output_q, output_s
 
 
@@ -312,10 +242,5 @@ def silu_and_mul_per_token_group_quant_fp8(
         output_q, output_s = _group_outputs(
             _FUSED_OP, input, group_size, column_major_scales, output_q, output_s, fused=True
         )
-    if is_compiling():
-        torch.ops.jit_kernel.silu_and_mul_per_token_group_quant_fp8(
-            input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl
-        )
-    else:
-        _group(True, input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl, True)
+    _silu_and_mul_group(input, output_q, output_s, group_size, eps, scale_ue8m0, enable_pdl)
     return output_q, output_s
