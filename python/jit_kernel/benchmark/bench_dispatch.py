@@ -2,8 +2,11 @@
 in CUDA-graph replay.
 
 Every op runs on decode-like inputs: bf16 activations ``[tokens, 4096]`` (q/k norms: Hq=32, Hk=8,
-head_dim 128; hicache: one layer, rows of 8 x 128 bf16, caches on the GPU), every output
-preallocated (``out=``, or the op's in-place form). Three measurements:
+head_dim 128; hicache: one layer, rows of 8 x 128 bf16, caches on the GPU). An op with an optional
+output has two rows: its outputs preallocated (``out=``), and its functional form, which allocates
+them; the functional row's raw reference allocates the same outputs (``torch.empty_like``) before
+the raw call, so both rows' "eager - raw" is the op's own overhead. FlashInfer's eager call of the
+same op is timed beside ours where FlashInfer has it and is importable. Three measurements:
 
 * **eager** (1 token): a host-bound loop of ``--calls`` back-to-back calls, timed on the host
   (warm-up first, ``torch.cuda.synchronize()`` at the end of each repeat, inside the timing; the
@@ -33,6 +36,7 @@ device and the command line (also saved as ``bench_dispatch.md`` with ``--save-p
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import statistics
@@ -64,6 +68,7 @@ FACTOR = 2.0
 HICACHE_ELEMENT_DIM = HK * HEAD_DIM  # one token's K (or V) of one layer: 2048 bytes in bf16
 HICACHE_ROWS = 4096  # rows in each cache
 HICACHE_BLOCK_QUOTA = 4  # passed to the op too, so both run the same launch
+GROUP = 128  # per_token_group_quant_fp8's group size
 GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
 EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
@@ -105,6 +110,18 @@ class Inputs:
         self.scale_out = act(tokens, HIDDEN)
         self.ints = torch.randint(-1000, 1000, (tokens, HIDDEN), dtype=torch.int32, device=device)
         self.ints_out = torch.empty_like(self.ints)
+        # silu_and_mul: [T, 2 * HIDDEN] -> [T, HIDDEN]
+        self.gate_up, self.act_out = act(tokens, 2 * HIDDEN), act(tokens, HIDDEN)
+        # per_token_quant_fp8 / per_token_group_quant_fp8 (group 128): fp8 q and float32 scales
+        self.token_scale = torch.empty(tokens, 1, dtype=torch.float32, device=device)
+        self.group_scale = torch.empty(tokens, HIDDEN // GROUP, dtype=torch.float32, device=device)
+        # rope: q [T, Hq*D], k [T, Hk*D], positions [T], fp32 cos/sin cache [4096, D]
+        self.positions = torch.randint(0, 4096, (tokens,), device=device)
+        self.cos_sin = torch.randn(4096, HEAD_DIM, device=device)
+        # store_kv_cache: k/v [T, Hk, D] into caches [slots, Hk, D] at int64 slots
+        self.kv_k, self.kv_v = act(tokens, HK, HEAD_DIM), act(tokens, HK, HEAD_DIM)
+        self.k_cache, self.v_cache = act(HICACHE_ROWS, HK, HEAD_DIM), act(HICACHE_ROWS, HK, HEAD_DIM)
+        self.slots = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
         # hicache one layer, device to device: k/v caches [rows, Hk*D], int64 indices [T]
         self.k_dst, self.v_dst, self.k_src, self.v_src = (act(HICACHE_ROWS, HICACHE_ELEMENT_DIM) for _ in range(4))
         self.idx_dst = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
@@ -128,30 +145,78 @@ def call_site(fn: Callable[..., object], *args: object, **kwargs: object) -> Cal
     return scope["bind"](fn, *args, **kwargs)
 
 
-# op -> inputs -> (the op through its public API, the raw tvm-ffi call of the kernel it launches).
-# Raw argument lists are the C++ launchers' (csrc/...): tensors, then scalars, then enable_pdl.
-# Both are call sites (one closure frame each, which the difference cancels).
-OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
+def allocating(raw: Callable[..., object], like: torch.Tensor, *args: object) -> Call:
+    """The functional form's reference: ``raw(torch.empty_like(like), *args)``, the raw kernel call
+    plus the one allocation a functional op adds (so "eager - raw" of a functional row is the op's
+    own overhead, as for its ``out=`` row)."""
+    return lambda: raw(torch.empty_like(like), *args)
+
+
+def two_outputs(raw: Callable[..., object], q: torch.Tensor, s: torch.Tensor, *args: object) -> Call:
+    """The functional quantisers' reference: both outputs allocated (``empty_like``), then the raw call."""
+    return lambda: raw(torch.empty_like(q), torch.empty_like(s), *args)
+
+
+def _flashinfer(module: str) -> object | None:
+    """FlashInfer's module when it is importable (the peer users would otherwise call), else None."""
+    try:
+        return importlib.import_module(f"flashinfer.{module}")
+    except Exception:
+        return None
+
+
+def peer(module: str, name: str, *args: object, **kwargs: object) -> Call | None:
+    """FlashInfer's eager call of the same op, or None where FlashInfer is missing."""
+    found = _flashinfer(module)
+    return call_site(getattr(found, name), *args, **kwargs) if found is not None else None
+
+
+# op -> inputs -> (the op through its public API, the raw tvm-ffi call of the kernel it launches,
+# FlashInfer's eager call of the same op or None). Raw argument lists are the C++ launchers'
+# (csrc/...): tensors, then scalars, then enable_pdl. All are call sites (one closure frame each,
+# which the difference cancels). A "(functional)" row's op allocates its output, and its raw
+# reference allocates it too (``allocating``).
+OPS: dict[str, Callable[[Inputs], tuple[Call, Call, Call | None]]] = {
     # csrc/norm/rmsnorm.cuh RMSNorm::rmsnorm(out, input, weight, eps, enable_pdl)
     "rmsnorm (out=)": lambda t: (
         call_site(jit_kernel.rmsnorm, t.x, t.w, EPS, out=t.out),
         call_site(kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)), t.out, t.x, t.w, EPS, t.pdl),
+        peer("norm", "rmsnorm", t.x, t.w, EPS, out=t.out),
+    ),
+    "rmsnorm (functional)": lambda t: (
+        call_site(jit_kernel.rmsnorm, t.x, t.w, EPS),
+        allocating(kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)), t.x, t.x, t.w, EPS, t.pdl),
+        peer("norm", "rmsnorm", t.x, t.w, EPS),
     ),
     # RMSNorm::fused_add(input, residual, weight, eps, enable_pdl), in place
     "fused_add_rmsnorm": lambda t: (
         call_site(jit_kernel.fused_add_rmsnorm, t.fa_x, t.fa_res, t.w, EPS),
         call_site(kernel(families.RMSNORM, "fused_add", (HIDDEN, CPP)), t.fa_x, t.fa_res, t.w, EPS, t.pdl),
+        peer("norm", "fused_add_rmsnorm", t.fa_x, t.fa_res, t.w, EPS),
+    ),
+    # csrc/activation.cuh Activation::silu_and_mul(out, input, enable_pdl)
+    "silu_and_mul (out=)": lambda t: (
+        call_site(jit_kernel.silu_and_mul, t.gate_up, out=t.act_out),
+        call_site(kernel(families.ACTIVATION, "silu_and_mul", (CPP,)), t.act_out, t.gate_up, t.pdl),
+        peer("activation", "silu_and_mul", t.gate_up, out=t.act_out),
+    ),
+    "silu_and_mul (functional)": lambda t: (
+        call_site(jit_kernel.silu_and_mul, t.gate_up),
+        allocating(kernel(families.ACTIVATION, "silu_and_mul", (CPP,)), t.act_out, t.gate_up, t.pdl),
+        peer("activation", "silu_and_mul", t.gate_up),
     ),
     # csrc/norm/qknorm.cuh QKNorm::run(q, k, q_weight, k_weight, eps, enable_pdl), in place
     "fused_inplace_qknorm": lambda t: (
         call_site(jit_kernel.fused_inplace_qknorm, t.q3, t.k3, t.qw3, t.kw3, EPS),
         call_site(kernel(families.QKNORM, "run", (HEAD_DIM, CPP)), t.q3, t.k3, t.qw3, t.kw3, EPS, t.pdl),
+        None,
     ),
     # RMSNorm::across_heads(q, k, q_weight, k_weight, eps, enable_pdl), in place. q and k differ in
     # width, so the op launches the generic (hidden 0) kernel once at these token counts (<= 256).
     "qknorm_across_heads": lambda t: (
         call_site(jit_kernel.qknorm_across_heads, t.q2, t.k2, t.qw2, t.kw2, EPS),
         call_site(kernel(families.RMSNORM, "across_heads", (0, CPP)), t.q2, t.k2, t.qw2, t.kw2, EPS, t.pdl),
+        None,
     ),
     # csrc/quant/per_tensor_fp8.cuh PerTensorQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
     "per_tensor_quant_fp8 (outputs given)": lambda t: (
@@ -163,11 +228,87 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
             t.x,
             t.pdl,
         ),
+        None,
+    ),
+    "per_tensor_quant_fp8 (functional)": lambda t: (
+        call_site(jit_kernel.per_tensor_quant_fp8, t.x),
+        two_outputs(kernel(families.PER_TENSOR_QUANT_FP8, "dynamic", (CPP,)), t.fp8, t.fp8_scale, t.x, t.pdl),
+        None,
+    ),
+    # csrc/quant/per_token_fp8.cuh PerTokenQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
+    "per_token_quant_fp8 (outputs given)": lambda t: (
+        call_site(jit_kernel.per_token_quant_fp8, t.x, t.fp8, t.token_scale),
+        call_site(kernel(families.PER_TOKEN_QUANT_FP8, "dynamic", (CPP,)), t.fp8, t.token_scale, t.x, t.pdl),
+        None,
+    ),
+    "per_token_quant_fp8 (functional)": lambda t: (
+        call_site(jit_kernel.per_token_quant_fp8, t.x),
+        two_outputs(kernel(families.PER_TOKEN_QUANT_FP8, "dynamic", (CPP,)), t.fp8, t.token_scale, t.x, t.pdl),
+        None,
+    ),
+    # csrc/quant/per_token_group_fp8.cuh PerTokenGroupQuantFp8::quant(q, s, input, group, eps, ue8m0, pdl)
+    "per_token_group_quant_fp8 (outputs given)": lambda t: (
+        call_site(jit_kernel.per_token_group_quant_fp8, t.x, GROUP, output_q=t.fp8, output_s=t.group_scale),
+        call_site(
+            kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "quant", (CPP,)),
+            t.fp8,
+            t.group_scale,
+            t.x,
+            GROUP,
+            1e-10,
+            False,
+            t.pdl,
+        ),
+        None,
+    ),
+    "per_token_group_quant_fp8 (functional)": lambda t: (
+        call_site(jit_kernel.per_token_group_quant_fp8, t.x, GROUP),
+        two_outputs(
+            kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "quant", (CPP,)),
+            t.fp8,
+            t.group_scale,
+            t.x,
+            GROUP,
+            1e-10,
+            False,
+            t.pdl,
+        ),
+        None,
+    ),
+    # csrc/rope/rope.cuh Rope::run(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl), in place
+    "apply_rope_with_cos_sin_cache_inplace": lambda t: (
+        call_site(jit_kernel.apply_rope_with_cos_sin_cache_inplace, t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
+        call_site(kernel(families.ROPE, "run", (CPP,)), t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin, True, t.pdl),
+        peer("rope", "apply_rope_with_cos_sin_cache_inplace", t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
+    ),
+    # csrc/kv_store.cuh KvStore::store(k, v, k_cache, v_cache, loc, k_scale, v_scale, k_value, v_value, pdl)
+    "store_kv_cache": lambda t: (
+        call_site(jit_kernel.store_kv_cache, t.kv_k, t.kv_v, t.k_cache, t.v_cache, t.slots),
+        call_site(
+            kernel(families.KV_STORE, "store", (CPP, CPP)),
+            t.kv_k,
+            t.kv_v,
+            t.k_cache,
+            t.v_cache,
+            t.slots,
+            None,
+            None,
+            None,
+            None,
+            t.pdl,
+        ),
+        None,
     ),
     # csrc/scale.cuh run(dst, src, factor): contiguous tensors of any shape, no enable_pdl
     "scale (out=)": lambda t: (
         call_site(jit_kernel.scale, t.x, FACTOR, out=t.scale_out),
         call_site(kernel(families.SCALE, "run", (CPP,)), t.scale_out, t.x, FACTOR),
+        None,
+    ),
+    "scale (functional)": lambda t: (
+        call_site(jit_kernel.scale, t.x, FACTOR),
+        allocating(kernel(families.SCALE, "run", (CPP,)), t.x, t.x, FACTOR),
+        None,
     ),
     # csrc/add_constant.cuh run_cuda(dst, src) / csrc/add_constant.h run_host(dst, src): int32, any shape
     "add_constant (out=)": lambda t: (
@@ -177,6 +318,16 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
             t.ints_out,
             t.ints,
         ),
+        None,
+    ),
+    "add_constant (functional)": lambda t: (
+        call_site(jit_kernel.add_constant, t.ints, 1),
+        allocating(
+            kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,)),
+            t.ints,
+            t.ints,
+        ),
+        None,
     ),
     # csrc/hicache.cuh HiCache::run_one(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
     "transfer_hicache_one_layer": lambda t: (
@@ -200,9 +351,10 @@ OPS: dict[str, Callable[[Inputs], tuple[Call, Call]]] = {
             t.idx_src,
             HICACHE_BLOCK_QUOTA,
         ),
+        None,
     ),
 }
-CPU_OPS = ("add_constant (out=)",)  # the ops with a host kernel
+CPU_OPS = ("add_constant (out=)", "add_constant (functional)")  # the ops with a host kernel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,16 +458,18 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
     for name in names:
         results.check_stop()
         try:
-            eager, raw = OPS[name](inputs)
-            eager()  # one checked call each before timing
-            raw()
+            eager, raw, flashinfer = OPS[name](inputs)
+            fns = [raw, eager] if flashinfer is None else [raw, eager, flashinfer]
+            for fn in fns:  # one checked call each before timing
+                fn()
             sync()
-            (raw_us, eager_us), (overhead_us,) = host_us([raw, eager], sync, calls, repeats)
+            times, differences = host_us(fns, sync, calls, repeats)
         except Exception as error:  # one op's failure is its row, not the run's end
             if results.stop_requested():  # an interrupt the clean-up turned into this error
                 raise KeyboardInterrupt from error
-            rows.append([name, _error_cell(error), "", "", ""])
+            rows.append([name, _error_cell(error), "", "", "", ""])
             continue
+        raw_us, eager_us, overhead_us = times[0], times[1], differences[0]
         rows.append(
             [
                 name,
@@ -323,6 +477,7 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
                 format_us(raw_us, 2),
                 f"{overhead_us:+.2f}",
                 _met(overhead_us <= EAGER_SLACK_US),
+                format_us(times[2], 2) if flashinfer is not None else "",
             ]
         )
     return rows
@@ -334,6 +489,7 @@ EAGER_HEADER = [
     "raw tvm-ffi us",
     "eager - raw (median of paired repeats)",
     f"eager <= raw + {EAGER_SLACK_US:g} us",
+    "FlashInfer eager us",
 ]
 
 
