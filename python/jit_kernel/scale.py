@@ -1,4 +1,4 @@
-"""``jit_kernel.scale``: the tutorial's ``scale`` op (seed 004: ``sglang.jit_kernel.scale``).
+"""``jit_kernel.scale``: the tutorial's ``scale`` op (``sglang.jit_kernel.scale``).
 
 ``scale(src, factor, out=None)`` returns ``src * factor`` (fp16, bf16 or fp32 CUDA tensors), into
 ``out`` when given, as in the tutorial. It is the top-level ``jit_kernel.scale`` itself. Unlike the

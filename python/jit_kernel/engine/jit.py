@@ -1,4 +1,4 @@
-"""``load_jit``, ``cache_once`` and ``make_cpp_args``: the kernel author's Python API (seed 003)."""
+"""``load_jit``, ``cache_once`` and ``make_cpp_args``: the kernel author's Python API, as in SGLang's JIT kernels."""
 
 from __future__ import annotations
 
