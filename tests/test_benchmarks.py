@@ -517,12 +517,24 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
 
     assert list(bench_dispatch.OPS) == [
         "rmsnorm (out=)",
+        "rmsnorm (functional)",
         "fused_add_rmsnorm",
+        "silu_and_mul (out=)",
+        "silu_and_mul (functional)",
         "fused_inplace_qknorm",
         "qknorm_across_heads",
         "per_tensor_quant_fp8 (outputs given)",
+        "per_tensor_quant_fp8 (functional)",
+        "per_token_quant_fp8 (outputs given)",
+        "per_token_quant_fp8 (functional)",
+        "per_token_group_quant_fp8 (outputs given)",
+        "per_token_group_quant_fp8 (functional)",
+        "apply_rope_with_cos_sin_cache_inplace",
+        "store_kv_cache",
         "scale (out=)",
+        "scale (functional)",
         "add_constant (out=)",
+        "add_constant (functional)",
         "transfer_hicache_one_layer",
     ]
     assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
@@ -537,7 +549,8 @@ def test_bench_dispatch_cpu_section(
 
     # eager and raw compute the same thing on the benchmark's inputs
     inputs = bench_dispatch.Inputs(1, "cpu")
-    eager, raw = bench_dispatch.OPS["add_constant (out=)"](inputs)
+    eager, raw, flashinfer = bench_dispatch.OPS["add_constant (out=)"](inputs)
+    assert flashinfer is None  # FlashInfer has no add_constant
     inputs.ints_out.zero_()
     raw()
     assert torch.equal(inputs.ints_out, inputs.ints + 1)
@@ -567,7 +580,7 @@ def test_bench_dispatch_cpu_section(
     assert doc["command"].startswith("python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 20")
     [table] = doc["tables"]
     assert table["kind"] == "cells" and table["name"] == "cpu" and table["header"] == bench_dispatch.EAGER_HEADER
-    assert table["rows"] == [cells]
+    assert table["rows"][0] == cells and [row[0] for row in table["rows"]] == list(bench_dispatch.CPU_OPS)
 
 
 def test_bench_dispatch_failing_op_is_an_error_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -578,7 +591,7 @@ def test_bench_dispatch_failing_op_is_an_error_row(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setitem(bench_dispatch.OPS, "broken", broken)
     rows = bench_dispatch.eager_rows(["broken", "add_constant (out=)"], "cpu", calls=5, repeats=1)
-    assert rows[0] == ["broken", "error: RuntimeError: no kernel \\| here", "", "", ""]
+    assert rows[0] == ["broken", "error: RuntimeError: no kernel \\| here", "", "", "", ""]
     assert rows[1][0] == "add_constant (out=)" and float(rows[1][1]) > 0
 
 
