@@ -11,8 +11,10 @@
 # in bench-logs/, the build log in session.log. Arguments go to run_all (e.g. --only 'norm|rope').
 #
 # FlashInfer's JIT modules take about a minute each to compile: build them once with
-# ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz). Without that file its JIT is disabled
-# here, and the FlashInfer columns read n/a instead of spending the run's time compiling.
+# ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz; norm, rope, page and the three
+# activations). Its JIT is disabled here (FLASHINFER_DISABLE_JIT=1; BENCH_FLASHINFER_JIT=1 keeps it):
+# a module missing from that file makes its FlashInfer cells read n/a instead of spending the run's
+# time compiling.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -26,11 +28,11 @@ export PYTHONPATH=/tmp/site JIT_KERNEL_CACHE_DIR=/tmp/jit-cache CUDA_HOME=${CUDA
 if [ -f .peers/flashinfer-slim.tgz ]; then
   mkdir -p /tmp/fi && tar xzf .peers/flashinfer-slim.tgz -C /tmp/fi
   export PYTHONPATH=/tmp/site:/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a
+  [ "${BENCH_FLASHINFER_JIT:-0}" = 1 ] || export FLASHINFER_DISABLE_JIT=1
   if [ -f .peers/flashinfer-jit-cache.tgz ]; then
     tar xzf .peers/flashinfer-jit-cache.tgz -C /tmp/fi
   else
-    echo "warning: no .peers/flashinfer-jit-cache.tgz (ci/prebuild-flashinfer.sh): FlashInfer's JIT is disabled"
-    export FLASHINFER_DISABLE_JIT=1
+    echo "warning: no .peers/flashinfer-jit-cache.tgz (ci/prebuild-flashinfer.sh): FlashInfer cells read n/a"
   fi
 else
   echo "warning: no .peers/flashinfer-slim.tgz: the FlashInfer columns read n/a"

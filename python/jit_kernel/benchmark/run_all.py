@@ -71,8 +71,9 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_kv_store"),
     Script("bench_token_quant"),
     Script("bench_quant"),
-    # 8 ops x (op, raw) x 21 repeats x 2000 calls x ~6 us, two graph sections, CPU section, start.
-    Script("bench_dispatch", ("--repeats", "21"), 30.0),
+    # 20 op rows x (op, raw, FlashInfer where it has the op) x 22 x 2000 calls x ~8 us (~16 s), the
+    # graph section (2 token counts x 20 ops x 2 captures and 100 replays, ~8 s), start and imports.
+    Script("bench_dispatch", ("--repeats", "21"), 45.0),
     # CI grid: ~35 CUDA-graph or event-timed medians (one layer, quota sweep, alternatives,
     # all-layer, ceilings) and the host-time loops, plus a process start.
     Script("bench_hicache", (), 40.0),
