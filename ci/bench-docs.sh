@@ -8,7 +8,9 @@
 #
 # Writes under $OUT: docs/benchmarks.md, docs/benchmarks/plots/*.png and the JSON results in
 # docs/benchmarks/data/ (copy $OUT/docs over docs/ and commit the three together), each script's log
-# in bench-logs/, the build log in session.log. Arguments go to run_all (e.g. --only 'norm|rope').
+# in bench-logs/, the build log in session.log. Arguments go to run_all (e.g. --only 'norm|rope'):
+# with arguments, the results already in docs/benchmarks/data are kept for the scripts not rerun, so
+# a run split over two calls ends with one complete document.
 #
 # FlashInfer's JIT modules take about a minute each to compile: build them once with
 # ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz; norm, rope, page and the three
@@ -41,6 +43,8 @@ fi
 budget=$(( CALL_S - ($(date +%s) - start) ))
 [ "$budget" -gt 480 ] && budget=480
 data=$OUT/docs/benchmarks/data
+mkdir -p "$data"
+[ $# -gt 0 ] && [ -d docs/benchmarks/data ] && cp docs/benchmarks/data/*.json "$data"/ 2>/dev/null
 (cd /tmp && python3 -m jit_kernel.benchmark.run_all --json-dir "$data" --budget "$budget" \
    --log-dir "$OUT/bench-logs" "$@")
 status=$?

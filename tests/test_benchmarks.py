@@ -1001,3 +1001,13 @@ def test_a_perf_report_script_stopped_mid_run_writes_its_rows(
     [table] = doc["tables"]
     assert table["rows"][0]["key"] == ["bfloat16", "16x4096"]
     assert table["rows"][0]["us"]["jit"] == 10.0
+
+
+def test_report_marks_a_section_from_another_run() -> None:
+    docs = _fixture_docs()
+    older = next(doc for doc in docs if doc["script"] == "bench_dispatch")
+    older["date"], older["environment"] = "1999-12-31", {**older["environment"], "commit": "1111111"}
+    text = report.render(docs, None)
+    dispatch = text[text.index("## Dispatch overhead") :]
+    assert "_From another run than the other sections: 1999-12-31, commit 1111111._" in dispatch
+    assert text.count("_From another run") == 1

@@ -400,6 +400,8 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
         ]
 
     by_script = {doc["script"]: doc for doc in docs}
+    run_of = {doc["script"]: (doc.get("date"), doc["environment"].get("commit")) for doc in docs}
+    usual_run = collections.Counter(run_of.values()).most_common(1)[0][0] if docs else None
     not_run = [
         entry
         for entry in (manifest or {}).get("scripts", [])
@@ -408,6 +410,9 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
     for doc in docs:
         title, plot = family(doc["script"])
         out += ["", f"## {title}", "", doc["summary"], "", f"`{_public_command(doc['command'])}`"]
+        if run_of[doc["script"]] != usual_run:
+            date, commit = run_of[doc["script"]]
+            out += ["", f"_From another run than the other sections: {date}, commit {commit}._"]
         if not doc.get("complete", True):
             out += ["", "_The script stopped at its time bound: the rows below are those it measured._"]
         if doc.get("empty_kernel_us"):
