@@ -1011,3 +1011,17 @@ def test_report_marks_a_section_from_another_run() -> None:
     dispatch = text[text.index("## Dispatch overhead") :]
     assert "_From another run than the other sections: 1999-12-31, commit 1111111._" in dispatch
     assert text.count("_From another run") == 1
+
+
+def test_bench_dispatch_failing_peer_is_its_cell_not_the_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jit_kernel.benchmark import bench_dispatch
+
+    def failing_peer() -> None:
+        raise RuntimeError("MissingJITCacheError: norm")
+
+    op = bench_dispatch.OPS["add_constant (out=)"]
+    monkeypatch.setitem(bench_dispatch.OPS, "with a failing peer", lambda inputs: (*op(inputs)[:2], failing_peer))
+    [row] = bench_dispatch.eager_rows(["with a failing peer"], "cpu", calls=5, repeats=1)
+    assert float(row[1]) > 0 and float(row[2]) > 0  # our timing survives
+    assert row[5] == "error: RuntimeError: MissingJITCacheError: norm"
+    assert bench_dispatch.peer("no_such_module", "f") is None

@@ -166,9 +166,9 @@ def _flashinfer(module: str) -> object | None:
 
 
 def peer(module: str, name: str, *args: object, **kwargs: object) -> Call | None:
-    """FlashInfer's eager call of the same op, or None where FlashInfer is missing."""
-    found = _flashinfer(module)
-    return call_site(getattr(found, name), *args, **kwargs) if found is not None else None
+    """FlashInfer's eager call of the same op, or None where FlashInfer (or this op of it) is missing."""
+    function = getattr(_flashinfer(module), name, None)
+    return call_site(function, *args, **kwargs) if function is not None else None
 
 
 # op -> inputs -> (the op through its public API, the raw tvm-ffi call of the kernel it launches,
@@ -450,6 +450,21 @@ def _met(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+def _checked_peer(flashinfer: Call | None, sync: Call) -> tuple[Call | None, str]:
+    """FlashInfer's call after one checked run, or None and its error cell: a peer that fails (e.g.
+    a module that is neither prebuilt nor allowed to compile) is its cell, not our row."""
+    if flashinfer is None:
+        return None, ""
+    try:
+        flashinfer()
+        sync()
+    except Exception as error:
+        if results.stop_requested():
+            raise KeyboardInterrupt from error
+        return None, _error_cell(error)
+    return flashinfer, ""
+
+
 def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> list[list[object]]:
     """One row per op: eager us, raw us, their difference and the target (eager <= raw + 1 us)."""
     rows: list[list[object]] = []
@@ -459,6 +474,7 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
         results.check_stop()
         try:
             eager, raw, flashinfer = OPS[name](inputs)
+            flashinfer, peer_cell = _checked_peer(flashinfer, sync)
             fns = [raw, eager] if flashinfer is None else [raw, eager, flashinfer]
             for fn in fns:  # one checked call each before timing
                 fn()
@@ -477,7 +493,7 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
                 format_us(raw_us, 2),
                 f"{overhead_us:+.2f}",
                 _met(overhead_us <= EAGER_SLACK_US),
-                format_us(times[2], 2) if flashinfer is not None else "",
+                format_us(times[2], 2) if flashinfer is not None else peer_cell,
             ]
         )
     return rows
