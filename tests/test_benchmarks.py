@@ -959,6 +959,8 @@ def test_stoppable_remembers_an_interrupt_that_became_another_error() -> None:
         with pytest.raises(KeyboardInterrupt):
             Measurements(lambda key, provider, make: 1.0).time("k", "jit", lambda: lambda: None)
     assert signal.getsignal(signal.SIGINT) is previous
+    assert not results.stop_requested()
+    results.check_stop()  # nothing left over for code run outside the block
 
 
 @pytest.mark.parametrize("swallowed", [False, True])

@@ -85,6 +85,7 @@ def stoppable() -> Iterator[None]:
     try:
         yield
     finally:
+        _STOP["requested"] = False  # a stop ends with the block that asked for it
         if main:
             signal.signal(signal.SIGINT, previous)
 
