@@ -351,7 +351,7 @@ def test_fast_path_serves_every_form_the_full_path_does() -> None:
     k_src, v_src = (make_cache(rows, 256, "cuda") for _ in range(2))
     k_dst, v_dst = (make_cache(rows, 256, "cuda", poison=True) for _ in range(2))
     transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)
-    assert 128 in ops._DEFAULT_KERNELS["run_one"][torch.bfloat16]
+    assert 128 in ops._ONE_LAYER_KERNELS.by_dtype[torch.bfloat16]
     k_dst.view(torch.uint8).fill_(POISON)
     transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)  # the fast path
     torch.cuda.synchronize()
