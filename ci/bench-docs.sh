@@ -6,9 +6,9 @@
 #
 #   JIT_KERNEL_BENCH_COMMIT=$(git rev-parse --short HEAD) bash ci/bench-docs.sh [--only REGEX]
 #
-# Writes under $OUT: docs/benchmarks.md, docs/benchmarks/plots/*.png and the JSON results in
-# docs/benchmarks/data/ (copy $OUT/docs over docs/ and commit the three together), each script's log
-# in bench-logs/, the build log in session.log. Arguments go to run_all (e.g. --only 'norm|rope'):
+# Writes $OUT/bench-docs.tgz holding docs/benchmarks.md, docs/benchmarks/plots/*.png and the JSON
+# results in docs/benchmarks/data/ (unpack it over the checkout and commit the three together) and
+# each script's log in bench-logs/; the build log is $OUT/session.log. Arguments go to run_all (e.g. --only 'norm|rope'):
 # with arguments, the results already in docs/benchmarks/data are kept for the scripts not rerun, so
 # a run split over two calls ends with one complete document.
 #
@@ -49,5 +49,7 @@ mkdir -p "$data"
    --log-dir "$OUT/bench-logs" "$@")
 status=$?
 (cd /tmp && python3 -m jit_kernel.benchmark.report --json-dir "$data" --output "$OUT/docs/benchmarks.md") || status=1
+# What comes back from the device is a few files at most two folders down: one archive of it all.
+tar czf "$OUT/bench-docs.tgz" -C "$OUT" docs bench-logs && rm -rf "$OUT/docs" "$OUT/bench-logs"
 echo "bench-docs: $(( $(date +%s) - start )) s in all"
 exit $status

@@ -65,20 +65,20 @@ class Script:
 
 # In order of importance: when the budget runs short, the last ones are cut first.
 SCRIPTS: tuple[Script, ...] = (
-    Script("bench_norm"),
-    Script("bench_activation"),
-    Script("bench_rope"),
-    Script("bench_kv_store"),
-    Script("bench_token_quant"),
-    Script("bench_quant"),
     # 20 op rows x (op, raw, FlashInfer where it has the op) x 22 x 2000 calls x ~8 us (~16 s), the
     # graph section (2 token counts x 20 ops x 2 captures and 100 replays, ~8 s), start and imports.
     Script("bench_dispatch", ("--repeats", "21"), 45.0),
+    Script("bench_norm"),
+    Script("bench_activation"),
+    Script("bench_kv_store"),
+    Script("bench_token_quant"),
+    # 13 fresh processes (~2.5 s each: torch import, CUDA context) and 4 nvcc builds (~8 s each).
+    Script("bench_first_call", ("--repeats", "2", "--cold-repeats", "1"), 65.0),
+    Script("bench_rope"),
+    Script("bench_quant"),
     # CI grid: ~35 CUDA-graph or event-timed medians (one layer, quota sweep, alternatives,
     # all-layer, ceilings) and the host-time loops, plus a process start.
     Script("bench_hicache", (), 40.0),
-    # 13 fresh processes (~2.5 s each: torch import, CUDA context) and 4 nvcc builds (~8 s each).
-    Script("bench_first_call", ("--repeats", "2", "--cold-repeats", "1"), 65.0),
     Script("bench_elementwise"),
 )
 
