@@ -13,7 +13,7 @@ import torch
 
 import jit_kernel
 from jit_kernel.engine import families
-from jit_kernel.ops import activation, hicache, norm, quant, scale
+from jit_kernel.ops import activation, hicache, norm, quant, scale, token_quant
 
 BF16 = torch.bfloat16
 
@@ -110,7 +110,48 @@ def _hicache_case() -> tuple[dict, Callable[[], object], list[Callable[[], objec
     return hicache._ONE_LAYER_KERNELS, call, bad
 
 
+def _rmsnorm_functional_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x, w = _cuda(4, 256), _cuda(256)
+    bad = [lambda: jit_kernel.rmsnorm(x, _cuda(128)), lambda: jit_kernel.rmsnorm(x, w.half())]
+    return norm._RMSNORM_KERNELS, lambda: jit_kernel.rmsnorm(x, w), bad
+
+
+def _per_token_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x = _cuda(4, 256)
+    q, s = torch.empty(4, 256, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(4, 1, device="cuda")
+    bad = [
+        lambda: jit_kernel.per_token_quant_fp8(x, q, torch.empty(4, 2, device="cuda")),
+        lambda: jit_kernel.per_token_quant_fp8(x, q[:2], s),
+        lambda: jit_kernel.per_token_quant_fp8(x, _cuda(4, 256), s),
+    ]
+    return token_quant._TOKEN_DYNAMIC, lambda: jit_kernel.per_token_quant_fp8(x), bad
+
+
+def _group_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x = _cuda(4, 256)
+    bad = [
+        lambda: jit_kernel.per_token_group_quant_fp8(x, 0),
+        lambda: jit_kernel.per_token_group_quant_fp8(x, 96),
+        lambda: jit_kernel.per_token_group_quant_fp8(x, 128, output_s=torch.empty(4, 3, device="cuda")),
+        lambda: jit_kernel.per_token_group_quant_fp8(_cuda(4, 192), 128),
+    ]
+    return token_quant._GROUP_QUANT, lambda: jit_kernel.per_token_group_quant_fp8(x, 128), bad
+
+
+def _silu_group_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
+    x = _cuda(4, 512)
+    bad = [
+        lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(_cuda(4, 257), 128),
+        lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(x, 64, output_q=_cuda(4, 256)),
+    ]
+    return token_quant._SILU_GROUP_QUANT, lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(x, 128), bad
+
+
 CASES = {
+    "rmsnorm (functional)": _rmsnorm_functional_case,
+    "per_token_quant_fp8": _per_token_case,
+    "per_token_group_quant_fp8": _group_case,
+    "silu_and_mul_per_token_group_quant_fp8": _silu_group_case,
     "rmsnorm": _rmsnorm_case,
     "fused_add_rmsnorm": _fused_add_case,
     "fused_inplace_qknorm": _qknorm_case,
@@ -150,6 +191,16 @@ def test_forms_the_kernels_take_only_reshaped_are_served_once_armed() -> None:
     q0, s0 = torch.empty_like(q1), torch.full((), float("nan"), device="cuda")
     jit_kernel.per_tensor_quant_fp8(x, q0, s0)
     assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s0.view(1), s1)
+    # per_token / group quant: the functional forms (fast path) equal the full path's outputs on
+    # 3-D inputs, and column-major scales (which the fast path does not allocate) stay column-major.
+    x3 = _cuda(2, 2, 256)
+    for quantise in (jit_kernel.per_token_quant_fp8, lambda t: jit_kernel.per_token_group_quant_fp8(t, 128)):
+        q2, s2 = quantise(x3.view(4, 256))
+        q3, s3 = quantise(x3)
+        assert torch.equal(q3.view(torch.uint8).view(4, 256), q2.view(torch.uint8))
+        assert torch.equal(s3.reshape(4, -1), s2)
+    _, s_col = jit_kernel.per_token_group_quant_fp8(x, 128, column_major_scales=True)
+    assert s_col.stride() == (1, 4)
     # hicache: 3-D caches [slots, heads, 128] after 2-D caches [rows, 128] armed the key (bf16, 128).
     # The default element_dim is the last dimension, so both address rows of 128 elements.
     src = _cuda(64, 8, 128)

@@ -192,19 +192,6 @@ def _one_layer_mla_op(
     return _one_layer(fn, _ONE_LAYER_MLA_KERNELS, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota)
 
 
-def _fast_path_applies(element_dim: object, unroll: object, quota: object) -> bool:
-    """Whether a one-layer call may take the eager fast path (_common.FAST_PATH_MISS): the row width
-    and unroll by default, a block quota the full path would take, no index checking (the full path
-    does it; env.check_indices, inlined)."""
-    return (
-        element_dim is None
-        and unroll is None
-        and type(quota) is int
-        and quota >= 1
-        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
-    )
-
-
 def transfer_hicache_one_layer(
     k_cache_dst: torch.Tensor,
     v_cache_dst: torch.Tensor,
@@ -224,16 +211,25 @@ def transfer_hicache_one_layer(
     memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
     and ``block_quota`` (most blocks the copy occupies) default to tuned values.
     """
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-        if _fast_path_applies(element_dim, unroll, quota):
-            try:
-                kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
-                if kernel is not None:
-                    kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
-                    return
-            except FAST_PATH_MISS:
-                pass
+    # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
+    # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
+    # no index checking (the full path does it; env.check_indices, inlined).
+    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+    if (
+        element_dim is None
+        and unroll is None
+        and type(quota) is int
+        and quota >= 1
+        and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
+        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
+    ):
+        try:
+            kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
+            if kernel is not None:
+                kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
+                return
+        except FAST_PATH_MISS:
+            pass
     _one_layer_op(
         k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota
     )
@@ -250,16 +246,25 @@ def transfer_hicache_one_layer_mla(
     block_quota: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-        if _fast_path_applies(element_dim, unroll, quota):
-            try:
-                kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
-                if kernel is not None:
-                    kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
-                    return
-            except FAST_PATH_MISS:
-                pass
+    # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
+    # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
+    # no index checking (the full path does it; env.check_indices, inlined).
+    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+    if (
+        element_dim is None
+        and unroll is None
+        and type(quota) is int
+        and quota >= 1
+        and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
+        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
+    ):
+        try:
+            kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
+            if kernel is not None:
+                kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
+                return
+        except FAST_PATH_MISS:
+            pass
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
 
 

@@ -35,7 +35,18 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
-from jit_kernel.ops._common import KernelTable, Launch, Op, float_dtype, kernel_op, not_a_tensor, rows
+from jit_kernel.ops._common import (
+    FAST_PATH_MISS,
+    KernelTable,
+    Launch,
+    Op,
+    compile_state,
+    dynamo_compiling,
+    float_dtype,
+    kernel_op,
+    not_a_tensor,
+    rows,
+)
 from jit_kernel.ops.quant import one_scale, same_shape_q, table_for
 
 FP8_E4M3_MAX = 448.0
@@ -53,6 +64,12 @@ _GROUP_KERNELS = {
     False: KernelTable(_GROUP, "quant", lambda dtype: (float_dtype(_GROUP_OP, "input", dtype),)),
     True: KernelTable(_GROUP, "silu_and_mul_quant", lambda dtype: (float_dtype(_FUSED_OP, "input", dtype),)),
 }
+# The eager fast paths' tables (dtype -> kernel, one lookup once loaded).
+_TOKEN_DYNAMIC = _TOKEN_KERNELS[False]
+_GROUP_QUANT = _GROUP_KERNELS[False]
+_SILU_GROUP_QUANT = _GROUP_KERNELS[True]
+# The group quantisers' fast paths also divide by group_size: a zero one goes to the full path, which names it.
+_GROUP_FAST_PATH_MISS = (*FAST_PATH_MISS, ZeroDivisionError)
 
 
 def _width(op: str, input: object) -> int:
@@ -122,6 +139,18 @@ def per_token_quant_fp8(
     scale, shape ``(1,)``.
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
+    if is_static is False and not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling()
+        try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode on 2-D rows, in both forms
+            kernel = _TOKEN_DYNAMIC.get(input.dtype) if input.ndim == 2 else None
+            if kernel is not None:
+                if output_q is None:
+                    output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
+                if output_s is None:
+                    output_s = input.new_empty((input.shape[0], 1), dtype=torch.float32)
+                kernel(output_q, output_s, input, enable_pdl)
+                return output_q, output_s
+        except FAST_PATH_MISS:
+            pass
     if output_q is None or output_s is None:
         _width(_TOKEN_OP, input)
         if output_q is None:
@@ -214,6 +243,23 @@ def per_token_group_quant_fp8(
     buffer. A given ``output_s`` may have any row- or column-major strides (e.g. tokens padded to a
     multiple of 4 for TMA); its strides decide the layout. ``hidden % group_size != 0`` raises
     ``ValueError``."""
+    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
+        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows, row-major scales where it allocates them
+            kernel = (
+                _GROUP_QUANT.get(input.dtype)
+                if input.ndim == 2 and (output_s is not None or column_major_scales is False)
+                else None
+            )
+            if kernel is not None:
+                hidden = input.shape[1]
+                if output_q is None:
+                    output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
+                if output_s is None:
+                    output_s = input.new_empty((input.shape[0], hidden // group_size), dtype=torch.float32)
+                kernel(output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl)
+                return output_q, output_s
+        except _GROUP_FAST_PATH_MISS:
+            pass
     if output_q is None or output_s is None:
         output_q, output_s = _group_outputs(
             _GROUP_OP, input, group_size, column_major_scales, output_q, output_s, fused=False
@@ -238,6 +284,23 @@ def silu_and_mul_per_token_group_quant_fp8(
     dimension ``d``. The result equals ``silu_and_mul`` followed by ``per_token_group_quant_fp8``
     bit for bit (q and scales). Returns ``(output_q [..., d], output_s [..., d // group_size])``, the
     scales laid out as in :func:`per_token_group_quant_fp8`."""
+    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
+        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows, row-major scales where it allocates them
+            kernel = (
+                _SILU_GROUP_QUANT.get(input.dtype)
+                if input.ndim == 2 and (output_s is not None or column_major_scales is False)
+                else None
+            )
+            if kernel is not None:
+                hidden = input.shape[1] // 2
+                if output_q is None:
+                    output_q = input.new_empty((input.shape[0], hidden), dtype=torch.float8_e4m3fn)
+                if output_s is None:
+                    output_s = input.new_empty((input.shape[0], hidden // group_size), dtype=torch.float32)
+                kernel(output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl)
+                return output_q, output_s
+        except _GROUP_FAST_PATH_MISS:
+            pass
     if output_q is None or output_s is None:
         output_q, output_s = _group_outputs(
             _FUSED_OP, input, group_size, column_major_scales, output_q, output_s, fused=True
