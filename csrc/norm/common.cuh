@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace jit_kernel::norm {
 
@@ -53,6 +54,19 @@ struct Params {
 template <typename T>
 inline constexpr int64_t kVecElems = 16 / static_cast<int64_t>(sizeof(T));
 
+// What normalize_row does with each normalised vector y (T, rounded once): an epilogue policy,
+// called as epilogue(out, y, v, k) for the row's vector number v, held in slot k < kPer (a
+// constant once the loop is unrolled). The default stores y to `out`; other policies (norm_quant.cuh)
+// quantise it, or keep it for a reduction they run after normalize_row returns. kWeightPlusOne: the
+// weight multiplies as (1 + float(w)) in fp32 (Gemma's RMSNorm: x * rrms * (1 + w), one rounding).
+struct StoreRow {
+  static constexpr bool kWeightPlusOne = false;
+  template <typename T, typename Vec>
+  SGL_DEVICE void operator()(T* out, const Vec& y, int64_t v, int /*k*/) const {
+    y.store(out, v);
+  }
+};
+
 SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64_t& out_off, int64_t& res_off) {
   const int64_t outer = s.inner == 1 ? row : row / s.inner;
   const int64_t i = row - outer * s.inner;
@@ -70,8 +84,16 @@ SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64
 // rows, bandwidth needs occupancy instead and the weight is loaded after the reduction (not live
 // across it). `reduce` sums over every thread that holds part of the row. Callers make every
 // argument but the row a constant where they can; this is inlined. kCast (see the top of this
-// file) also keeps the unrounded fp32 sums in registers for the output.
-template <typename T, int kPer, bool kFused, bool kEarlyWeight, bool kCast, typename Reduce>
+// file) also keeps the unrounded fp32 sums in registers for the output. `epilogue`: what becomes
+// of each normalised vector (StoreRow: stored to `out`).
+template <
+    typename T,
+    int kPer,
+    bool kFused,
+    bool kEarlyWeight,
+    bool kCast,
+    typename Reduce,
+    typename Epilogue = StoreRow>
 SGL_DEVICE void normalize_row(
     const T* in,
     T* out,
@@ -83,8 +105,11 @@ SGL_DEVICE void normalize_row(
     bool exact,
     float inv_dim,
     float eps,
-    Reduce reduce) {
+    Reduce reduce,
+    Epilogue&& epilogue = Epilogue{}) {
   static_assert(!kCast || kFused, "kCast is a fused-add variant");
+  constexpr bool kWeightPlusOne = std::remove_cvref_t<Epilogue>::kWeightPlusOne;
+  static_assert(!kCast || !kWeightPlusOne, "kCast has no (1 + w) form");
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   constexpr int kN = static_cast<int>(kVecElems<T>);
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
@@ -139,11 +164,14 @@ SGL_DEVICE void normalize_row(
         if constexpr (kCast) {
           const float n = dtype_trait<fp32_t>::from(dtype_trait<T>::from(s[k][j] * rrms));
           y[j] = dtype_trait<T>::from(n * dtype_trait<fp32_t>::from(w[k][j]));
+        } else if constexpr (kWeightPlusOne) {
+          const float scale = 1.f + dtype_trait<fp32_t>::from(w[k][j]);
+          y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * scale);
         } else {
           y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * dtype_trait<fp32_t>::from(w[k][j]));
         }
       }
-      y.store(out, v);
+      epilogue(out, y, v, k);
     }
   }
 }

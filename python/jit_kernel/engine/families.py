@@ -222,6 +222,55 @@ PER_TOKEN_GROUP_QUANT_FP8 = KernelSpec(
     prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
 )
 
+# RMSNorm (optionally after the residual add) fused with fp8 quantisation of its output
+# (csrc/norm/norm_quant.cuh): a static per-tensor scale, dynamic per-token, and dynamic per-group of
+# 64 or 128 columns. Config = (hidden, dtype) as rmsnorm's: a hidden size the kernels are
+# specialised for (bf16 in the grid), or 0, the kernel that takes D at run time (every D, and each
+# row reduced as rmsnorm reduces it, so the result is bit for bit rmsnorm then the quantiser). The
+# output dtype (static: e4m3 or e5m2), the group size and the scale layout are run-time values.
+NORM_QUANT_HIDDEN_SIZES = (2048, 4096, 5120, 7168, 8192)
+_NORM_QUANT_GRID = tuple((h, "bf16_t") for h in NORM_QUANT_HIDDEN_SIZES) + tuple(
+    (0, t) for t in ("bf16_t", "fp16_t", "fp32_t")
+)
+_NORM_QUANT_DOMAINS = {"hidden": OneOf((0, *NORM_HIDDEN_SIZES)), "dtype": FLOAT_DTYPES}
+RMSNORM_QUANT_FP8 = KernelSpec(
+    family="rmsnorm_quant_fp8",
+    sources=("norm/norm_quant.cuh",),
+    params=("hidden", "dtype"),
+    domains=_NORM_QUANT_DOMAINS,
+    exports={"run": "jit_kernel::norm::RMSNormQuantFp8<{args}>::run"},
+    prebuilt=_NORM_QUANT_GRID,
+)
+RMSNORM_PER_TOKEN_QUANT_FP8 = KernelSpec(
+    family="rmsnorm_per_token_quant_fp8",
+    sources=("norm/norm_quant.cuh",),
+    params=("hidden", "dtype"),
+    domains=_NORM_QUANT_DOMAINS,
+    exports={"run": "jit_kernel::norm::RMSNormPerTokenQuantFp8<{args}>::run"},
+    prebuilt=_NORM_QUANT_GRID,
+)
+RMSNORM_PER_TOKEN_GROUP_QUANT_FP8 = KernelSpec(
+    family="rmsnorm_per_token_group_quant_fp8",
+    sources=("norm/norm_quant.cuh",),
+    params=("hidden", "dtype"),
+    domains=_NORM_QUANT_DOMAINS,
+    exports={"run": "jit_kernel::norm::RMSNormPerTokenGroupQuantFp8<{args}>::run"},
+    prebuilt=_NORM_QUANT_GRID,
+)
+# Gemma's RMSNorm, x * rrms * (1 + w) (csrc/norm/gemma.cuh). Config = dtype only: D is run-time
+# (Gemma's hidden sizes, 1152 to 5376, are none of rmsnorm's specialised ones).
+GEMMA_RMSNORM = KernelSpec(
+    family="gemma_rmsnorm",
+    sources=("norm/gemma.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={
+        "rmsnorm": "jit_kernel::norm::GemmaRMSNorm<{args}>::rmsnorm",
+        "fused_add": "jit_kernel::norm::GemmaRMSNorm<{args}>::fused_add",
+    },
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+
 ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
     ADD_CONSTANT_CUDA,
@@ -237,6 +286,10 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     KV_STORE,
     PER_TOKEN_QUANT_FP8,
     PER_TOKEN_GROUP_QUANT_FP8,
+    RMSNORM_QUANT_FP8,
+    RMSNORM_PER_TOKEN_QUANT_FP8,
+    RMSNORM_PER_TOKEN_GROUP_QUANT_FP8,
+    GEMMA_RMSNORM,
 )
 
 
