@@ -421,7 +421,9 @@ def _observed(module: nn.Module, collector: Any) -> bool:
     for hook in hooks.values():
         if getattr(hook, "__name__", None) != "output_capturing_hook":
             return True
-    return collector is None or collector.get() is not None
+    # The capture hooks record only while a forward collects something (the collector is then a
+    # non-empty dict); without the collector to ask, any hook may record.
+    return collector is None or bool(collector.get())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -772,7 +774,7 @@ def apply(
     qkv: bool = True,
     rope: bool = True,
     qk_norm: bool = True,
-    backend: str = "jit_kernel",
+    backend: str | Backend = "jit_kernel",
 ) -> Patched:
     """Make ``model`` (a transformers Llama, Mistral, Qwen2, Qwen3 or Qwen3-MoE model, any head)
     run on jit_kernel's ops, in place; returns what was patched.
@@ -781,13 +783,13 @@ def apply(
     fused into the norms, across layer boundaries), ``mlp`` (gate/up as one GEMM + fused gated
     activation), ``qkv`` (q/k/v projections as one GEMM; with ``rope``), ``rope`` (rotary embedding
     from a cos/sin table), ``qk_norm`` (Qwen3's q/k norm fused into the rotation; with ``rope``).
-    ``backend``: ``"jit_kernel"``, ``"flashinfer"`` (its ops in the same places, for comparison) or
-    ``"torch"`` (reference ops in torch, on any device). A model whose parameters are not on a CUDA
+    ``backend``: ``"jit_kernel"``, ``"flashinfer"`` (its ops in the same places, for comparison),
+    ``"torch"`` (reference ops in torch, on any device) or a :class:`Backend`. A model whose parameters are not on a CUDA
     device (with a CUDA backend), or of another model type, is left unchanged; parts whose config
     is not supported are skipped; either way one warning names what was skipped. Applying twice
     changes nothing the second time."""
     report = Patched()
-    ops = get_backend(backend)
+    ops = backend if isinstance(backend, Backend) else get_backend(backend)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     base = _base_model(model)

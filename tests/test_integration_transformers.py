@@ -1,0 +1,541 @@
+"""jit_kernel.integrations.transformers: apply(model) on tiny models built from config objects (no
+downloads), one per supported family.
+
+CPU tests patch with the torch reference backend wrapped to count its calls (so a path that is not
+taken fails), and compare with an unpatched copy: logits, every hidden state, state_dict, a
+save/load round trip, greedy generate() with a dynamic and a static cache, torch.compile without a
+graph break. GPU tests patch with jit_kernel's ops and compare bf16 logits with the unpatched model
+and an fp32 copy, replay a captured CUDA graph and compile with Inductor.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForCausalLM, StaticCache  # noqa: E402
+
+from jit_kernel.integrations import transformers as jt  # noqa: E402
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+VOCAB = 128
+
+
+def tiny_config(model_type: str, **overrides: Any) -> Any:
+    """2 layers, hidden 64, 4 query heads and 2 kv heads of 16."""
+    values: dict[str, Any] = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    if model_type == "qwen3_moe":
+        values.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    values.update(overrides)
+    config = AutoConfig.for_model(model_type, **values)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def tiny_model(model_type: str, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: Any) -> Any:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=dtype)
+    with torch.no_grad():  # visible norm weights: a norm that is skipped or misapplied changes the output
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+class Counting:
+    """The torch reference backend, counting each op's calls."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        base = jt.TORCH
+
+        def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.calls[name] += 1
+                return fn(*args, **kwargs)
+
+            return counted
+
+        self.backend = dataclasses.replace(
+            base,
+            name="counting",
+            rmsnorm=count("rmsnorm", base.rmsnorm),
+            fused_add_rmsnorm=count("fused_add_rmsnorm", base.fused_add_rmsnorm),
+            act_and_mul={k: count(f"act:{k}", f) for k, f in base.act_and_mul.items()},
+            rope=count("rope", base.rope),
+            qknorm_rope=count("qknorm_rope", base.qknorm_rope),
+        )
+
+
+def patched_pair(model_type: str, dtype: torch.dtype = torch.float32, **options: Any) -> tuple[Any, Any, Counting]:
+    model = tiny_model(model_type, dtype)
+    reference = copy.deepcopy(model)
+    counting = Counting()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a supported tiny model patches without a warning
+        report = jt.apply(model, backend=counting.backend, **options)
+    assert report
+    return model, reference, counting
+
+
+def ids(batch: int = 2, length: int = 7, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def instance_forwards(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if "forward" in m.__dict__]
+
+
+# ---------------------------------------------------------------------------------------------
+# Left unchanged
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_model_on_cpu_is_left_unchanged_with_one_warning(model_type: str) -> None:
+    model = tiny_model(model_type)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.warns(UserWarning) as record:
+        report = jt.apply(model)  # the jit_kernel backend: CUDA only
+    assert len(record) == 1
+    assert "everything" in str(record[0].message) and "cpu" in str(record[0].message)
+    assert not report and report.skipped
+    assert instance_forwards(model) == []
+    assert list(jt.patched_modules(model)) == []
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_unsupported_model_type_is_left_unchanged_with_one_warning() -> None:
+    config = AutoConfig.for_model("gpt2", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.warns(UserWarning, match="model type 'gpt2' is not supported") as record:
+        report = jt.apply(model, backend="torch")
+    assert len(record) == 1 and not report
+    assert instance_forwards(model) == []
+
+
+def test_dynamic_rope_skips_rope_only_with_one_warning() -> None:
+    model = tiny_model("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    reference = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="rope_type 'dynamic'") as record:
+        report = jt.apply(model, backend="torch")
+    assert len(record) == 1
+    assert report.rope == report.qkv == 0 and report.mlp == 2 and report.fused_add_rmsnorm == 2
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, reference(ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_all_options_off_changes_nothing() -> None:
+    model = tiny_model("qwen3")
+    report = jt.apply(
+        model, rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False, backend="torch"
+    )
+    assert not report and not report.skipped
+    assert instance_forwards(model) == []
+
+
+def test_unknown_backend_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="backend must be one of jit_kernel, flashinfer, torch"):
+        jt.apply(tiny_model("llama"), backend="triton")
+
+
+def test_apply_twice_changes_nothing_the_second_time() -> None:
+    model, reference, counting = patched_pair("llama")
+    weight = model.model.layers[0].mlp.gate_proj.weight
+    assert not jt.apply(model, backend=counting.backend)
+    assert model.model.layers[0].mlp.gate_proj.weight is weight
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, reference(ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Patched on the torch reference backend: same results as the unpatched model
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_patched_forward_equals_unpatched(model_type: str) -> None:
+    model, reference, counting = patched_pair(model_type)
+    layers = 2
+    with torch.no_grad():
+        expected = reference(ids(), use_cache=False).logits
+        got = model(ids(), use_cache=False).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    qk = model_type in ("qwen3", "qwen3_moe")
+    assert counting.calls["qknorm_rope" if qk else "rope"] == layers
+    assert counting.calls["rope" if qk else "qknorm_rope"] == 0
+    assert counting.calls["act:silu"] == (0 if model_type == "qwen3_moe" else layers)
+    # Layer 0 normalises its input; each layer hands the next norm (the last: the final norm) off.
+    assert counting.calls["rmsnorm"] >= 1 and counting.calls["fused_add_rmsnorm"] >= layers
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_bf16_patched_forward_is_close_to_unpatched(model_type: str) -> None:
+    model, reference, _ = patched_pair(model_type, torch.bfloat16)
+    with torch.no_grad():
+        got = model(ids()).logits.float()
+        expected = reference(ids()).logits.float()
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
+    assert cosine > 0.999, cosine
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_output_hidden_states_are_the_unpatched_models(model_type: str) -> None:
+    model, reference, counting = patched_pair(model_type)
+    with torch.no_grad():
+        expected = reference(ids(), output_hidden_states=True)
+        counting.calls.clear()
+        got = model(ids(), output_hidden_states=True)
+        recorded_fused = counting.calls["fused_add_rmsnorm"]
+        counting.calls.clear()
+        plain = model(ids())  # the capture hooks stay installed, collecting nothing
+        plain_fused = counting.calls["fused_add_rmsnorm"]
+    assert len(got.hidden_states) == len(expected.hidden_states) == 3
+    for g, e in zip(got.hidden_states, expected.hidden_states, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    # Recording: one fused add + norm per layer (the MLP's add with the next norm); not recording,
+    # layer 1 also adds its attention output into its input, layer 0's output.
+    assert recorded_fused == 2
+    assert plain_fused == 3
+
+
+def test_hidden_states_recorded_by_a_user_hook_are_not_overwritten() -> None:
+    model, reference, _ = patched_pair("llama")
+    seen: list[torch.Tensor] = []
+    expected_seen: list[torch.Tensor] = []
+    model.model.layers[0].register_forward_hook(lambda m, a, out: seen.append(out))
+    reference.model.layers[0].register_forward_hook(lambda m, a, out: expected_seen.append(out))
+    with torch.no_grad():
+        model(ids())
+        reference(ids())
+    torch.testing.assert_close(seen[0], expected_seen[0], rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_embeds_are_not_overwritten() -> None:
+    model, reference, _ = patched_pair("qwen3")
+    embeds = reference.model.embed_tokens(ids()).detach()
+    kept = embeds.clone()
+    with torch.no_grad():
+        got = model(inputs_embeds=embeds).logits
+        expected = reference(inputs_embeds=kept.clone()).logits
+    assert torch.equal(embeds, kept)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_state_dict_keys_and_values_are_unchanged(model_type: str) -> None:
+    model, reference, _ = patched_pair(model_type)
+    got, expected = model.state_dict(), reference.state_dict()
+    assert list(got) == list(expected)
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    assert [n for n, _ in model.named_buffers()] == [n for n, _ in reference.named_buffers()]
+
+
+def test_save_pretrained_round_trip(tmp_path: Any) -> None:
+    model, reference, _ = patched_pair("qwen3")
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    for name, value in reference.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids()).logits, reference(ids()).logits)
+
+
+def test_load_state_dict_writes_through_to_the_merged_weights() -> None:
+    model, _, _ = patched_pair("llama")
+    other = tiny_model("llama", seed=5)
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, other(ids()).logits, rtol=1e-5, atol=1e-5)
+    # assign=True replaces the parameters: the next eager call merges them again.
+    third = tiny_model("llama", seed=6)
+    model.load_state_dict(third.state_dict(), assign=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, third(ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_moving_the_model_merges_again() -> None:
+    model, reference, _ = patched_pair("qwen2")
+    model.to(torch.float64)
+    reference.to(torch.float64)
+    mlp = model.model.layers[0].mlp
+    merged = mlp.__dict__[jt._PLAN].gate_up
+    assert merged.weight.dtype == torch.float64 and merged.intact()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, reference(ids()).logits)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_generate_with_dynamic_and_static_cache(model_type: str) -> None:
+    model, reference, counting = patched_pair(model_type)
+    prompt = ids(2, 5)
+    mask = torch.ones_like(prompt)
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = reference.generate(prompt, **kwargs)
+    counting.calls.clear()
+    assert torch.equal(model.generate(prompt, **kwargs), expected)
+    assert counting.calls["fused_add_rmsnorm"] > 0
+    assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), expected)
+
+
+def test_autograd_on_runs_the_models_own_forwards() -> None:
+    model, reference, counting = patched_pair("qwen3")
+    got = model(ids()).logits  # autograd on: no kernels, gradients flow
+    got.sum().backward()
+    assert sum(counting.calls.values()) == 0
+    assert model.model.layers[0].mlp.gate_proj.weight.grad is not None
+    torch.testing.assert_close(got.detach(), reference(ids()).logits.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    ],
+)
+def test_scaled_rope_equals_unpatched(rope: dict[str, Any]) -> None:
+    model = tiny_model("llama", rope_parameters={"rope_theta": 500000.0, **rope})
+    reference = copy.deepcopy(model)
+    counting = Counting()
+    jt.apply(model, backend=counting.backend)
+    positions = torch.arange(100, 107)[None].expand(2, -1)  # beyond the original context
+    with torch.no_grad():
+        got = model(ids(), position_ids=positions).logits
+        expected = reference(ids(), position_ids=positions).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert counting.calls["rope"] == 2
+
+
+def test_partial_rotary_rotates_the_leading_dims_only() -> None:
+    """A rotary dim below head_dim: the integration's table has the model's frequencies and the
+    rotation leaves the trailing elements of every head alone."""
+    model = tiny_model(
+        "llama",
+        rope_parameters={"rope_type": "linear", "factor": 1.0, "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    )
+    rotary = model.model.rotary_emb
+    assert rotary.inv_freq.numel() == 4  # rotary dim 8 of head_dim 16
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def rope(positions, q, k, head_dim, cache, is_neox=True):  # type: ignore[no-untyped-def]
+        before = q.clone()
+        jt.TORCH.rope(positions, q, k, head_dim, cache, is_neox)
+        seen.append((before, q.clone(), positions.clone()))
+
+    jt.apply(model, backend=dataclasses.replace(jt.TORCH, rope=rope))
+    with torch.no_grad():
+        model(ids(1, 5))
+    before, after, positions = seen[0]
+    assert torch.equal(after[..., 8:], before[..., 8:])
+    freqs = positions[:, None].float() * rotary.inv_freq.float()[None]
+    cos, sin = freqs.cos()[:, None], freqs.sin()[:, None]
+    a, b = before[..., :4], before[..., 4:8]
+    torch.testing.assert_close(after[..., :4], a * cos - b * sin)
+    torch.testing.assert_close(after[..., 4:8], b * cos + a * sin)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_compile_fullgraph_has_no_graph_break(model_type: str) -> None:
+    model, reference, _ = patched_pair(model_type)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explanation = torch._dynamo.explain(model)(ids(), use_cache=False)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        torch.testing.assert_close(
+            compiled(ids(), use_cache=False).logits, reference(ids(), use_cache=False).logits, rtol=1e-5, atol=1e-5
+        )
+    torch._dynamo.reset()
+
+
+def test_kernel_mapping_is_a_valid_kernels_layer() -> None:
+    kernels = pytest.importorskip("kernels")
+    norm_cls = type(tiny_model("llama").model.norm)
+    if not hasattr(norm_cls, "kernel_layer_name"):  # transformers' decorator is inactive for this kernels
+        kernels.replace_kernel_forward_from_hub(norm_cls, "RMSNorm")
+    model = tiny_model("llama")
+    reference = copy.deepcopy(model)
+    with kernels.use_kernel_mapping(jt.kernel_mapping("cpu")):
+        kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")
+    assert "forward" in model.model.norm.__dict__
+    with torch.no_grad():  # the CPU falls back to the torch reference ops
+        torch.testing.assert_close(model(ids()).logits, reference(ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: jit_kernel's ops
+
+
+def gpu_config(model_type: str, layers: int = 2) -> Any:
+    """Small, with the head layout of the 8B models (head_dim 128, 4:1 GQA)."""
+    return tiny_config(
+        model_type,
+        vocab_size=2048,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=4096,
+        **(
+            {"moe_intermediate_size": 256, "num_experts": 8, "num_experts_per_tok": 2}
+            if model_type == "qwen3_moe"
+            else {}
+        ),
+    )
+
+
+def gpu_models(model_type: str) -> tuple[Any, Any, Any]:
+    """(patched bf16, unpatched bf16, unpatched fp32), the same weights."""
+    torch.manual_seed(0)
+    fp32 = AutoModelForCausalLM.from_config(gpu_config(model_type), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in fp32.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    fp32 = fp32.cuda().eval()
+    unpatched = copy.deepcopy(fp32).to(torch.bfloat16)
+    patched = copy.deepcopy(unpatched)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jt.apply(patched)
+    return patched, unpatched, fp32
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+def decisive_rows(reference: torch.Tensor, margin: float = 0.5) -> torch.Tensor:
+    """Rows (positions) whose top-1 logit leads the top-2 by more than ``margin``."""
+    top = reference.float().topk(2, dim=-1).values
+    return (top[..., 0] - top[..., 1]) > margin
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_gpu_logits_against_unpatched_and_fp32(model_type: str) -> None:
+    patched, unpatched, fp32 = gpu_models(model_type)
+    tokens = torch.randint(3, 2048, (4, 64), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.inference_mode():
+        exact = fp32(tokens).logits
+        got = patched(tokens).logits
+        base = unpatched(tokens).logits
+    assert cosine(got, base) > 0.999
+    # At least as close to the fp32 model as the unpatched bf16 model is (to within noise).
+    assert cosine(got, exact) >= cosine(base, exact) - 1e-4
+    rows = decisive_rows(exact)
+    assert rows.sum() > 0
+    assert torch.equal(got.argmax(-1)[rows], exact.argmax(-1)[rows])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_gpu_generate_fp32_matches_unpatched(model_type: str) -> None:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(gpu_config(model_type), dtype=torch.float32).cuda().eval()
+    reference = copy.deepcopy(model)
+    assert jt.apply(model)
+    prompt = torch.randint(3, 2048, (2, 12), generator=torch.Generator().manual_seed(1)).cuda()
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    expected = reference.generate(prompt, **kwargs)
+    assert torch.equal(model.generate(prompt, **kwargs), expected)
+    assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), expected)
+
+
+def _cache_keyword(model: Any) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _static_cache(model: Any, batch: int, length: int) -> Any:
+    return StaticCache(config=model.config, max_batch_size=batch, max_cache_len=length)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_gpu_decode_step_replays_in_a_cuda_graph(model_type: str) -> None:
+    patched, _, _ = gpu_models(model_type)
+    batch, prompt_len = 2, 16
+    prompt = torch.randint(3, 2048, (batch, prompt_len), generator=torch.Generator().manual_seed(2)).cuda()
+    token = torch.randint(3, 2048, (batch, 1), generator=torch.Generator().manual_seed(3)).cuda()
+    position = torch.full((batch, 1), prompt_len, device="cuda")
+    keyword = _cache_keyword(patched)
+
+    def fresh_cache() -> Any:
+        cache = _static_cache(patched, batch, 64)
+        with torch.inference_mode():
+            patched(prompt, **{keyword: cache})
+        return cache
+
+    with torch.inference_mode():
+        eager_cache = fresh_cache()
+        expected = patched(token, position_ids=position, **{keyword: eager_cache}).logits.clone()
+        cache = fresh_cache()
+        lengths = [layer.cumulative_length.clone() for layer in cache.layers]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            patched(token, position_ids=position, **{keyword: cache})  # warm-up (loads the kernels)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        for layer, length in zip(cache.layers, lengths, strict=True):
+            layer.cumulative_length.copy_(length)
+        with torch.cuda.graph(graph):
+            out = patched(token, position_ids=position, **{keyword: cache}).logits
+        for layer, length in zip(cache.layers, lengths, strict=True):
+            layer.cumulative_length.copy_(length)
+        graph.replay()
+        torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_gpu_compile_fullgraph_inductor(model_type: str) -> None:
+    patched, unpatched, _ = gpu_models(model_type)
+    tokens = torch.randint(3, 2048, (2, 32), generator=torch.Generator().manual_seed(4)).cuda()
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        explanation = torch._dynamo.explain(patched)(tokens, use_cache=False)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        compiled = torch.compile(patched, fullgraph=True)
+        got = compiled(tokens, use_cache=False).logits
+        eager = patched(tokens, use_cache=False).logits
+        base = unpatched(tokens, use_cache=False).logits
+    assert cosine(got, eager) > 0.9999
+    assert cosine(got, base) > 0.999
+    torch._dynamo.reset()
