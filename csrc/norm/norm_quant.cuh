@@ -673,6 +673,42 @@ struct RMSNormQuantFp8 {
       tvm::ffi::TensorView out,
       tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
       tvm::ffi::TensorView input,
+      tvm::ffi::TensorView weight,
+      tvm::ffi::Optional<tvm::ffi::TensorView> scale,
+      tvm::ffi::Optional<double> scale_value,
+      double eps,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    impl(
+        out,
+        normed_out,
+        input,
+        tvm::ffi::Optional<tvm::ffi::TensorView>(),
+        weight,
+        scale,
+        scale_value,
+        eps,
+        enable_pdl);
+  }
+
+  // The same after residual = T(input + residual), stored in place (input is only read).
+  static void fused_add(
+      tvm::ffi::TensorView out,
+      tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      tvm::ffi::Optional<tvm::ffi::TensorView> scale,
+      tvm::ffi::Optional<double> scale_value,
+      double eps,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    impl(out, normed_out, input, residual, weight, scale, scale_value, eps, enable_pdl);
+  }
+
+ private:
+  static void impl(
+      tvm::ffi::TensorView out,
+      tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
+      tvm::ffi::TensorView input,
       tvm::ffi::Optional<tvm::ffi::TensorView> residual,
       tvm::ffi::TensorView weight,
       tvm::ffi::Optional<tvm::ffi::TensorView> scale,
@@ -713,6 +749,31 @@ struct RMSNormPerTokenQuantFp8 {
       tvm::ffi::TensorView output_s,
       tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
       tvm::ffi::TensorView input,
+      tvm::ffi::TensorView weight,
+      double eps,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    impl(output_q, output_s, normed_out, input, tvm::ffi::Optional<tvm::ffi::TensorView>(), weight, eps, enable_pdl);
+  }
+
+  // The same after residual = T(input + residual), stored in place (input is only read).
+  static void fused_add(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      double eps,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    impl(output_q, output_s, normed_out, input, residual, weight, eps, enable_pdl);
+  }
+
+ private:
+  static void impl(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
+      tvm::ffi::TensorView input,
       tvm::ffi::Optional<tvm::ffi::TensorView> residual,
       tvm::ffi::TensorView weight,
       double eps,
@@ -745,6 +806,48 @@ struct RMSNormPerTokenGroupQuantFp8 {
   // [N, ceil(D / group_size / 4)], column-major, for the packed UE8M0 exponents (store_group_scale;
   // needs scale_ue8m0). quant_eps: the scale's floor (per_token_group_quant_fp8's eps).
   static void run(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView weight,
+      int64_t group_size,
+      double eps,
+      double quant_eps,
+      bool scale_ue8m0,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    impl(
+        output_q,
+        output_s,
+        normed_out,
+        input,
+        tvm::ffi::Optional<tvm::ffi::TensorView>(),
+        weight,
+        group_size,
+        eps,
+        quant_eps,
+        scale_ue8m0,
+        enable_pdl);
+  }
+
+  // The same after residual = T(input + residual), stored in place (input is only read).
+  static void fused_add(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,
+      tvm::ffi::TensorView input,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      int64_t group_size,
+      double eps,
+      double quant_eps,
+      bool scale_ue8m0,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    impl(output_q, output_s, normed_out, input, residual, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl);
+  }
+
+ private:
+  static void impl(
       tvm::ffi::TensorView output_q,
       tvm::ffi::TensorView output_s,
       tvm::ffi::Optional<tvm::ffi::TensorView> normed_out,

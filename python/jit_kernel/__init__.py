@@ -66,6 +66,7 @@ if importlib.util.find_spec("torch") is not None:
     from jit_kernel import scale as _scale_module
     from jit_kernel.ops.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
     from jit_kernel.ops.add_constant import add_constant
+    from jit_kernel.ops.gemma_norm import gemma_fused_add_rmsnorm, gemma_rmsnorm
     from jit_kernel.ops.hicache import (
         can_use_hicache_jit_kernel,
         transfer_hicache_all_layer,
@@ -75,6 +76,14 @@ if importlib.util.find_spec("torch") is not None:
     )
     from jit_kernel.ops.kv_store import set_mla_kv_buffer, store_kv_cache
     from jit_kernel.ops.norm import fused_add_rmsnorm, fused_inplace_qknorm, qknorm_across_heads, rmsnorm
+    from jit_kernel.ops.norm_quant import (
+        fused_add_rmsnorm_per_token_group_quant_fp8,
+        fused_add_rmsnorm_per_token_quant_fp8,
+        fused_add_rmsnorm_quant_fp8,
+        rmsnorm_per_token_group_quant_fp8,
+        rmsnorm_per_token_quant_fp8,
+        rmsnorm_quant_fp8,
+    )
     from jit_kernel.ops.quant import per_tensor_quant_fp8
     from jit_kernel.ops.rope import apply_rope_with_cos_sin_cache_inplace, fused_qknorm_rope
     from jit_kernel.ops.scale import scale
@@ -101,10 +110,15 @@ __all__ = [
     "cache_once",
     "can_use_hicache_jit_kernel",
     "fused_add_rmsnorm",
+    "fused_add_rmsnorm_per_token_group_quant_fp8",
+    "fused_add_rmsnorm_per_token_quant_fp8",
+    "fused_add_rmsnorm_quant_fp8",
     "fused_inplace_qknorm",
     "fused_qknorm_rope",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "gemma_fused_add_rmsnorm",
+    "gemma_rmsnorm",
     "load_jit",
     "make_cpp_args",
     "per_tensor_quant_fp8",
@@ -112,6 +126,9 @@ __all__ = [
     "per_token_quant_fp8",
     "qknorm_across_heads",
     "rmsnorm",
+    "rmsnorm_per_token_group_quant_fp8",
+    "rmsnorm_per_token_quant_fp8",
+    "rmsnorm_quant_fp8",
     "scale",
     "set_mla_kv_buffer",
     "silu_and_mul",

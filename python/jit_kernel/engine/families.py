@@ -238,7 +238,10 @@ RMSNORM_QUANT_FP8 = KernelSpec(
     sources=("norm/norm_quant.cuh",),
     params=("hidden", "dtype"),
     domains=_NORM_QUANT_DOMAINS,
-    exports={"run": "jit_kernel::norm::RMSNormQuantFp8<{args}>::run"},
+    exports={
+        "run": "jit_kernel::norm::RMSNormQuantFp8<{args}>::run",
+        "fused_add": "jit_kernel::norm::RMSNormQuantFp8<{args}>::fused_add",
+    },
     prebuilt=_NORM_QUANT_GRID,
 )
 RMSNORM_PER_TOKEN_QUANT_FP8 = KernelSpec(
@@ -246,7 +249,10 @@ RMSNORM_PER_TOKEN_QUANT_FP8 = KernelSpec(
     sources=("norm/norm_quant.cuh",),
     params=("hidden", "dtype"),
     domains=_NORM_QUANT_DOMAINS,
-    exports={"run": "jit_kernel::norm::RMSNormPerTokenQuantFp8<{args}>::run"},
+    exports={
+        "run": "jit_kernel::norm::RMSNormPerTokenQuantFp8<{args}>::run",
+        "fused_add": "jit_kernel::norm::RMSNormPerTokenQuantFp8<{args}>::fused_add",
+    },
     prebuilt=_NORM_QUANT_GRID,
 )
 RMSNORM_PER_TOKEN_GROUP_QUANT_FP8 = KernelSpec(
@@ -254,7 +260,10 @@ RMSNORM_PER_TOKEN_GROUP_QUANT_FP8 = KernelSpec(
     sources=("norm/norm_quant.cuh",),
     params=("hidden", "dtype"),
     domains=_NORM_QUANT_DOMAINS,
-    exports={"run": "jit_kernel::norm::RMSNormPerTokenGroupQuantFp8<{args}>::run"},
+    exports={
+        "run": "jit_kernel::norm::RMSNormPerTokenGroupQuantFp8<{args}>::run",
+        "fused_add": "jit_kernel::norm::RMSNormPerTokenGroupQuantFp8<{args}>::fused_add",
+    },
     prebuilt=_NORM_QUANT_GRID,
 )
 # Gemma's RMSNorm, x * rrms * (1 + w) (csrc/norm/gemma.cuh). Config = dtype only: D is run-time
