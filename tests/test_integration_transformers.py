@@ -439,9 +439,11 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def decisive_rows(reference: torch.Tensor, margin: float = 0.5) -> torch.Tensor:
-    """Rows (positions) whose top-1 logit leads the top-2 by more than ``margin``."""
-    top = reference.float().topk(2, dim=-1).values
-    return (top[..., 0] - top[..., 1]) > margin
+    """Rows (positions) whose top-1 logit leads the top-2 by more than ``margin`` standard
+    deviations of the row."""
+    reference = reference.float()
+    top = reference.topk(2, dim=-1).values
+    return (top[..., 0] - top[..., 1]) > margin * reference.std(-1)
 
 
 @pytest.mark.gpu
@@ -482,7 +484,7 @@ def _cache_keyword(model: Any) -> str:
 
 
 def _static_cache(model: Any, batch: int, length: int) -> Any:
-    return StaticCache(config=model.config, max_batch_size=batch, max_cache_len=length)
+    return StaticCache(config=model.config, max_cache_len=length)
 
 
 @pytest.mark.gpu
@@ -539,3 +541,56 @@ def test_gpu_compile_fullgraph_inductor(model_type: str) -> None:
     assert cosine(got, eager) > 0.9999
     assert cosine(got, base) > 0.999
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark's CPU-side parts
+
+
+def test_bench_model_arguments() -> None:
+    from jit_kernel.benchmark import bench_model
+
+    args = bench_model.parse_args([])
+    assert (args.models, args.layers, args.batches, args.context, args.prefill) == (
+        ["llama", "qwen3"],
+        4,
+        [1, 8, 32],
+        1024,
+        1024,
+    )
+    assert args.modes == ["eager", "graph", "compile"]
+    quick = bench_model.parse_args(["--quick", "--models", "qwen3", "--json-dir", "out"])
+    assert (quick.layers, quick.batches, quick.models, quick.json_dir) == (1, [1], ["qwen3"], "out")
+    for bad in (["--models", "gpt2"], ["--modes", "jit"], ["--batches", "0"], ["--context", "64"]):
+        with pytest.raises(SystemExit):
+            bench_model.parse_args(bad)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_bench_model_configs_have_the_8b_shapes(name: str) -> None:
+    from jit_kernel.benchmark import bench_model
+
+    config = bench_model.model_config(name, 4)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (
+        4096,
+        32,
+        8,
+        128,
+    )
+    assert config.num_hidden_layers == 4
+    assert config.intermediate_size == {"llama": 14336, "qwen3": 12288}[name]
+    assert config.rope_parameters["rope_theta"] == {"llama": 500000.0, "qwen3": 1000000.0}[name]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_bench_model_builds_and_checks_tiny_models_on_cpu(name: str) -> None:
+    from jit_kernel.benchmark import bench_model
+
+    shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    config = bench_model.model_config(name, 2, head_dim=16, **shape)
+    models, fp32, missing = bench_model.build_models(config, "cpu", ["unpatched", "jit_kernel"])
+    assert not missing and list(models) == ["unpatched", "jit_kernel"]
+    assert list(jt.patched_modules(models["jit_kernel"])) and not list(jt.patched_modules(models["unpatched"]))
+    rows = bench_model.correctness(models, fp32, "cpu")
+    assert [row[0] for row in rows] == ["unpatched", "jit_kernel"]
+    assert float(rows[1][1]) > 0.999 and float(rows[1][2]) > 0.999

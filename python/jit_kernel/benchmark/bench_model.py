@@ -1,0 +1,434 @@
+"""Decode steps and a prefill of Hugging Face transformers models, unpatched and patched by
+``jit_kernel.integrations.transformers.apply`` (and by the same integration with FlashInfer's ops,
+where FlashInfer imports), in eager mode, replayed from a CUDA graph and under
+``torch.compile(mode="reduce-overhead", fullgraph=True)``; times are medians of CUDA-event pairs
+around each call after warm-up, in microseconds.
+
+    python -m jit_kernel.benchmark.bench_model                       # Llama-3-8B and Qwen3-8B shapes, 4 layers
+    python -m jit_kernel.benchmark.bench_model --quick               # 1 layer, batch 1: a smoke test
+    python -m jit_kernel.benchmark.bench_model --json-dir bench-json # + JSON results (report.py)
+
+Models: Llama-3-8B- and Qwen3-8B-shaped configs written here (no download), ``--layers`` decoder
+layers (default 4), bf16, random weights, sdpa attention. A decode step is one token per sequence
+at batch ``--batches`` (default 1, 8, 32) against a ``StaticCache`` of ``--context`` tokens (default
+1024; the step attends to all of them through a 4D mask given to the model, built once, so the
+mask is no part of the step); the prefill is ``--prefill`` tokens (default 1024) of one sequence,
+eager. Before the timings, a correctness check: logits of a 2 x 128-token prompt from each variant
+against the unpatched bf16 model and an fp32 copy (cosine similarity, and the argmax on the rows
+whose fp32 top-1 leads its top-2 by more than half the row's standard deviation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import inspect
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from jit_kernel.benchmark import results
+
+MODELS = ("llama", "qwen3")
+VARIANTS = ("unpatched", "jit_kernel", "flashinfer")
+MODES = ("eager", "graph", "compile")
+DECISIVE_MARGIN = 0.5  # in standard deviations of the row's fp32 logits
+
+# The shapes of meta-llama/Meta-Llama-3-8B and Qwen/Qwen3-8B (their config.json values).
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+    "qwen3": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ),
+}
+LABELS = {"llama": "Llama-3-8B", "qwen3": "Qwen3-8B"}
+
+
+def model_config(name: str, layers: int, **overrides: Any) -> Any:
+    """The transformers config of ``name`` (``llama`` or ``qwen3``) with ``layers`` decoder layers."""
+    from transformers import AutoConfig
+
+    values = dict(CONFIGS[name])
+    model_type = values.pop("model_type")
+    rope_theta = values.pop("rope_theta")
+    values.update(num_hidden_layers=layers, **overrides)
+    config = AutoConfig.for_model(model_type, **values)
+    # transformers 5 keeps rope_theta in rope_parameters
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    rope.update(rope_type=rope.get("rope_type", "default"), rope_theta=rope_theta)
+    config.rope_parameters = rope
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def build_models(config: Any, device: str, variants: Sequence[str]) -> tuple[dict[str, Any], Any, dict[str, str]]:
+    """(bf16 model per variant that could be built, the fp32 copy, variant -> why it is missing).
+    Random weights, the same in every variant. On a CPU the patched variants use the integration's
+    torch reference backend (a check of the benchmark's own code, not a measurement)."""
+    from transformers import AutoModelForCausalLM
+
+    import jit_kernel.integrations.transformers as jt
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        fp32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    models: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    base = copy.deepcopy(fp32).to(torch.bfloat16)
+    for variant in variants:
+        model = base if variant == "unpatched" else copy.deepcopy(base)
+        if variant != "unpatched":
+            try:
+                report = jt.apply(model, backend=variant if device == "cuda" else "torch")
+            except ImportError as error:
+                missing[variant] = f"{variant} not importable ({error})"
+                continue
+            if not report:
+                missing[variant] = f"apply() patched nothing: {report.skipped}"
+                continue
+        models[variant] = model
+    return models, fp32, missing
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+def correctness(
+    models: dict[str, Any], fp32: Any, device: str, batch: int = 2, length: int = 128
+) -> list[list[object]]:
+    """Per variant: cosine against the unpatched bf16 model and against fp32, and the argmax on the
+    decisive rows of the fp32 logits (top-1 ahead of top-2 by more than DECISIVE_MARGIN)."""
+    vocab = fp32.config.vocab_size
+    tokens = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(1)).to(device)
+    with torch.inference_mode():
+        exact = fp32(tokens, use_cache=False).logits.float()
+        logits = {name: model(tokens, use_cache=False).logits.float() for name, model in models.items()}
+    top = exact.topk(2, dim=-1).values
+    decisive = (top[..., 0] - top[..., 1]) > DECISIVE_MARGIN * exact.std(-1)
+    expected = exact.argmax(-1)[decisive]
+    rows: list[list[object]] = []
+    for name, got in logits.items():
+        agree = int((got.argmax(-1)[decisive] == expected).sum())
+        vs_unpatched = _cosine(got, logits["unpatched"]) if "unpatched" in logits else float("nan")
+        rows.append([name, f"{vs_unpatched:.6f}", f"{_cosine(got, exact):.6f}", f"{agree}/{int(decisive.sum())}"])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def median_us(fn: Callable[[], object], warmup: int, iters: int, before: Callable[[], None] | None = None) -> float:
+    """Median over ``iters`` calls of the time between CUDA events recorded around each call."""
+    for _ in range(warmup):
+        fn()
+    if before is not None:
+        before()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in pairs)
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward's name for the cache: ``cache`` (transformers >= 5.18) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class DecodeStep:
+    """One decode step of ``model`` at batch ``batch``: the inputs, a StaticCache of ``context``
+    tokens holding ``context // 2`` of them (its write position is put back before every
+    measurement), and a 4D mask over the cache."""
+
+    def __init__(self, model: Any, batch: int, context: int, device: str) -> None:
+        from transformers import StaticCache
+
+        self.model, self.filled = model, context // 2
+        self.cache = StaticCache(config=model.config, max_cache_len=context)
+        vocab = model.config.vocab_size
+        keyword = cache_keyword(model)
+        prompt = torch.randint(0, vocab, (batch, 4), generator=torch.Generator().manual_seed(2)).to(device)
+        with torch.inference_mode():
+            model(prompt, **{keyword: self.cache})  # allocates the cache's tensors
+        self.token = torch.randint(0, vocab, (batch, 1), generator=torch.Generator().manual_seed(3)).to(device)
+        self.position = torch.full((batch, 1), self.filled, dtype=torch.long, device=device)
+        visible = torch.arange(context, device=device) <= self.filled
+        self.mask = visible.view(1, 1, 1, context).expand(batch, 1, 1, context).contiguous()
+        self.kwargs = {keyword: self.cache, "attention_mask": self.mask, "position_ids": self.position}
+        self.rewind()
+
+    def rewind(self) -> None:
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(self.filled)
+
+    def __call__(self, model: Any = None) -> Any:
+        return (model or self.model)(self.token, use_cache=True, **self.kwargs)
+
+
+def time_eager(step: DecodeStep, warmup: int, iters: int) -> float:
+    with torch.inference_mode():
+        step.rewind()
+        return median_us(step, warmup, iters, step.rewind)
+
+
+def time_graph(step: DecodeStep, warmup: int, iters: int) -> float:
+    with torch.inference_mode():
+        step.rewind()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        step.rewind()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return median_us(graph.replay, warmup, iters, step.rewind)
+
+
+def time_compile(step: DecodeStep, compiled: Any, warmup: int, iters: int) -> float:
+    def call() -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+        step(compiled)
+
+    with torch.inference_mode():
+        step.rewind()
+        return median_us(call, warmup, iters, step.rewind)
+
+
+def time_prefill(model: Any, tokens: int, context: int, device: str, warmup: int, iters: int) -> float:
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=max(context, tokens))
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(4))
+    ids = ids.to(device)
+    keyword = cache_keyword(model)
+
+    def rewind() -> None:
+        for layer in cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(0)
+
+    def call() -> None:
+        rewind()
+        model(ids, use_cache=True, **{keyword: cache})
+
+    with torch.inference_mode():
+        return median_us(call, warmup, iters)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _ratio(base: float | None, other: float | None) -> str:
+    if not base or not other:
+        return "n/a"
+    return f"{base / other:.2f}x"
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+DECODE_HEADER = ["mode", "batch", "unpatched us", "jit_kernel us", "speedup", "FlashInfer us", "FlashInfer speedup"]
+PREFILL_HEADER = ["tokens", "unpatched us", "jit_kernel us", "speedup", "FlashInfer us", "FlashInfer speedup"]
+CORRECTNESS_HEADER = ["variant", "cosine vs unpatched", "cosine vs fp32", "argmax = fp32 on decisive rows"]
+
+
+def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    print(f"\n{title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def _measure(label: str, fn: Callable[[], float], notes: list[str]) -> float | None:
+    """``fn()``, or None with a note where it fails (a variant's failure is its own cell)."""
+    results.check_stop()
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        raise
+    except Exception as error:
+        if results.stop_requested():
+            raise KeyboardInterrupt from error
+        notes.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        traceback.print_exc()
+        return None
+
+
+def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], notes: list[str]) -> None:
+    device = "cuda"
+    started = time.perf_counter()
+    config = model_config(name, args.layers)
+    variants = [v for v in VARIANTS if v != "flashinfer" or not args.no_flashinfer]
+    models, fp32, missing = build_models(config, device, variants)
+    notes.extend(f"{LABELS[name]}: {why}" for why in missing.values())
+    label = f"{LABELS[name]}-shaped, {args.layers} layer{'s' if args.layers != 1 else ''}, bf16"
+
+    rows = correctness(models, fp32, device)
+    del fp32
+    torch.cuda.empty_cache()
+    title = f"correctness, {label}: logits of 2 x 128 tokens"
+    _print_table(title, CORRECTNESS_HEADER, rows)
+    tables.append(results.cells_table(f"{name}_correctness", title, CORRECTNESS_HEADER, rows))
+
+    decode_rows: list[list[object]] = []
+    compiled = {}
+    for mode in args.modes:
+        for batch in args.batches:
+            times: dict[str, float | None] = {}
+            for variant, model in models.items():
+                tag = f"{LABELS[name]} {variant} {mode} b{batch}"
+                step = DecodeStep(model, batch, args.context, device)
+                if mode == "eager":
+                    times[variant] = _measure(tag, lambda s=step: time_eager(s, args.warmup, args.iters), notes)
+                elif mode == "graph":
+                    times[variant] = _measure(tag, lambda s=step: time_graph(s, args.warmup, args.iters), notes)
+                else:
+                    if variant not in compiled:
+                        compiled[variant] = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+                    times[variant] = _measure(
+                        tag, lambda s=step, c=compiled[variant]: time_compile(s, c, args.warmup, args.iters), notes
+                    )
+                del step
+            base = times.get("unpatched")
+            row = [mode, batch, _us(base), _us(times.get("jit_kernel")), _ratio(base, times.get("jit_kernel"))]
+            row += [_us(times.get("flashinfer")), _ratio(base, times.get("flashinfer"))]
+            decode_rows.append(row)
+            print(f"  [{time.perf_counter() - started:6.1f} s] {name} {mode} b{batch}: " + ", ".join(map(str, row[2:])))
+    title = f"decode step, {label}, StaticCache of {args.context} tokens"
+    _print_table(title, DECODE_HEADER, decode_rows)
+    tables.append(results.cells_table(f"{name}_decode", title, DECODE_HEADER, decode_rows))
+
+    if args.prefill > 0:
+        times = {
+            variant: _measure(
+                f"{LABELS[name]} {variant} prefill",
+                lambda m=model: time_prefill(m, args.prefill, args.context, device, 2, args.prefill_iters),
+                notes,
+            )
+            for variant, model in models.items()
+        }
+        base = times.get("unpatched")
+        prefill_row = [args.prefill, _us(base), _us(times.get("jit_kernel")), _ratio(base, times.get("jit_kernel"))]
+        prefill_row += [_us(times.get("flashinfer")), _ratio(base, times.get("flashinfer"))]
+        title = f"prefill, eager, {label}, one sequence"
+        _print_table(title, PREFILL_HEADER, [prefill_row])
+        tables.append(results.cells_table(f"{name}_prefill", title, PREFILL_HEADER, [prefill_row]))
+    print(f"  [{time.perf_counter() - started:6.1f} s] {name} done")
+    del models, compiled
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: llama, qwen3")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    parser.add_argument("--batches", type=_int_list, default=[1, 8, 32], help="decode batch sizes (default 1,8,32)")
+    parser.add_argument("--context", type=int, default=1024, help="StaticCache length of a decode step")
+    parser.add_argument("--prefill", type=int, default=1024, help="prefill tokens (0: no prefill)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, graph, compile")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=50, help="timed calls per cell (median)")
+    parser.add_argument("--prefill-iters", type=int, default=10)
+    parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out even where it imports")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: 1 layer, batch 1, prefill 128")
+    parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_model.json")
+    args = parser.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.modes = [m for m in args.modes.split(",") if m]
+    for model in args.models:
+        if model not in MODELS:
+            parser.error(f"--models: unknown model {model!r}; known: {', '.join(MODELS)}")
+    for mode in args.modes:
+        if mode not in MODES:
+            parser.error(f"--modes: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if args.quick:
+        args.layers, args.batches, args.prefill, args.warmup, args.iters = 1, [1], 128, 3, 10
+    if args.layers < 1 or not args.batches or min(args.batches) < 1:
+        parser.error("--layers and --batches must be positive")
+    if args.context < 2 or args.warmup + args.iters >= args.context // 2:
+        parser.error("--context must exceed 2 * (warmup + iters): each decode call writes one cache slot")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_model needs a CUDA GPU")
+    json_dir = results.resolve_json_dir(args.json_dir)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+    tables: list[results.Json] = []
+    notes: list[str] = []
+    complete = True
+    with results.stoppable():
+        try:
+            for name in args.models:
+                run_model(name, args, tables, notes)
+        except KeyboardInterrupt:
+            complete = False
+            print("\ninterrupted: the tables above hold what was measured before the stop")
+    for note in notes:
+        print(f"note: {note}")
+    if json_dir:
+        doc = results.document(
+            "bench_model",
+            results.first_paragraph(__doc__),
+            results.command_line("bench_model", argv),
+            tables,
+            complete=complete,
+            notes=notes,
+        )
+        print(f"results: {results.write(json_dir, doc)}")
+    if not complete:
+        raise SystemExit(130)
+
+
+if __name__ == "__main__":
+    main()
