@@ -21,7 +21,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoConfig, AutoModelForCausalLM, StaticCache  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from jit_kernel.integrations import transformers as jt  # noqa: E402
 
@@ -477,49 +477,28 @@ def test_gpu_generate_fp32_matches_unpatched(model_type: str) -> None:
     assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), expected)
 
 
-def _cache_keyword(model: Any) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _static_cache(model: Any, batch: int, length: int) -> Any:
-    return StaticCache(config=model.config, max_cache_len=length)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_gpu_decode_step_replays_in_a_cuda_graph(model_type: str) -> None:
+    """The benchmark's decode step (StaticCache, 4D mask) captured and replayed."""
+    from jit_kernel.benchmark.bench_model import DecodeStep
+
     patched, _, _ = gpu_models(model_type)
-    batch, prompt_len = 2, 16
-    prompt = torch.randint(3, 2048, (batch, prompt_len), generator=torch.Generator().manual_seed(2)).cuda()
-    token = torch.randint(3, 2048, (batch, 1), generator=torch.Generator().manual_seed(3)).cuda()
-    position = torch.full((batch, 1), prompt_len, device="cuda")
-    keyword = _cache_keyword(patched)
-
-    def fresh_cache() -> Any:
-        cache = _static_cache(patched, batch, 64)
-        with torch.inference_mode():
-            patched(prompt, **{keyword: cache})
-        return cache
-
+    step = DecodeStep(patched, 2, 64, "cuda")
     with torch.inference_mode():
-        eager_cache = fresh_cache()
-        expected = patched(token, position_ids=position, **{keyword: eager_cache}).logits.clone()
-        cache = fresh_cache()
-        lengths = [layer.cumulative_length.clone() for layer in cache.layers]
+        step.rewind()
+        expected = step().logits.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            patched(token, position_ids=position, **{keyword: cache})  # warm-up (loads the kernels)
+            step()
         torch.cuda.current_stream().wait_stream(stream)
+        step.rewind()
         graph = torch.cuda.CUDAGraph()
-        for layer, length in zip(cache.layers, lengths, strict=True):
-            layer.cumulative_length.copy_(length)
         with torch.cuda.graph(graph):
-            out = patched(token, position_ids=position, **{keyword: cache}).logits
-        for layer, length in zip(cache.layers, lengths, strict=True):
-            layer.cumulative_length.copy_(length)
+            out = step().logits
+        out.fill_(float("nan"))
+        step.rewind()
         graph.replay()
         torch.cuda.synchronize()
     torch.testing.assert_close(out, expected)

@@ -34,7 +34,20 @@ import torch
 from jit_kernel.benchmark import results
 
 MODELS = ("llama", "qwen3")
-VARIANTS = ("unpatched", "jit_kernel", "flashinfer")
+# variant -> apply() keywords (None: the model as transformers builds it)
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "unpatched": None,
+    "jit_kernel": {"backend": "jit_kernel"},
+    "flashinfer": {"backend": "flashinfer"},
+    # --ablate: jit_kernel without the merged GEMMs (the model's own MLP, and q/k/v projections)
+    "jit_kernel_unmerged": {"backend": "jit_kernel", "mlp": False, "qkv": False},
+}
+LABELS_VARIANT = {
+    "unpatched": "unpatched",
+    "jit_kernel": "jit_kernel",
+    "flashinfer": "FlashInfer",
+    "jit_kernel_unmerged": "jit_kernel, unmerged",
+}
 MODES = ("eager", "graph", "compile")
 DECISIVE_MARGIN = 0.5  # in standard deviations of the row's fp32 logits
 
@@ -108,10 +121,13 @@ def build_models(config: Any, device: str, variants: Sequence[str]) -> tuple[dic
     missing: dict[str, str] = {}
     base = copy.deepcopy(fp32).to(torch.bfloat16)
     for variant in variants:
-        model = base if variant == "unpatched" else copy.deepcopy(base)
-        if variant != "unpatched":
+        options = VARIANTS[variant]
+        model = base if options is None else copy.deepcopy(base)
+        if options is not None:
+            if device != "cuda":
+                options = {**options, "backend": "torch"}
             try:
-                report = jt.apply(model, backend=variant if device == "cuda" else "torch")
+                report = jt.apply(model, **options)
             except ImportError as error:
                 missing[variant] = f"{variant} not importable ({error})"
                 continue
@@ -268,8 +284,26 @@ def _us(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-DECODE_HEADER = ["mode", "batch", "unpatched us", "jit_kernel us", "speedup", "FlashInfer us", "FlashInfer speedup"]
-PREFILL_HEADER = ["tokens", "unpatched us", "jit_kernel us", "speedup", "FlashInfer us", "FlashInfer speedup"]
+def time_header(variants: Sequence[str]) -> list[str]:
+    """Per variant its time, and for the patched ones the unpatched time over theirs."""
+    header = []
+    for variant in variants:
+        header.append(f"{LABELS_VARIANT[variant]} us")
+        if variant != "unpatched":
+            header.append(f"{LABELS_VARIANT[variant]} speedup")
+    return header
+
+
+def time_cells(variants: Sequence[str], times: dict[str, float | None]) -> list[object]:
+    base = times.get("unpatched")
+    cells: list[object] = []
+    for variant in variants:
+        cells.append(_us(times.get(variant)))
+        if variant != "unpatched":
+            cells.append(_ratio(base, times.get(variant)))
+    return cells
+
+
 CORRECTNESS_HEADER = ["variant", "cosine vs unpatched", "cosine vs fp32", "argmax = fp32 on decisive rows"]
 
 
@@ -300,8 +334,10 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
     device = "cuda"
     started = time.perf_counter()
     config = model_config(name, args.layers)
-    variants = [v for v in VARIANTS if v != "flashinfer" or not args.no_flashinfer]
+    variants = ["unpatched", "jit_kernel"] + ([] if args.no_flashinfer else ["flashinfer"])
+    variants += ["jit_kernel_unmerged"] if args.ablate else []
     models, fp32, missing = build_models(config, device, variants)
+    variants = [v for v in variants if v not in missing]
     notes.extend(f"{LABELS[name]}: {why}" for why in missing.values())
     label = f"{LABELS[name]}-shaped, {args.layers} layer{'s' if args.layers != 1 else ''}, bf16"
 
@@ -331,14 +367,13 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
                         tag, lambda s=step, c=compiled[variant]: time_compile(s, c, args.warmup, args.iters), notes
                     )
                 del step
-            base = times.get("unpatched")
-            row = [mode, batch, _us(base), _us(times.get("jit_kernel")), _ratio(base, times.get("jit_kernel"))]
-            row += [_us(times.get("flashinfer")), _ratio(base, times.get("flashinfer"))]
+            row = [mode, batch, *time_cells(variants, times)]
             decode_rows.append(row)
             print(f"  [{time.perf_counter() - started:6.1f} s] {name} {mode} b{batch}: " + ", ".join(map(str, row[2:])))
     title = f"decode step, {label}, StaticCache of {args.context} tokens"
-    _print_table(title, DECODE_HEADER, decode_rows)
-    tables.append(results.cells_table(f"{name}_decode", title, DECODE_HEADER, decode_rows))
+    header = ["mode", "batch", *time_header(variants)]
+    _print_table(title, header, decode_rows)
+    tables.append(results.cells_table(f"{name}_decode", title, header, decode_rows))
 
     if args.prefill > 0:
         times = {
@@ -349,12 +384,11 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
             )
             for variant, model in models.items()
         }
-        base = times.get("unpatched")
-        prefill_row = [args.prefill, _us(base), _us(times.get("jit_kernel")), _ratio(base, times.get("jit_kernel"))]
-        prefill_row += [_us(times.get("flashinfer")), _ratio(base, times.get("flashinfer"))]
+        prefill_row = [args.prefill, *time_cells(variants, times)]
+        header = ["tokens", *time_header(variants)]
         title = f"prefill, eager, {label}, one sequence"
-        _print_table(title, PREFILL_HEADER, [prefill_row])
-        tables.append(results.cells_table(f"{name}_prefill", title, PREFILL_HEADER, [prefill_row]))
+        _print_table(title, header, [prefill_row])
+        tables.append(results.cells_table(f"{name}_prefill", title, header, [prefill_row]))
     print(f"  [{time.perf_counter() - started:6.1f} s] {name} done")
     del models, compiled
     torch._dynamo.reset()
@@ -377,6 +411,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=50, help="timed calls per cell (median)")
     parser.add_argument("--prefill-iters", type=int, default=10)
     parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out even where it imports")
+    parser.add_argument(
+        "--ablate", action="store_true", help="also time jit_kernel without the merged gate/up and q/k/v GEMMs"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke test: 1 layer, batch 1, prefill 128")
     parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_model.json")
     args = parser.parse_args(argv)

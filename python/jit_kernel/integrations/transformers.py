@@ -342,7 +342,7 @@ class _Merged:
 
     @staticmethod
     def _merge(params: Sequence[torch.Tensor]) -> torch.Tensor:
-        merged = torch.cat([p.detach() for p in params], 0)
+        merged = _static(torch.cat([p.detach() for p in params], 0))
         row = 0
         for p in params:
             n = p.shape[0]
@@ -372,6 +372,13 @@ class _Merged:
         if not torch.compiler.is_compiling() and not self.intact():
             self.merge()
         return self.weight, self.bias
+
+
+def _static(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark a tensor the patched forwards read (not a parameter or buffer) as having a fixed
+    address, so that torch.compile's CUDA graphs read it in place rather than copying it in."""
+    torch._dynamo.mark_static_address(tensor)
+    return tensor
 
 
 def _merge_on_apply(module: nn.Module, merged: Sequence[_Merged]) -> None:
@@ -470,7 +477,7 @@ class _RotaryPlan:
         if table is None or table.device != device:
             freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), self.inv_freq)
             table = torch.cat((freqs.cos(), freqs.sin()), -1) * self.scaling
-            self.table = table = table.to(device)
+            self.table = table = _static(table.to(device))
         return table
 
 
@@ -784,10 +791,10 @@ def apply(
     activation), ``qkv`` (q/k/v projections as one GEMM; with ``rope``), ``rope`` (rotary embedding
     from a cos/sin table), ``qk_norm`` (Qwen3's q/k norm fused into the rotation; with ``rope``).
     ``backend``: ``"jit_kernel"``, ``"flashinfer"`` (its ops in the same places, for comparison),
-    ``"torch"`` (reference ops in torch, on any device) or a :class:`Backend`. A model whose parameters are not on a CUDA
-    device (with a CUDA backend), or of another model type, is left unchanged; parts whose config
-    is not supported are skipped; either way one warning names what was skipped. Applying twice
-    changes nothing the second time."""
+    ``"torch"`` (reference ops in torch, on any device) or a :class:`Backend`. A model whose
+    parameters are not on a CUDA device (with a CUDA backend), or of another model type, is left
+    unchanged; parts whose config is not supported are skipped; either way one warning names what
+    was skipped. Applying twice changes nothing the second time."""
     report = Patched()
     ops = backend if isinstance(backend, Backend) else get_backend(backend)
     config = getattr(model, "config", None)
@@ -842,6 +849,7 @@ def apply(
                     report.qk_norm += plan.qk_norm is not None
                     report.rope += 1
                 rotary_plan = _RotaryPlan(ops, inv_freq, scaling, max_positions, type(base.rotary_emb).forward)
+                rotary_plan.cos_sin_cache(device)  # built here, not in a forward (traced, or captured)
                 _bind(base.rotary_emb, _rotary_forward, rotary_plan)
 
     if mlp:
