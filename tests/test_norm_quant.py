@@ -947,3 +947,74 @@ def test_compiles_for_sm90a_without_a_gpu(spec, config, monkeypatch: pytest.Monk
     module = jit_module(spec, config, cuda_arch="9.0a")
     for export in spec.exports:
         assert module.implements_function(symbol_name(spec, export, config)), export
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark script (tests/test_benchmarks.py covers the shared helpers)
+
+
+def _load_bench(monkeypatch: pytest.MonkeyPatch):
+    import importlib
+
+    for module in ("triton", "matplotlib", "pandas"):
+        pytest.importorskip(module)
+    monkeypatch.setenv("JIT_KERNEL_BENCH_CI", "1")
+    monkeypatch.delenv("JIT_KERNEL_BENCH_OUT", raising=False)
+    return importlib.reload(importlib.import_module("jit_kernel.benchmark.bench_norm_quant"))
+
+
+def test_bench_norm_quant_on_cpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Imports without CUDA, declares one perf_report per op, runs main() with a fake timer (every
+    config and provider timed once), and its torch baselines compute the ops' references."""
+    from jit_kernel.benchmark import _tables
+    from jit_kernel.benchmark._tables import Measurements
+
+    cuda_before = torch.cuda.is_initialized()
+    bench = _load_bench(monkeypatch)
+    try:
+        assert torch.cuda.is_initialized() == cuda_before  # importing it touches no GPU
+        assert bench.op_bytes("fused_add_rmsnorm_quant_fp8", 4) == 4 * 4096 * 7 + 4096 * 2
+        assert [b.plot_name for b in bench.bench_norm_quant.benchmarks] == [f"{op}-bf16-D4096" for op in bench.OPS]
+        x, r = torch.randn(3, 4096).bfloat16(), torch.randn(3, 4096).bfloat16()
+        w = (torch.randn(4096) * 0.3).bfloat16()
+        torch.testing.assert_close(bench.torch_gemma_rmsnorm(x, w), ref_gemma(x, w), rtol=0, atol=0)
+        q, s = bench.torch_fused_add_rmsnorm_per_token(x, r.clone(), w)
+        assert q.dtype == FP8 and s.shape == (3, 1)
+        q, s, _ = bench.torch_fused_add_rmsnorm_group(x, r.clone(), w)
+        assert s.shape == (3, 32) and s.stride() == (1, 3)
+
+        calls: list[tuple[object, str]] = []
+
+        def timer(key: object, provider: str, make: object) -> float:
+            calls.append((key, provider))
+            return 10.0
+
+        monkeypatch.setattr(bench, "RESULTS", Measurements(timer))
+        monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
+        monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+        monkeypatch.chdir(tmp_path)  # no save path: nothing may be written
+        bench.main([])
+        assert list(tmp_path.iterdir()) == []
+        expected = sum(len(providers) for providers, _ in bench.OPS.values()) * len(bench.TOKENS)
+        assert len(calls) == len(set(calls)) == expected
+        summary = capsys.readouterr().out.split("device: Fake GPU")[1]
+        rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
+        assert len(rows) == len(bench.OPS) * len(bench.TOKENS)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.gpu
+def test_bench_norm_quant_cases_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every provider's callable runs once (FlashInfer's where it is importable)."""
+    import importlib.util
+
+    bench = _load_bench(monkeypatch)
+    for op, (providers, _) in bench.OPS.items():
+        for provider in providers:
+            if provider == "compile" or (provider == "flashinfer" and importlib.util.find_spec("flashinfer") is None):
+                continue
+            bench.norm_quant_case(provider, op, 16)()
+    torch.cuda.synchronize()

@@ -78,7 +78,7 @@ struct EpiArgs {
   bool normed_aligned;  // the normed output's rows are 16-byte aligned
   bool e5m2;            // static q in float8_e5m2 (else e4m3)
   bool ue8m0;           // group scales rounded up to powers of two
-  bool packed;          // group scales as UE8M0 bytes, 4 per int32 (see PackedScales)
+  bool packed;          // group scales as UE8M0 bytes, 4 per int32 (see store_group_scale)
 };
 
 inline constexpr float kFp8E5m2Max = 57344.f;

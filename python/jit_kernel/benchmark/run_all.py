@@ -80,6 +80,7 @@ SCRIPTS: tuple[Script, ...] = (
     # all-layer, ceilings) and the host-time loops, plus a process start.
     Script("bench_hicache", (), 40.0),
     Script("bench_elementwise"),
+    Script("bench_norm_quant"),
 )
 
 
