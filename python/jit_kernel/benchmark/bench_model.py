@@ -1,8 +1,8 @@
 """Decode steps and a prefill of Hugging Face transformers models, unpatched and patched by
 ``jit_kernel.integrations.transformers.apply`` (and by the same integration with FlashInfer's ops,
 where FlashInfer imports), in eager mode, replayed from a CUDA graph and under
-``torch.compile(mode="reduce-overhead", fullgraph=True)``; times are medians of CUDA-event pairs
-around each call after warm-up, in microseconds.
+``torch.compile(mode="reduce-overhead", fullgraph=True)`` (unpatched and jit_kernel); times are
+medians of CUDA-event pairs around each call after warm-up, in microseconds.
 
     python -m jit_kernel.benchmark.bench_model                       # Llama-3-8B and Qwen3-8B shapes, 4 layers
     python -m jit_kernel.benchmark.bench_model --quick               # 1 layer, batch 1: a smoke test
@@ -49,6 +49,9 @@ LABELS_VARIANT = {
     "jit_kernel_unmerged": "jit_kernel, unmerged",
 }
 MODES = ("eager", "graph", "compile")
+# Compiled: the unpatched model and jit_kernel's (each compile costs tens of seconds; FlashInfer's
+# variant is timed eager and in a CUDA graph).
+COMPILED_VARIANTS = ("unpatched", "jit_kernel")
 DECISIVE_MARGIN = 0.5  # in standard deviations of the row's fp32 logits
 
 # The shapes of meta-llama/Meta-Llama-3-8B and Qwen/Qwen3-8B (their config.json values).
@@ -214,7 +217,7 @@ class DecodeStep:
             layer.cumulative_length.fill_(self.filled)
 
     def __call__(self, model: Any = None) -> Any:
-        return (model or self.model)(self.token, use_cache=True, **self.kwargs)
+        return (self.model if model is None else model)(self.token, use_cache=True, **self.kwargs)
 
 
 def time_eager(step: DecodeStep, warmup: int, iters: int) -> float:
@@ -354,6 +357,8 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
         for batch in args.batches:
             times: dict[str, float | None] = {}
             for variant, model in models.items():
+                if mode == "compile" and variant not in COMPILED_VARIANTS:
+                    continue
                 tag = f"{LABELS[name]} {variant} {mode} b{batch}"
                 step = DecodeStep(model, batch, args.context, device)
                 if mode == "eager":

@@ -627,6 +627,8 @@ def _decoder_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: 
         # x is the previous layer's output: this layer may add into it unless someone records it.
         own_input = plan.previous is not None and not _observed(plan.previous, plan.collector)
     attn, _ = self.self_attn(hidden_states=handed, **kwargs)
+    if not attn.is_contiguous():  # written in place below through a [tokens, hidden] view
+        attn = attn.contiguous()
     if own_input and not _observed(self.self_attn, plan.collector):
         h = x
         ops.fused_add_rmsnorm(attn.view(-1, d), h.view(-1, d), post_norm.weight, post_norm.variance_epsilon)
@@ -637,6 +639,8 @@ def _decoder_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: 
     mlp_out = self.mlp(normed)
     if _observed(self.mlp, plan.collector):
         return h + mlp_out
+    if not mlp_out.is_contiguous():
+        mlp_out = mlp_out.contiguous()
     nxt = plan.next_norm
     ops.fused_add_rmsnorm(mlp_out.view(-1, d), h.view(-1, d), nxt.weight, nxt.variance_epsilon)
     chain.src, chain.normed = h, mlp_out
