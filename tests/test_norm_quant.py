@@ -616,11 +616,10 @@ def test_config_choice_and_grid() -> None:
     assert table.config((torch.float32, 4096)) == (0, "fp32_t")
     with pytest.raises(TypeError, match=r"rmsnorm_quant_fp8: input must be one of"):
         table.config((torch.int32, 4096))
-    for kernels in norm_quant._KERNELS.values():  # every choice is prebuilt
-        for dtype in DTYPES:
-            for d in (*families.NORM_QUANT_HIDDEN_SIZES, 1000):
-                assert kernels.config((dtype, d)) in kernels._dispatcher.spec.prebuilt
-    assert set(families.GEMMA_RMSNORM.prebuilt) == {("bf16_t",), ("fp16_t",), ("fp32_t",)}
+    for kernels in norm_quant._KERNELS.values():  # every prebuilt config is one the op chooses
+        chosen = {kernels.config((dtype, d)) for dtype in DTYPES for d in (*families.NORM_QUANT_HIDDEN_SIZES, 1000)}
+        assert set(kernels._dispatcher.spec.prebuilt) <= chosen
+    assert families.GEMMA_RMSNORM.prebuilt == (("bf16_t",),)
 
 
 OPS = {
