@@ -329,7 +329,6 @@ class _Merged:
 
     def __init__(self, linears: Sequence[nn.Linear]) -> None:
         self.linears = list(linears)
-        self.sizes = [lin.out_features for lin in self.linears]
         self.weight = torch.empty(0)
         self.bias: torch.Tensor | None = None
         self.merge()
@@ -812,6 +811,8 @@ def apply(
         reason = f"model type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
     elif base is None:
         reason = f"{type(model).__name__} has no decoder stack (layers, norm, rotary_emb)"
+    elif any(hasattr(m, "_hf_hook") for m in model.modules()):
+        reason = "the model is dispatched by accelerate (device_map): its hooks wrap the forwards"
     elif device is None or (ops.cuda_only and device.type != "cuda"):
         reason = f"the model is on {device}, and the {ops.name} backend runs on CUDA devices"
     if reason is not None:
