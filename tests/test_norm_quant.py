@@ -86,12 +86,14 @@ def assert_q_equal(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def assert_within_one_fp8_step(q: torch.Tensor, expected: torch.Tensor) -> None:
-    """At most one e4m3 step apart (1/8 relative; 2^-9 near zero), and exact but for rare ties."""
+    """At most one e4m3 step apart (1/8 relative; 2^-9 near zero), and mostly equal: the rounding of
+    y to the dtype moves an element across an fp8 rounding boundary now and then (bf16: about 1.6%
+    of them, a quarter of a bf16 step over an fp8 step)."""
     a, b = q.float(), expected.float()
     assert not torch.isnan(a).any()
     torch.testing.assert_close(a, b, rtol=0.125, atol=2.0**-9)
-    if a.numel():
-        assert (a == b).float().mean().item() > 0.99
+    if a.numel() >= 1000:
+        assert (a == b).float().mean().item() > 0.95
 
 
 def _quant(y: torch.Tensor, scale: torch.Tensor, max_value: float = FP8_MAX, dtype: torch.dtype = FP8) -> torch.Tensor:
@@ -133,7 +135,7 @@ STATIC_SHAPES += [pytest.param(2048, 1024, id="big-2048-1024"), pytest.param(409
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize(("n", "d"), STATIC_SHAPES)
 def test_static_matches_composition(n: int, d: int, fused: bool, dtype: torch.dtype) -> None:
@@ -158,7 +160,7 @@ def test_static_matches_composition(n: int, d: int, fused: bool, dtype: torch.dt
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fused", [False, True])
 def test_static_scale_forms_and_e5m2(fused: bool, dtype: torch.dtype) -> None:
     """A tensor of one element (any shape) and a float give the same bits; a zero scale gives 0; a
@@ -187,12 +189,13 @@ def test_static_scale_forms_and_e5m2(fused: bool, dtype: torch.dtype) -> None:
 
 TOKEN_SHAPES = [(n, d) for n in (1, 7, 300) for d in (64, 1000, 1001, 1024, 4096, 5120, 7168, 12288, 16384, 40000)]
 TOKEN_SHAPES += [pytest.param(2048, 1024, id="big-2048-1024"), pytest.param(4097, 8192, id="big-4097-8192")]
-# The scale's closeness to the float64 reference: one rounding of the largest element to the dtype.
-SCALE_RTOL = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 1e-5}
+# The scale's closeness to the float64 reference: one rounding of the largest element to the dtype
+# (at most half a step: 2^-8 relative in bf16, 2^-11 in fp16), with room for rrms's last bits.
+SCALE_RTOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-5}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize(("n", "d"), TOKEN_SHAPES)
 def test_per_token_matches_composition(n: int, d: int, fused: bool, dtype: torch.dtype) -> None:
@@ -282,7 +285,7 @@ def _check_group(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize(("n", "d"), GROUP_SHAPES)
@@ -300,7 +303,7 @@ def test_group_matches_composition(n: int, d: int, group: int, fused: bool, dtyp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize(
     ("layout", "ue8m0"), [("row", True), ("column", False), ("column", True), ("padded", False), ("packed", True)]
@@ -324,7 +327,7 @@ def test_group_scale_layouts(n: int, d: int, layout: str, ue8m0: bool, fused: bo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("n", [1, 37, 300])
 def test_group_allocated_layouts(n: int, dtype: torch.dtype) -> None:
     """The scales the ops allocate: row-major, column-major ``[groups, tokens]`` transposed, and packed
@@ -387,7 +390,7 @@ MODES = ["static", "token", "group"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
@@ -540,7 +543,7 @@ GEMMA_SHAPES += [pytest.param(4097, 2304, id="big-4097-2304"), pytest.param(2048
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("n", "d"), GEMMA_SHAPES)
 def test_gemma_rmsnorm(n: int, d: int, dtype: torch.dtype) -> None:
     x = (torch.randn(n, d, device="cuda") * 2).to(dtype)
@@ -552,7 +555,7 @@ def test_gemma_rmsnorm(n: int, d: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("n", "d"), GEMMA_SHAPES)
 def test_gemma_fused_add_rmsnorm(n: int, d: int, dtype: torch.dtype) -> None:
     x, r, _ = _case(n, d, dtype)
@@ -565,7 +568,7 @@ def test_gemma_fused_add_rmsnorm(n: int, d: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize(("d", "pad", "offset"), [(2304, 64, 0), (2304, 8, 1), (3840, 0, 1), (1001, 3, 2)])
 def test_gemma_strided_misaligned_in_place_and_3d(d: int, pad: int, offset: int, dtype: torch.dtype) -> None:
     x, r, _ = _case(17, d, dtype, pad=pad, offset=offset)
