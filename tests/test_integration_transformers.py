@@ -379,6 +379,21 @@ def test_compile_fullgraph_has_no_graph_break(model_type: str) -> None:
     torch._dynamo.reset()
 
 
+def test_compiled_output_hidden_states_are_the_unpatched_models() -> None:
+    model, reference, _ = patched_pair("qwen3")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        model(ids(), output_hidden_states=True)  # transformers installs its capture hooks eagerly
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        got = compiled(ids(), output_hidden_states=True, use_cache=False)
+        expected = reference(ids(), output_hidden_states=True, use_cache=False)
+        plain = compiled(ids(), use_cache=False)
+    for g, e in zip(got.hidden_states, expected.hidden_states, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_kernel_mapping_is_a_valid_kernels_layer() -> None:
     kernels = pytest.importorskip("kernels")
     norm_cls = type(tiny_model("llama").model.norm)
