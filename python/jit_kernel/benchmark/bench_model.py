@@ -213,8 +213,9 @@ class DecodeStep:
         self.rewind()
 
     def rewind(self) -> None:
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(self.filled)
+        with torch.inference_mode():  # the cache's tensors were made under inference mode
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(self.filled)
 
     def __call__(self, model: Any = None) -> Any:
         return (self.model if model is None else model)(self.token, use_cache=True, **self.kwargs)

@@ -40,10 +40,12 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("bench_kv_store", "KV-cache stores", "kv_store"),
     ("bench_token_quant", "Per-token and per-group fp8 quantization", "token_quant"),
     ("bench_quant", "Per-tensor fp8 quantization", "quant"),
+    ("bench_norm_quant", "Fused RMSNorm + fp8 quantization, Gemma's RMSNorm", "norm_quant"),
     ("bench_elementwise", "Elementwise: scale and add_constant", "elementwise"),
     ("bench_hicache", "hicache KV-cache transfers", "hicache"),
     ("bench_dispatch", "Dispatch overhead", "dispatch"),
     ("bench_first_call", "First call and module load", "first_call"),
+    ("bench_model", "Whole models: transformers decode steps and prefill", "model"),
 )
 # Providers that are someone else's code (the rest are jit_kernel variants, the copy ceiling, or
 # compositions of our own ops).

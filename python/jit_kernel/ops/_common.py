@@ -281,6 +281,14 @@ class Op:
         self._tensors = tuple(n for n, p in parameters.items() if "Tensor" in str(p.annotation))
         self._out = out
         self._out_index = list(parameters).index(out) if out is not None else -1
+        self._names = tuple(parameters)
+        # An op mutating a tensor that defaults to None is registered without defaults (see
+        # _custom_op): traced calls then pass these.
+        self._defaults = (
+            {n: p.default for n, p in parameters.items() if p.default is not inspect.Parameter.empty}
+            if any(parameters[n].default is None for n in mutates)
+            else {}
+        )
         self._registered = register
         if register:
             self._register(mutates)
@@ -323,6 +331,8 @@ class Op:
 
     def traced(self, *args: Any, **kwargs: Any) -> Any:
         """The call through ``torch.ops.jit_kernel`` (what torch.compile sees)."""
+        if self._defaults:
+            args, kwargs = (), self._defaults | dict(zip(self._names, args, strict=False)) | kwargs
         if self._out is None:
             return self._torch_op(*args, **kwargs)
         index = self._out_index
@@ -349,7 +359,14 @@ class Op:
         self, name: str, parameters: list[inspect.Parameter], returns: str | None, mutates: tuple[str, ...]
     ) -> Any:
         """``torch.ops.jit_kernel.<name>`` taking ``parameters``: its real and fake implementations
-        run the plan with the arguments by name (``out``, when left out, as None)."""
+        run the plan with the arguments by name (``out``, when left out, as None).
+
+        An op that mutates a tensor defaulting to None is registered with no defaults at all
+        (``traced`` passes every argument): torch before 2.13 bumps the version of each mutated
+        argument by its position among the arguments passed, and fails (IndexError) on one left at
+        its default, which the dispatcher drops."""
+        if any(p.name in mutates and p.default is None for p in parameters):
+            parameters = [p.replace(default=inspect.Parameter.empty) for p in parameters]
         names = [p.name for p in parameters]
         missing = {self._out: None} if self._out is not None and self._out not in names else {}
 
