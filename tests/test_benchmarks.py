@@ -596,6 +596,25 @@ def test_bench_dispatch_failing_op_is_an_error_row(monkeypatch: pytest.MonkeyPat
     assert rows[1][0] == "add_constant (out=)" and float(rows[1][1]) > 0
 
 
+def test_bench_dispatch_forms_compare_functional_with_out_plus_allocation() -> None:
+    """functional - out= against the outputs' torch.empty (raw functional - raw out=), per op with both forms."""
+    from jit_kernel.benchmark import bench_dispatch
+
+    measured = {
+        "rmsnorm (out=)": (5.0, 4.5),
+        "rmsnorm (functional)": (7.9, 8.0),  # +2.9 against an allocation of +3.5: met
+        "per_token_quant_fp8 (outputs given)": (5.0, 4.5),
+        "per_token_quant_fp8 (functional)": (12.0, 9.5),  # +7.0 against +5.0: missed
+        "fused_add_rmsnorm": (5.0, 4.5),  # one form only: no row
+        "silu_and_mul (functional)": (9.0, 7.0),  # no out= row measured: no row
+    }
+    rows = bench_dispatch.forms_rows(measured)
+    assert rows == [
+        ["rmsnorm", "5.00", "7.90", "+2.90", "+3.50", "met"],
+        ["per_token_quant_fp8", "5.00", "12.00", "+7.00", "+5.00", "**missed**"],
+    ]
+
+
 def test_bench_versions_only_selects_matching_cases_and_the_empty_kernel() -> None:
     from jit_kernel.benchmark import bench_versions
 

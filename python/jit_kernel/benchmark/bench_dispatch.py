@@ -4,8 +4,9 @@ in CUDA-graph replay.
 Every op runs on decode-like inputs: bf16 activations ``[tokens, 4096]`` (q/k norms: Hq=32, Hk=8,
 head_dim 128; hicache: one layer, rows of 8 x 128 bf16, caches on the GPU). An op with an optional
 output has two rows: its outputs preallocated (``out=``), and its functional form, which allocates
-them; the functional row's raw reference allocates the same outputs (``torch.empty_like``) before
-the raw call, so both rows' "eager - raw" is the op's own overhead. FlashInfer's eager call of the
+them; the functional row's raw reference allocates the same outputs (one ``torch.empty`` of each
+output's shape, dtype and device) before the raw call, so both rows' "eager - raw" is the op's own
+overhead. FlashInfer's eager call of the
 same op is timed beside ours where FlashInfer has it and is importable. Three measurements:
 
 * **eager** (1 token): a host-bound loop of ``--calls`` back-to-back calls, timed on the host
@@ -146,15 +147,20 @@ def call_site(fn: Callable[..., object], *args: object, **kwargs: object) -> Cal
 
 
 def allocating(raw: Callable[..., object], like: torch.Tensor, *args: object) -> Call:
-    """The functional form's reference: ``raw(torch.empty_like(like), *args)``, the raw kernel call
-    plus the one allocation a functional op adds (so "eager - raw" of a functional row is the op's
-    own overhead, as for its ``out=`` row)."""
-    return lambda: raw(torch.empty_like(like), *args)
+    """The functional form's reference: the raw kernel call on one new output, ``torch.empty`` of
+    ``like``'s shape, dtype and device (read beforehand), as a caller of the ``out=`` form allocates
+    it; so "eager - raw" of a functional row is the op's own overhead, as for its ``out=`` row."""
+    shape, dtype, device = tuple(like.shape), like.dtype, like.device
+    return lambda: raw(torch.empty(shape, dtype=dtype, device=device), *args)
 
 
 def two_outputs(raw: Callable[..., object], q: torch.Tensor, s: torch.Tensor, *args: object) -> Call:
-    """The functional quantisers' reference: both outputs allocated (``empty_like``), then the raw call."""
-    return lambda: raw(torch.empty_like(q), torch.empty_like(s), *args)
+    """The functional quantisers' reference: both outputs allocated (``torch.empty``), then the raw call."""
+    q_shape, q_dtype, device = tuple(q.shape), q.dtype, q.device
+    s_shape, s_dtype = tuple(s.shape), s.dtype
+    return lambda: raw(
+        torch.empty(q_shape, dtype=q_dtype, device=device), torch.empty(s_shape, dtype=s_dtype, device=device), *args
+    )
 
 
 def _flashinfer(module: str) -> object | None:
@@ -465,8 +471,11 @@ def _checked_peer(flashinfer: Call | None, sync: Call) -> tuple[Call | None, str
     return flashinfer, ""
 
 
-def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> list[list[object]]:
-    """One row per op: eager us, raw us, their difference and the target (eager <= raw + 1 us)."""
+def eager_rows(
+    names: Sequence[str], device: str, calls: int, repeats: int, measured: dict[str, tuple[float, float]] | None = None
+) -> list[list[object]]:
+    """One row per op: eager us, raw us, their difference and the target (eager <= raw + 1 us).
+    ``measured`` collects each op's (eager us, raw us)."""
     rows: list[list[object]] = []
     sync = _sync(device)
     inputs = Inputs(EAGER_TOKENS, device)
@@ -486,6 +495,8 @@ def eager_rows(names: Sequence[str], device: str, calls: int, repeats: int) -> l
             rows.append([name, _error_cell(error), "", "", "", ""])
             continue
         raw_us, eager_us, overhead_us = times[0], times[1], differences[0]
+        if measured is not None:
+            measured[name] = (eager_us, raw_us)
         rows.append(
             [
                 name,
@@ -506,6 +517,47 @@ EAGER_HEADER = [
     "eager - raw (median of paired repeats)",
     f"eager <= raw + {EAGER_SLACK_US:g} us",
     "FlashInfer eager us",
+]
+
+
+FUNCTIONAL = " (functional)"
+GIVEN_OUTPUTS = (" (out=)", " (outputs given)")
+
+
+def forms_rows(measured: dict[str, tuple[float, float]]) -> list[list[object]]:
+    """One row per op with both forms: the functional call against the ``out=`` call plus the
+    outputs' ``torch.empty`` (the raw functional reference's time over the raw call's)."""
+    rows: list[list[object]] = []
+    for name, (functional_us, raw_functional_us) in measured.items():
+        if not name.endswith(FUNCTIONAL):
+            continue
+        op = name.removesuffix(FUNCTIONAL)
+        given = next((op + suffix for suffix in GIVEN_OUTPUTS if op + suffix in measured), None)
+        if given is None:
+            continue
+        out_us, raw_out_us = measured[given]
+        empty_us = raw_functional_us - raw_out_us
+        extra_us = functional_us - out_us
+        rows.append(
+            [
+                op,
+                format_us(out_us, 2),
+                format_us(functional_us, 2),
+                f"{extra_us:+.2f}",
+                f"{empty_us:+.2f}",
+                _met(extra_us <= empty_us),
+            ]
+        )
+    return rows
+
+
+FORMS_HEADER = [
+    "op",
+    "out= us",
+    "functional us",
+    "functional - out=",
+    "torch.empty of the outputs (raw functional - raw)",
+    "functional <= out= + torch.empty",
 ]
 
 
@@ -557,13 +609,23 @@ def sections(calls: int, repeats: int, graph_calls: int, replays: int, cpu_only:
     if cuda:
         torch.manual_seed(0)
         names = list(OPS)
+        measured: dict[str, tuple[float, float]] = {}
         SECTIONS.append(
             (
                 "eager",
                 f"Eager, {EAGER_TOKENS} x {HIDDEN} bf16, outputs given: host us per call "
                 f"(median of {repeats} x {calls} calls)",
                 EAGER_HEADER,
-                eager_rows(names, "cuda", calls, repeats),
+                eager_rows(names, "cuda", calls, repeats, measured),
+            )
+        )
+        SECTIONS.append(
+            (
+                "forms",
+                "Functional form against the out= form, from the eager section: the functional call "
+                "allocates its outputs, the out= caller's cost of that is one torch.empty per output",
+                FORMS_HEADER,
+                forms_rows(measured),
             )
         )
         SECTIONS.append(
