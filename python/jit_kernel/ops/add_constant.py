@@ -11,7 +11,7 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
-from jit_kernel.ops._common import KernelTable, Launch, kernel_op
+from jit_kernel.ops._common import FAST_PATH_MISS, KernelTable, Launch, kernel_op
 
 _CUDA = Dispatcher(ADD_CONSTANT_CUDA)
 _HOST = Dispatcher(ADD_CONSTANT_HOST)
@@ -31,4 +31,13 @@ def _add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = N
 
 def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return ``src + constant`` for a contiguous int32 tensor on CUDA or the CPU."""
+    try:  # the fast path (_common.FAST_PATH_MISS); a bool is not a constant the table serves
+        kernel = _KERNELS[src.is_cuda].get(constant) if type(constant) is int else None
+        if kernel is not None:
+            if out is None:
+                out = torch.empty_like(src)  # a non-contiguous src is rejected by the kernel: full path
+            kernel(out, src)
+            return out
+    except FAST_PATH_MISS:
+        pass
     return _add_constant(src, constant, out)
