@@ -588,21 +588,55 @@ def _attention_forward(
         cache = kwargs.pop("past_key_values", None)
     if cache is not None:
         key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
-    attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, plan.eager_attention)
-    out, weights = attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        dropout=0.0 if not self.training else self.attention_dropout,
-        scaling=self.scaling,
-        **plan.attention_kwargs,
-        **kwargs,
-    )
+    if _decode_packs_heads(self, query, attention_mask, hq, hk):
+        out, weights = _packed_decode_attention(query, key, value, attention_mask, self.scaling, hq // hk), None
+    else:
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, plan.eager_attention)
+        out, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **plan.attention_kwargs,
+            **kwargs,
+        )
     o = self.o_proj
     out = F.linear(out.reshape(x.shape[0], -1), o.weight, o.bias)
     return out.view(*input_shape, out.shape[-1]), weights
+
+
+def _decode_packs_heads(
+    module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None, q_heads: int, kv_heads: int
+) -> bool:
+    """Whether a decode step's SDPA attention runs on the KV heads with the query heads packed as
+    rows (one query token, grouped KV heads, a mask shared by the heads, no dropout): transformers'
+    sdpa path otherwise copies every KV head ``q_heads // kv_heads`` times (``repeat_kv``), the
+    step's largest memory traffic after the weights. Left to transformers under torch.compile, as
+    its own packing is."""
+    return (
+        q_heads > kv_heads
+        and query.shape[2] == 1
+        and module.config._attn_implementation == "sdpa"
+        and not module.training
+        and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1))
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _packed_decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float, groups: int
+) -> torch.Tensor:
+    """SDPA of one query token per sequence, ``query [B, Hq, 1, D]`` seen as ``[B, Hkv, groups, D]``
+    (query head h reads KV head h // groups, as repeat_kv pairs them): the same products and
+    softmax per row, without expanding the KV heads. Returns ``[B, 1, Hq, D]`` as transformers'
+    attention functions do."""
+    b, hq, _, d = query.shape
+    packed = query.reshape(b, hq // groups, groups, d)
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scale)
+    return out.reshape(b, hq, 1, out.shape[-1]).transpose(1, 2).contiguous()
 
 
 def _decoder_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
