@@ -909,6 +909,32 @@ def test_report_plots(tmp_path: Path) -> None:
     assert text == report.render(_fixture_docs(), report._manifest(FIXTURE), plots="benchmarks/plots")
 
 
+def test_report_plots_the_model_decode_tables(tmp_path: Path) -> None:
+    """bench_model's cells tables: a plot exactly when a decode table has rows; "n/a" cells are gaps."""
+    header = [
+        "mode",
+        "batch",
+        "unpatched us",
+        "jit_kernel us",
+        "jit_kernel speedup",
+        "FlashInfer us",
+        "FlashInfer speedup",
+    ]
+    rows = [
+        ["eager", 1, "6547.6", "4150.8", "1.58x", "n/a", "n/a"],
+        ["graph", 1, "1570.3", "1288.9", "1.22x", "1306.9", "1.20x"],
+    ]
+    decode = {"kind": "cells", "name": "llama_decode", "title": "decode", "header": header, "rows": rows}
+    prefill = {"kind": "cells", "name": "llama_prefill", "title": "prefill", "header": header[1:], "rows": [[1024]]}
+    doc = {"script": "bench_model", "tables": [prefill, decode]}
+    assert report.has_plot(doc)
+    assert not report.has_plot({"script": "bench_model", "tables": [prefill, {**decode, "rows": []}]})
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "model.png"
+    assert report.plot_model_decode(doc, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_report_fits_in_the_line_budget_on_the_full_grids(load_bench: Callable[[str, bool], ModuleType]) -> None:
     """Every script's full grid, every row measured: the document stays within its line budget."""
     docs = []

@@ -246,14 +246,60 @@ def plot_quota_sweep(doc: Json, path: Path) -> bool:
     return True
 
 
-PLOTTERS = {"bench_hicache": plot_quota_sweep}
+def _decode_tables(doc: Json) -> list[Json]:
+    return [t for t in doc["tables"] if t["name"].endswith("_decode") and t["rows"]]
+
+
+def plot_model_decode(doc: Json, path: Path) -> bool:
+    """bench_model: a decode step's time per mode and batch, each variant a bar, one panel per model."""
+    import matplotlib.pyplot as plt
+
+    tables = _decode_tables(doc)
+    if not tables:
+        return False
+    fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 4), squeeze=False)
+    for ax, table in zip(axes[0], tables, strict=True):
+        columns = [(i, h.removesuffix(" us")) for i, h in enumerate(table["header"]) if h.endswith(" us")]
+        labels = [f"{row[0]} b{row[1]}" for row in table["rows"]]
+        width = 0.8 / len(columns)
+        for k, (i, variant) in enumerate(columns):
+            values = [_number(row[i]) / 1e3 for row in table["rows"]]
+            positions = [x + (k - (len(columns) - 1) / 2) * width for x in range(len(labels))]
+            ax.bar(positions, values, width, label=variant)
+        ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=45)
+        ax.set_ylabel("ms per decode step")
+        ax.set_title(table["title"], fontsize=8)
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("One decode step (lower is better)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _number(cell: object) -> float:
+    try:
+        return float(str(cell))
+    except ValueError:  # "n/a", an error cell
+        return math.nan
+
+
+# script -> (whether its data has a plot, the plotter); the other scripts plot their provider tables.
+PLOTTERS = {
+    "bench_hicache": (
+        lambda doc: any(t["name"] == "quota_sweep" and t["rows"] for t in doc["tables"]),
+        plot_quota_sweep,
+    ),
+    "bench_model": (lambda doc: bool(_decode_tables(doc)), plot_model_decode),
+}
 
 
 def has_plot(doc: Json) -> bool:
     """Whether ``doc`` gets a plot (decided from the data alone, so the document does not depend
     on whether matplotlib ran)."""
     if doc["script"] in PLOTTERS:
-        return any(t["name"] == "quota_sweep" and t["rows"] for t in doc["tables"])
+        return PLOTTERS[doc["script"]][0](doc)
     return any(t["kind"] == "providers" and t["rows"] for t in doc["tables"])
 
 
@@ -268,7 +314,8 @@ def write_plots(docs: Sequence[Json], plots_dir: Path) -> list[Path]:
     for doc in docs:
         if has_plot(doc):
             path = plots_dir / f"{family(doc['script'])[1]}.png"
-            PLOTTERS.get(doc["script"], plot_provider_tables)(doc, path)
+            plotter = PLOTTERS[doc["script"]][1] if doc["script"] in PLOTTERS else plot_provider_tables
+            plotter(doc, path)
             written.append(path)
     for stale in set(plots_dir.glob("*.png")) - set(written):
         stale.unlink()

@@ -614,15 +614,13 @@ def _decode_packs_heads(
     """Whether a decode step's SDPA attention runs on the KV heads with the query heads packed as
     rows (one query token, grouped KV heads, a mask shared by the heads, no dropout): transformers'
     sdpa path otherwise copies every KV head ``q_heads // kv_heads`` times (``repeat_kv``), the
-    step's largest memory traffic after the weights. Left to transformers under torch.compile, as
-    its own packing is."""
+    step's largest memory traffic after the weights."""
     return (
         q_heads > kv_heads
         and query.shape[2] == 1
         and module.config._attn_implementation == "sdpa"
         and not module.training
         and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1))
-        and not torch.compiler.is_compiling()
     )
 
 
