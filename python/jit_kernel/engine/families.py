@@ -281,6 +281,34 @@ GEMMA_RMSNORM = KernelSpec(
     prebuilt=(("bf16_t",),),  # Gemma checkpoints run in bf16; fp16 and fp32 compile on first use
 )
 
+# MoE routing and combine (csrc/moe/). Config = the logits' (activations') dtype only: expert counts,
+# top-k, groups and hidden sizes are run-time. moe_align_block_size has no template parameter. Prebuilt:
+# bf16 routing and combine (what serving runs), one unit each; the rest compiles on first use.
+MOE_ROUTE = KernelSpec(
+    family="moe_route",
+    sources=("moe/routing.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={"route": "jit_kernel::moe::MoeRoute<{args}>::route"},
+    prebuilt=(("bf16_t",),),
+)
+MOE_ALIGN = KernelSpec(
+    family="moe_align_block_size",
+    sources=("moe/align.cuh",),
+    params=(),
+    domains={},
+    exports={"run": "jit_kernel::moe_align::MoeAlign::run"},
+    prebuilt=((),),
+)
+MOE_SUM_REDUCE = KernelSpec(
+    family="moe_sum_reduce",
+    sources=("moe/sum_reduce.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={"run": "jit_kernel::moe_sum::MoeSumReduce<{args}>::run"},
+    prebuilt=(("bf16_t",),),
+)
+
 ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
     ADD_CONSTANT_CUDA,
@@ -300,6 +328,9 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     RMSNORM_PER_TOKEN_QUANT_FP8,
     RMSNORM_PER_TOKEN_GROUP_QUANT_FP8,
     GEMMA_RMSNORM,
+    MOE_ROUTE,
+    MOE_ALIGN,
+    MOE_SUM_REDUCE,
 )
 
 
