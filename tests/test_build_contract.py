@@ -103,16 +103,38 @@ def test_generated_cmake_inputs_equal_the_jit_description_for_every_grid_entry(t
     assert isinstance(symbols, dict)
     checked = 0
     for spec in families.ALL_FAMILIES:
-        for index, config in enumerate(spec.prebuilt):
+        if not spec.prebuilt:
+            continue
+        # One source per family: JIT's unit of each config, with the exports of every config.
+        path = tmp_path / spec.target / f"{spec.family}{'.cu' if spec.target == 'cuda' else '.cpp'}"
+        family_text = path.read_text()
+        family_options = options.pop(path)
+        for config in spec.prebuilt:
             (jit_unit,) = jit_request(spec, config, "9.0a").units
-            path = tmp_path / spec.target / f"{spec.family}_{index:03d}{jit_unit.suffix}"
-            assert path.read_text() == jit_unit.text()
-            assert options.pop(path) == list(jit_unit.compile_args())
-            for symbol, _ in jit_unit.exports:
+            assert family_options == list(jit_unit.compile_args())
+            jit_lines = jit_unit.text().splitlines()
+            assert all(line in family_text.splitlines() for line in jit_lines)
+            for symbol, expression in jit_unit.exports:
                 assert symbols.pop(symbol)["unit_digest"] == jit_unit.digest()
+                assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, (::host::ffi_export({expression})));" in family_text
             checked += 1
+        exported = sum(line.startswith("TVM_FFI_DLL_EXPORT_TYPED_FUNC(") for line in family_text.splitlines())
+        assert exported == len(spec.prebuilt) * len(spec.exports)  # no export JIT does not describe
     assert checked == sum(len(spec.prebuilt) for spec in families.ALL_FAMILIES) > 40
     assert not options and not symbols  # nothing generated that JIT does not describe
+
+
+def test_only_units_of_the_same_sources_and_flags_combine() -> None:
+    spec = families.ADD_CONSTANT_CUDA
+    one, two = (TranslationUnit.for_config(spec, config) for config in spec.prebuilt[:2])
+    combined = TranslationUnit.combine([one, two])
+    assert combined.exports == one.exports + two.exports
+    assert combined.text().startswith(one.text().rsplit("TVM_FFI_DLL_EXPORT_TYPED_FUNC", 1)[0])
+    other = TranslationUnit.for_config(families.ADD_CONSTANT_HOST, families.ADD_CONSTANT_HOST.prebuilt[0])
+    with pytest.raises(ValueError, match="same sources, flags and include folders"):
+        TranslationUnit.combine([one, other])
+    with pytest.raises(ValueError, match="no translation unit"):
+        TranslationUnit.combine([])
 
 
 def test_a_flag_only_the_prebuilt_build_would_use_is_impossible(tmp_path: Path, monkeypatch) -> None:

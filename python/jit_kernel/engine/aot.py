@@ -6,9 +6,12 @@ At configure time CMake first asks ``python -m jit_kernel.engine.aot archs`` whi
 compiles what it writes, keeping no list and no flag of its own: each
 config's source text, compile options and digest come from the same
 :class:`~jit_kernel.engine.unit.TranslationUnit` that JIT compiles, so the two builds cannot drift. One
-unit per config, as in JIT, so the build parallelises; files are rewritten only when their content
-changes. After linking, ``seal`` writes the installed manifest: the generated one plus the
-library's size and SHA-256, which the runtime checks before it maps the library.
+source per family holds the exports of all its configs (:meth:`TranslationUnit.combine`): the configs of
+a family share their sources and flags, and nvcc's fixed cost per unit (headers, host code) dominates a
+config's compile, so a family compiles several times faster as one unit than as one unit per config;
+the families still compile in parallel. Files are rewritten only when their content changes. After
+linking, ``seal`` writes the installed manifest: the generated one plus the library's size and SHA-256,
+which the runtime checks before it maps the library.
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ def cuda_build_flags(targets: Sequence[ArchTarget], compress: bool) -> list[str]
 def generate(
     output_dir: Path, arch_list: str, cuda_version: str | None, tvm_ffi_version: str, compress: bool = False
 ) -> dict[str, Any]:
-    """Write one source per prebuilt config (the unit's text, as JIT compiles it), ``sources.cmake``
+    """Write one source per family (its configs' units, as JIT compiles them, combined), ``sources.cmake``
     (the sources with each unit's own compile options) and the manifest (with each unit's digest)."""
     targets = parse_arch_list(arch_list) if cuda_version else []  # no CUDA toolkit: host code only
     cmake = [_GENERATED]
@@ -141,13 +144,16 @@ def generate(
     symbols: dict[str, dict[str, object]] = {}
     for spec in (spec for spec in ALL_FAMILIES if targets or spec.target == "host"):
         archs = targets if spec.target == "cuda" else []
-        for index, config in enumerate(spec.prebuilt):
-            unit = TranslationUnit.for_config(spec, config)
-            path = output_dir / spec.target / f"{spec.family}_{index:03d}{unit.suffix}"
-            _write_if_changed(path, unit.text())
-            sources[spec.target].append(path)
-            cmake.append(f"set_source_files_properties({cmake_quote(path)} PROPERTIES COMPILE_OPTIONS "
-                         f"{cmake_quote(*unit.compile_args())})\n")  # fmt: skip
+        units = [(config, TranslationUnit.for_config(spec, config)) for config in spec.prebuilt]
+        if not units:
+            continue
+        family_unit = TranslationUnit.combine([unit for _, unit in units])
+        path = output_dir / spec.target / f"{spec.family}{family_unit.suffix}"
+        _write_if_changed(path, family_unit.text())
+        sources[spec.target].append(path)
+        cmake.append(f"set_source_files_properties({cmake_quote(path)} PROPERTIES COMPILE_OPTIONS "
+                     f"{cmake_quote(*family_unit.compile_args())})\n")  # fmt: skip
+        for config, unit in units:
             for export, (symbol, _) in zip(spec.exports, unit.exports, strict=True):
                 symbols[symbol] = {
                     "family": spec.family,
@@ -218,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cuda_version = args.cuda_version or None
     symbols = generate(args.output_dir, archs, cuda_version, tvm_ffi.__version__, args.compress_fatbin)["symbols"]
     cuda = sum(1 for s in symbols.values() if s["target"] == "cuda")
-    units = sum(len(spec.prebuilt) for spec in ALL_FAMILIES if spec.target == "cuda") if cuda else 0
+    units = sum(1 for spec in ALL_FAMILIES if spec.target == "cuda" and spec.prebuilt) if cuda else 0
     built = f"{cuda} CUDA from {units} translation units for {archs}" if cuda else "no CUDA"
     host = len(symbols) - cuda
     print(f"jit_kernel.engine.aot: {len(symbols)} prebuilt symbols ({built}, {host} host) in {args.output_dir}")

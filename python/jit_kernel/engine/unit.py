@@ -79,6 +79,25 @@ class TranslationUnit:
         sources = [env.CSRC_DIR / source for source in spec.sources]
         return cls.make(spec.target, sources, exports, spec.extra_cuda_cflags if spec.target == "cuda" else ())
 
+    @classmethod
+    def combine(cls, units: Sequence[TranslationUnit]) -> TranslationUnit:
+        """One unit that compiles every export of ``units``, which must share their language, sources,
+        flags and include folders (as the configs of one family do). The prebuilt build compiles one
+        such unit per family: nvcc's fixed cost per unit (parsing tvm-ffi's and our headers, host code)
+        is then paid once per family instead of once per config."""
+        if not units:
+            raise ValueError("jit_kernel: no translation unit to combine")
+        first = units[0]
+        for unit in units[1:]:
+            if (unit.language, unit.sources, unit.flags, unit.include_dirs) != (
+                first.language,
+                first.sources,
+                first.flags,
+                first.include_dirs,
+            ):
+                raise ValueError("jit_kernel: only units with the same sources, flags and include folders combine")
+        return dataclasses.replace(first, exports=tuple(export for unit in units for export in unit.exports))
+
     @property
     def suffix(self) -> str:
         return ".cu" if self.language == "cuda" else ".cpp"
