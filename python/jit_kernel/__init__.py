@@ -75,6 +75,7 @@ if importlib.util.find_spec("torch") is not None:
         transfer_hicache_one_layer_mla,
     )
     from jit_kernel.ops.kv_store import set_mla_kv_buffer, store_kv_cache
+    from jit_kernel.ops.moe import grouped_topk, moe_align_block_size, moe_sum_reduce, topk_sigmoid, topk_softmax
     from jit_kernel.ops.norm import fused_add_rmsnorm, fused_inplace_qknorm, qknorm_across_heads, rmsnorm
     from jit_kernel.ops.norm_quant import (
         fused_add_rmsnorm_per_token_group_quant_fp8,
@@ -119,8 +120,11 @@ __all__ = [
     "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
+    "grouped_topk",
     "load_jit",
     "make_cpp_args",
+    "moe_align_block_size",
+    "moe_sum_reduce",
     "per_tensor_quant_fp8",
     "per_token_group_quant_fp8",
     "per_token_quant_fp8",
@@ -136,6 +140,8 @@ __all__ = [
     "store_kv_cache",
     "stream_wait_value",
     "stream_wait_value_bounded",
+    "topk_sigmoid",
+    "topk_softmax",
     "transfer_hicache_all_layer",
     "transfer_hicache_all_layer_mla",
     "transfer_hicache_one_layer",

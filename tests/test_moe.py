@@ -1,0 +1,388 @@
+"""MoE routing (topk_softmax, topk_sigmoid, grouped_topk), moe_align_block_size and moe_sum_reduce.
+
+CPU tests (everywhere): registration, fake implementations and torch.compile tracing, bad inputs
+named, one sm_90a build per kernel unit. GPU tests: against fp32 torch references on random inputs,
+outputs poisoned, edge shapes, ties, every logits dtype, the align layout, the expert-parallel map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import jit_kernel
+from _norm_helpers import fake_cuda
+from jit_kernel.engine import families
+from jit_kernel.engine.dispatch import jit_module
+from jit_kernel.engine.spec import symbol_name
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@pytest.fixture(autouse=True)
+def _sm90a(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU the fakes' checks need a kernel: the sm_90a build the compile test makes."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0a")
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch references (fp32)
+
+
+def ref_route(
+    logits: torch.Tensor,
+    topk: int,
+    *,
+    softmax: bool,
+    renormalize: bool,
+    bias: torch.Tensor | None = None,
+    groups: int = 1,
+    topk_group: int = 1,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = logits.float()
+    scores = torch.softmax(x, dim=-1) if softmax else torch.sigmoid(x)
+    choice = scores + bias.float() if bias is not None else scores.clone()
+    t, e = choice.shape
+    if groups > 1 and topk_group < groups:
+        grouped = choice.view(t, groups, e // groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1) if bias is not None else grouped.max(dim=-1).values
+        keep = _stable_topk(group_scores, topk_group)
+        mask = torch.zeros(t, groups, dtype=torch.bool, device=x.device).scatter_(1, keep, True)
+        mask = mask.repeat_interleave(e // groups, dim=1)
+        choice = choice.masked_fill(~mask, float("-inf"))
+    ids = _stable_topk(choice, topk)
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights * scale, ids.int()
+
+
+def _stable_topk(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values per row, the lowest index first among equal values."""
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    return order[:, :k]
+
+
+def ref_align(
+    topk_ids: torch.Tensor, num_experts: int, block_size: int, expert_map: torch.Tensor | None = None
+) -> tuple[list[list[int]], list[int], int]:
+    """Per expert, the sorted flat pair indices; the expert id of each block; the padded total."""
+    flat = topk_ids.flatten().cpu().tolist()
+    segments = [[i for i, e in enumerate(flat) if e == expert] for expert in range(num_experts)]
+    blocks: list[int] = []
+    for expert, seg in enumerate(segments):
+        n = -(-len(seg) // block_size)
+        value = int(expert_map[expert]) if expert_map is not None else expert
+        blocks += [value] * n
+    return segments, blocks, len(blocks) * block_size
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: registration, fakes, tracing, bad inputs, builds
+
+OPS = {
+    "topk_softmax": {"topk_weights", "topk_ids"},
+    "topk_sigmoid": {"topk_weights", "topk_ids"},
+    "grouped_topk": {"topk_weights", "topk_ids"},
+    "moe_align_block_size": {"sorted_token_ids", "expert_ids", "num_tokens_post_padded"},
+    "moe_sum_reduce": set(),
+    "moe_sum_reduce_out": {"out"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_registered_with_mutated_tensors(name: str) -> None:
+    schema = getattr(torch.ops.jit_kernel, name).default._schema
+    mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert mutated == OPS[name], schema
+
+
+def _e(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.empty(*shape, device="cuda", dtype=dtype)
+
+
+def test_fakes_give_shapes() -> None:
+    with fake_cuda():
+        g = _e(5, 256)
+        w, i = jit_kernel.grouped_topk(g, 8, 8, 4, True, _e(256, dtype=torch.float32), 2.5)
+        assert w.shape == (5, 8) and w.dtype == torch.float32 and i.dtype == torch.int32
+        w, i = jit_kernel.topk_softmax(_e(3, 60), 4)
+        assert i.shape == (3, 4)
+        s, b, n = jit_kernel.moe_align_block_size(i, 60, 16)
+        assert s.shape == (12 + 60 * 15,) and b.shape == (-(-(12 + 60 * 15) // 16),) and n.shape == (1,)
+        assert jit_kernel.moe_sum_reduce(_e(5, 8, 1000), w.new_empty(5, 8)).shape == (5, 1000)
+
+
+def test_torch_compile_traces_without_graph_break() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., object]:
+        graphs.append(gm)
+        return gm
+
+    def model(g: torch.Tensor, bias: torch.Tensor, x: torch.Tensor):
+        w, i = jit_kernel.grouped_topk(g, 8, 8, 4, True, bias, 2.5)
+        w2, i2 = jit_kernel.topk_softmax(g, 2, True)
+        w3, i3 = jit_kernel.topk_sigmoid(g, 2, False, bias)
+        s, b, n = jit_kernel.moe_align_block_size(i, 256, 64)
+        y = jit_kernel.moe_sum_reduce(x, w)
+        return y, s, b, n, w2 + w3, i2 + i3
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y, s, b, n, w, i = torch.compile(model, fullgraph=True, backend=backend)(
+            _e(3, 256), _e(256, dtype=torch.float32), _e(3, 8, 512)
+        )
+    assert y.shape == (3, 512) and s.shape == (24 + 256 * 63,) and b.shape == (-(-(24 + 256 * 63) // 64),)
+    assert n.shape == (1,) and w.shape == (3, 2) and i.dtype == torch.int32
+    (graph,) = graphs
+    targets = {str(node.target).removesuffix(".default") for node in graph.graph.nodes if node.op == "call_function"}
+    assert {f"jit_kernel.{name}" for name in OPS if name != "moe_sum_reduce_out"} <= targets, targets
+
+
+BAD = [
+    (lambda: jit_kernel.topk_softmax("g", 2), TypeError, "topk_softmax: gating_output must be a torch.Tensor"),
+    (lambda: jit_kernel.topk_softmax(_e(4, 8, dtype=torch.int32), 2), TypeError, "gating_output must be one of"),
+    (lambda: jit_kernel.topk_softmax(_e(4, 8), 2.0), TypeError, "topk_softmax: topk must be an int"),
+    (lambda: jit_kernel.topk_softmax(_e(4, 8), 9), ValueError, r"topk must be in \[1, min\(32, experts = 8\)\]"),
+    (lambda: jit_kernel.topk_softmax(_e(4, 513), 2), ValueError, "gating_output must have 1 to 512 experts"),
+    (lambda: jit_kernel.topk_softmax(_e(4, 8, 2), 2), ValueError, "'gating_output'"),
+    (
+        lambda: jit_kernel.topk_sigmoid(_e(4, 8), 2, True, _e(7, dtype=torch.float32)),
+        ValueError,
+        r"(?s)'correction_bias'.*Size mismatch",
+    ),
+    (
+        lambda: jit_kernel.topk_sigmoid(_e(4, 8), 2, True, _e(8, dtype=torch.float16)),
+        TypeError,
+        r"(?s)'correction_bias'.*Dtype",
+    ),
+    (lambda: jit_kernel.grouped_topk(_e(4, 256), 8, 7, 4), ValueError, "num_expert_group must be in"),
+    (lambda: jit_kernel.grouped_topk(_e(4, 256), 8, 8, 9), ValueError, "topk_group must be in"),
+    (lambda: jit_kernel.grouped_topk(_e(4, 64), 9, 8, 1), ValueError, "topk .9. exceeds the experts"),
+    (lambda: jit_kernel.grouped_topk(_e(4, 64), 2, 8, 1, scoring_func="relu"), ValueError, "scoring_func"),
+    (
+        lambda: jit_kernel.moe_align_block_size(_e(4, 2, dtype=torch.float32), 8, 16),
+        TypeError,
+        r"(?s)'topk_ids'.*Dtype",
+    ),
+    (
+        lambda: jit_kernel.moe_align_block_size(_e(4, 2, dtype=torch.int32), 8, 0),
+        ValueError,
+        "block_size must be >= 1",
+    ),
+    (
+        lambda: jit_kernel.moe_align_block_size(_e(4, 2, dtype=torch.int32), 2000, 16),
+        ValueError,
+        r"num_experts must be in \[1, 1024\]",
+    ),
+    (
+        lambda: jit_kernel.moe_align_block_size(_e(4, 2, dtype=torch.int32), 8, 16, _e(7, dtype=torch.int32)),
+        ValueError,
+        r"(?s)'expert_map'.*Size mismatch",
+    ),
+    (lambda: jit_kernel.moe_sum_reduce(_e(4, 1000), None), ValueError, "expert_out must be"),
+    (
+        lambda: jit_kernel.moe_sum_reduce(_e(4, 2, 64), _e(4, 3, dtype=torch.float32)),
+        ValueError,
+        r"(?s)'weights'.*Size mismatch",
+    ),
+    (lambda: jit_kernel.moe_sum_reduce(_e(4, 2, 64), out=_e(4, 32)), ValueError, r"(?s)'out'.*Size mismatch"),
+    (lambda: jit_kernel.moe_sum_reduce(_e(4, 2, 64), [1.0]), TypeError, "weights must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "match"), BAD)
+def test_bad_inputs(call: Callable[[], object], error: type[Exception], match: str) -> None:
+    with fake_cuda(), pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("spec", "config"),
+    [(families.MOE_ROUTE, ("bf16_t",)), (families.MOE_ALIGN, ()), (families.MOE_SUM_REDUCE, ("bf16_t",))],
+    ids=lambda v: getattr(v, "family", None) or "-".join(map(str, v)),
+)
+def test_compiles_for_sm90a_without_a_gpu(spec, config, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0a")
+    module = jit_module(spec, config, cuda_arch="9.0a")
+    for export in spec.exports:
+        assert module.implements_function(symbol_name(spec, export, config)), export
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+def _check_route(got: tuple[torch.Tensor, torch.Tensor], expected: tuple[torch.Tensor, torch.Tensor]) -> None:
+    (w, i), (rw, ri) = got, expected
+    assert w.dtype == torch.float32 and i.dtype == torch.int32
+    assert torch.equal(i, ri), (i, ri)
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
+
+
+def _logits(t: int, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random logits without near-ties: a random permutation of distinct, well-separated values."""
+    base = torch.randperm(t * e, device="cuda").view(t, e).float() / (t * e) * 8 - 4
+    return base.to(dtype)
+
+
+def _distinct(logits: torch.Tensor) -> bool:
+    v = logits.float().sort(dim=-1).values
+    return bool((v[:, 1:] > v[:, :-1]).all()) if v.shape[-1] > 1 else True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "e", "k"), [(0, 8, 2), (1, 8, 2), (7, 128, 8), (33, 32, 4), (5, 512, 8), (4, 3, 3)])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_topk_softmax(t: int, e: int, k: int, renormalize: bool, dtype: torch.dtype) -> None:
+    x = torch.randn(t, e, device="cuda").to(dtype)
+    got = jit_kernel.topk_softmax(x, k, renormalize)
+    rw, ri = ref_route(x, k, softmax=True, renormalize=renormalize)
+    # ids may differ only where two probabilities are within rounding: compare the chosen weights too
+    w, i = got
+    same = (i == ri).all(-1)
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
+    assert same.float().mean() >= 0.95 if t else True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "e", "k"), [(1, 8, 2), (9, 64, 6), (16, 256, 8), (3, 97, 5)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_topk_sigmoid_distinct(t: int, e: int, k: int, bias: bool, dtype: torch.dtype) -> None:
+    x = _logits(t, e, dtype)
+    assert _distinct(x)
+    b = torch.randn(e, device="cuda") * 0.01 if bias else None
+    got = jit_kernel.topk_sigmoid(x, k, True, b)
+    _check_route(got, ref_route(x, k, softmax=False, renormalize=True, bias=b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("e", "groups", "topk_group", "k"), [(256, 8, 4, 8), (384, 1, 1, 8), (160, 8, 3, 6), (512, 32, 4, 8), (64, 4, 4, 8)]
+)
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("t", [0, 1, 17, 300])
+def test_grouped_topk(t: int, e: int, groups: int, topk_group: int, k: int, scoring: str, dtype: torch.dtype) -> None:
+    x = _logits(t, e, dtype)
+    bias = (torch.rand(e, device="cuda") * 1e-3).to(torch.float32) if scoring == "sigmoid" else None
+    got = jit_kernel.grouped_topk(x, k, groups, topk_group, True, bias, 2.5, scoring)
+    expected = ref_route(
+        x, k, softmax=scoring == "softmax", renormalize=True, bias=bias, groups=groups, topk_group=topk_group, scale=2.5
+    )
+    if dtype == torch.float32 or scoring == "sigmoid":
+        _check_route(got, expected)
+    else:  # low-precision softmax scores may round to ties the reference breaks differently
+        torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_ties_pick_the_lowest_index() -> None:
+    x = torch.zeros(3, 64, device="cuda")
+    x[1, 10] = x[1, 40] = 1.0  # two equal maxima: 10 first
+    x[2, ::2] = 2.0
+    for fn in (lambda g: jit_kernel.topk_softmax(g, 4), lambda g: jit_kernel.topk_sigmoid(g, 4)):
+        _, ids = fn(x)
+        assert ids[0].tolist() == [0, 1, 2, 3]
+        assert ids[1].tolist() == [10, 40, 0, 1]
+        assert ids[2].tolist() == [0, 2, 4, 6]
+    _, ids = jit_kernel.grouped_topk(torch.zeros(2, 64, device="cuda"), 4, 8, 2)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 2  # groups tie too: groups 0 and 1, experts 0..3
+
+
+@pytest.mark.gpu
+def test_strided_logits() -> None:
+    x = _logits(9, 256, torch.bfloat16)
+    wide = torch.zeros(9, 300, device="cuda", dtype=torch.bfloat16)
+    wide[:, :256] = x
+    _check_route(jit_kernel.topk_sigmoid(wide[:, :256], 8, True), ref_route(x, 8, softmax=False, renormalize=True))
+
+
+def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, dtype: torch.dtype) -> None:
+    ids = torch.randint(0, e, (t, k), device="cuda", dtype=dtype)
+    sorted_ids, expert_ids, post = jit_kernel.moe_align_block_size(ids, e, block, map_)
+    numel = t * k
+    assert sorted_ids.numel() == numel + e * (block - 1)
+    segments, blocks, total = ref_align(ids, e, block, map_)
+    assert int(post.item()) == total
+    got = sorted_ids.cpu().tolist()
+    offset = 0
+    for seg in segments:
+        padded = -(-len(seg) // block) * block
+        assert sorted(got[offset : offset + len(seg)]) == seg
+        assert got[offset + len(seg) : offset + padded] == [numel] * (padded - len(seg))
+        offset += padded
+    assert got[total:] == [numel] * (len(got) - total)
+    assert expert_ids[: len(blocks)].cpu().tolist() == blocks
+    assert (expert_ids[len(blocks) :] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("t", "k", "e", "block"), [(0, 8, 8, 16), (1, 2, 8, 16), (7, 8, 256, 64), (1000, 8, 128, 128), (4096, 8, 257, 16)]
+)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_moe_align_block_size(t: int, k: int, e: int, block: int, dtype: torch.dtype) -> None:
+    _check_align(t, k, e, block, None, dtype)
+
+
+@pytest.mark.gpu
+def test_moe_align_expert_map() -> None:
+    e = 64
+    map_ = torch.full((e,), -1, dtype=torch.int32, device="cuda")
+    map_[16:32] = torch.arange(16, dtype=torch.int32, device="cuda")
+    _check_align(300, 8, e, 32, map_, torch.int32)
+
+
+@pytest.mark.gpu
+def test_moe_align_skips_invalid_ids() -> None:
+    ids = torch.tensor([[0, -1], [3, 8]], dtype=torch.int32, device="cuda")
+    sorted_ids, expert_ids, post = jit_kernel.moe_align_block_size(ids, 8, 4)
+    assert int(post.item()) == 8 and sorted_ids[:8].tolist() == [0, 4, 4, 4, 2, 4, 4, 4]
+    assert expert_ids[:2].tolist() == [0, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "k", "h"), [(0, 8, 128), (1, 1, 8), (5, 8, 7168), (33, 4, 1000), (3, 2, 13)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_moe_sum_reduce(t: int, k: int, h: int, weighted: bool, dtype: torch.dtype) -> None:
+    x = torch.randn(t, k, h, device="cuda").to(dtype)
+    w = torch.rand(t, k, device="cuda") if weighted else None
+    out = torch.full((t, h), float("nan"), device="cuda", dtype=dtype)
+    got = jit_kernel.moe_sum_reduce(x, w, out, 2.5)
+    assert got is out
+    ref = (x.float() * (w[..., None] if w is not None else 1.0)).sum(1) * 2.5
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(jit_kernel.moe_sum_reduce(x, w, routed_scaling_factor=2.5), got, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_moe_sum_reduce_strided_and_same_dtype_weights() -> None:
+    big = torch.randn(6, 4, 520, device="cuda", dtype=torch.bfloat16)
+    x = big[:, :, 8:520]  # aligned, row stride 520
+    w = torch.rand(6, 4, device="cuda", dtype=torch.bfloat16)
+    ref = (x.float() * w.float()[..., None]).sum(1)
+    torch.testing.assert_close(jit_kernel.moe_sum_reduce(x, w).float(), ref, rtol=1e-2, atol=1e-2)
+    odd = big[:, :, 1:514]  # misaligned: the scalar kernel
+    ref = (odd.float() * w.float()[..., None]).sum(1)
+    torch.testing.assert_close(jit_kernel.moe_sum_reduce(odd, w).float(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_routing_outputs_every_element() -> None:
+    x = _logits(37, 256, torch.bfloat16)
+    w, i = jit_kernel.grouped_topk(x, 8, 8, 4, True, None, 1.0, "sigmoid")
+    assert torch.isfinite(w).all() and ((i >= 0) & (i < 256)).all()
+    assert torch.allclose(w.sum(-1), torch.ones(37, device="cuda"))
