@@ -41,6 +41,7 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("bench_token_quant", "Per-token and per-group fp8 quantization", "token_quant"),
     ("bench_quant", "Per-tensor fp8 quantization", "quant"),
     ("bench_norm_quant", "Fused RMSNorm + fp8 quantization, Gemma's RMSNorm", "norm_quant"),
+    ("bench_moe", "MoE routing, align and combine", "moe"),
     ("bench_elementwise", "Elementwise: scale and add_constant", "elementwise"),
     ("bench_hicache", "hicache KV-cache transfers", "hicache"),
     ("bench_dispatch", "Dispatch overhead", "dispatch"),

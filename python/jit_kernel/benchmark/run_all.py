@@ -81,6 +81,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_hicache", (), 40.0),
     Script("bench_elementwise"),
     Script("bench_norm_quant"),
+    Script("bench_moe"),
     # Two 4-layer 8B-shaped models: eager, CUDA graph and torch.compile (the compiles dominate).
     Script("bench_model", (), 240.0),
 )

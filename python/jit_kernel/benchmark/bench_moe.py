@@ -1,0 +1,226 @@
+"""MoE routing, moe_align_block_size and moe_sum_reduce against torch eager, torch.compile, FlashInfer
+(where importable) and, for the memory-bound combine, a device-to-device copy of the same bytes,
+measured in the same run. Times are CUDA-graph medians in microseconds.
+
+    python -m jit_kernel.benchmark.bench_moe                          # full grid, print only
+    JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_moe    # CI-sized grid
+    python -m jit_kernel.benchmark.bench_moe --json-dir bench-json    # + JSON results (report.py)
+
+Grid: tokens 1, 16, 128, 1024, 4096 (CI-sized grid: 16, 4096). Cases:
+
+- ``grouped_topk``: DeepSeek-V3 routing, bf16 logits of 256 experts, 8 groups, top-4 groups, top-8
+  experts, sigmoid scores + float32 correction bias, renormalised, x 2.5. ``flashinfer``:
+  ``flashinfer.fused_moe.fused_topk_deepseek`` (the same job; it always renormalises).
+- ``topk_softmax``: Qwen3-MoE routing, bf16 logits of 128 experts, top-8, renormalised.
+- ``topk_sigmoid``: sigmoid top-8 of 256 experts with a correction bias, renormalised.
+- ``moe_align_block_size``: the top-8 ids of each token over 256 experts, block size 64.
+- ``moe_sum_reduce``: bf16 ``[tokens, 8, 7168]`` with float32 weights into ``[tokens, 7168]``;
+  ``copy``: a copy of its minimal bytes, ``tokens * 7168 * 2 * 9 + tokens * 8 * 4``.
+
+``eager`` is the torch code a model would otherwise run; ``compile`` is torch.compile of it (one
+static-shape graph per shape). The summary's "vs empty" column (up to 16 tokens) is the time in
+empty-kernel CUDA-graph replays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import triton.testing
+
+import jit_kernel
+from jit_kernel.benchmark._tables import (
+    STANDARD_PROVIDERS,
+    Measurements,
+    SummaryTable,
+    compile_static,
+    provider_benchmark,
+    run_script,
+    tables_markdown,
+)
+from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
+
+DT = torch.bfloat16
+TOKENS = get_benchmark_range([1, 16, 128, 1024, 4096], [16, 4096])
+TINY_TOKENS = 16
+HIDDEN = 7168
+TOPK = 8
+DSV3 = {"experts": 256, "groups": 8, "topk_group": 4, "scale": 2.5}
+QWEN3_EXPERTS = 128
+BLOCK = 64
+
+_NO_COPY = {k: v for k, v in STANDARD_PROVIDERS.items() if k != "copy"}
+_WITH_FI = {**_NO_COPY, "flashinfer": ("FlashInfer", ("tab:brown", "-"))}
+OPS: dict[str, tuple[dict[str, tuple[str, tuple[str, str]]], dict[str, str]]] = {
+    "grouped_topk": (_WITH_FI, {"flashinfer": "FlashInfer"}),
+    "topk_softmax": (_NO_COPY, {}),
+    "topk_sigmoid": (_NO_COPY, {}),
+    "moe_align_block_size": (_NO_COPY, {}),
+    "moe_sum_reduce": (dict(STANDARD_PROVIDERS), {}),
+}
+
+RESULTS = Measurements.paired()
+
+
+def sum_reduce_bytes(tokens: int) -> int:
+    return tokens * HIDDEN * DT.itemsize * (TOPK + 1) + tokens * TOPK * 4
+
+
+def op_bytes(op: str, tokens: int) -> int:
+    """Minimal bytes: routing reads the logits and writes float32 weights and int32 ids; align reads
+    the int32 ids and writes the sorted ids (padding included) and the block experts."""
+    if op == "moe_sum_reduce":
+        return sum_reduce_bytes(tokens)
+    if op == "moe_align_block_size":
+        sorted_len = tokens * TOPK + DSV3["experts"] * (BLOCK - 1)
+        return 4 * (tokens * TOPK + sorted_len + sorted_len // BLOCK)
+    experts = QWEN3_EXPERTS if op == "topk_softmax" else DSV3["experts"]
+    return tokens * experts * DT.itemsize + tokens * TOPK * 8
+
+
+# ---------------------------------------------------------------------------------------------
+# torch baselines
+
+
+def torch_grouped_topk(g: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = g.float().sigmoid()
+    choice = scores + bias
+    t = g.shape[0]
+    groups = choice.view(t, DSV3["groups"], -1).topk(2, dim=-1).values.sum(-1)
+    keep = groups.topk(DSV3["topk_group"], dim=-1).indices
+    mask = torch.zeros_like(groups).scatter_(1, keep, 1.0).repeat_interleave(DSV3["experts"] // DSV3["groups"], 1)
+    ids = choice.masked_fill(mask == 0, float("-inf")).topk(TOPK, dim=-1).indices
+    w = scores.gather(1, ids)
+    return w / w.sum(-1, keepdim=True) * DSV3["scale"], ids.int()
+
+
+def torch_topk_softmax(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    w, ids = torch.softmax(g.float(), dim=-1).topk(TOPK, dim=-1)
+    return w / w.sum(-1, keepdim=True), ids.int()
+
+
+def torch_topk_sigmoid(g: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = g.float().sigmoid()
+    ids = (scores + bias).topk(TOPK, dim=-1).indices
+    w = scores.gather(1, ids)
+    return w / w.sum(-1, keepdim=True), ids.int()
+
+
+def torch_moe_align(topk_ids: torch.Tensor, experts: int, block: int) -> tuple[torch.Tensor, ...]:
+    """The align layout with torch ops: a stable sort by expert, padded per expert to ``block``."""
+    flat = topk_ids.flatten()
+    numel = flat.numel()
+    counts = torch.bincount(flat, minlength=experts)
+    padded = (counts + block - 1) // block * block
+    starts = torch.cumsum(padded, 0) - padded
+    order = torch.sort(flat, stable=True).indices
+    sorted_experts = flat[order]
+    first = torch.cumsum(counts, 0) - counts
+    pos = starts[sorted_experts] + torch.arange(numel, device=flat.device) - first[sorted_experts]
+    out = torch.full((numel + experts * (block - 1),), numel, dtype=torch.int32, device=flat.device)
+    out[pos] = order.int()
+    blocks = torch.repeat_interleave(torch.arange(experts, device=flat.device, dtype=torch.int32), padded // block)
+    expert_ids = torch.zeros((out.numel() + block - 1) // block, dtype=torch.int32, device=flat.device)
+    expert_ids[: blocks.numel()] = blocks
+    return out, expert_ids, padded.sum().view(1).int()
+
+
+def torch_moe_sum_reduce(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.float() * w[..., None]).sum(1).to(x.dtype)
+
+
+TORCH: dict[str, Callable[..., object]] = {
+    "grouped_topk": torch_grouped_topk,
+    "topk_softmax": torch_topk_softmax,
+    "topk_sigmoid": torch_topk_sigmoid,
+    "moe_align_block_size": torch_moe_align,
+    "moe_sum_reduce": torch_moe_sum_reduce,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# One provider at one config
+
+
+def moe_case(provider: str, op: str, tokens: int, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
+    if op == "moe_sum_reduce" and provider == "copy":
+        return copy_fn(sum_reduce_bytes(tokens), device)
+    experts = QWEN3_EXPERTS if op == "topk_softmax" else DSV3["experts"]
+    g = torch.randn(tokens, experts, device=device, dtype=DT)
+    bias = torch.randn(experts, device=device) * 0.01
+    ids = torch.rand(tokens, experts, device=device).topk(TOPK, dim=-1).indices.int()
+    x = torch.randn(tokens, TOPK, HIDDEN, device=device, dtype=DT) if op == "moe_sum_reduce" else None
+    w = torch.rand(tokens, TOPK, device=device)
+    args: tuple[object, ...] = {
+        "grouped_topk": (g, bias),
+        "topk_softmax": (g,),
+        "topk_sigmoid": (g, bias),
+        "moe_align_block_size": (ids.long(), experts, BLOCK),  # bincount and sort want int64
+        "moe_sum_reduce": (x, w),
+    }[op]
+    if provider in ("eager", "compile"):
+        fn = TORCH[op] if provider == "eager" else compile_static(TORCH[op])
+        return lambda: fn(*args)
+    if provider == "jit":
+        if op == "grouped_topk":
+            k, grp, tg, scale = TOPK, DSV3["groups"], DSV3["topk_group"], DSV3["scale"]
+            return lambda: jit_kernel.grouped_topk(g, k, grp, tg, True, bias, scale)
+        if op == "topk_softmax":
+            return lambda: jit_kernel.topk_softmax(g, TOPK, True)
+        if op == "topk_sigmoid":
+            return lambda: jit_kernel.topk_sigmoid(g, TOPK, True, bias)
+        if op == "moe_align_block_size":
+            return lambda: jit_kernel.moe_align_block_size(ids, experts, BLOCK)
+        out = torch.empty(tokens, HIDDEN, device=device, dtype=DT)
+        return lambda: jit_kernel.moe_sum_reduce(x, w, out)
+    if provider == "flashinfer" and op == "grouped_topk":
+        from flashinfer.fused_moe import fused_topk_deepseek  # may be missing: reported as n/a
+
+        values = torch.empty(tokens, TOPK, device=device)
+        indices = torch.empty(tokens, TOPK, device=device, dtype=torch.int32)
+        return lambda: fused_topk_deepseek(
+            g, bias, DSV3["groups"], DSV3["topk_group"], TOPK, DSV3["scale"], values, indices, True
+        )
+    raise ValueError(f"unknown provider {provider!r} for {op}; known: {list(OPS[op][0])}")
+
+
+def _benchmark(op: str) -> triton.testing.Benchmark:
+    return provider_benchmark(
+        OPS[op][0], x_name="tokens", x_vals=TOKENS, xlabel="tokens", plot_name=f"{op}-bf16", args={"op": op}
+    )
+
+
+@triton.testing.perf_report([_benchmark(op) for op in OPS])
+def bench_moe(tokens: int, op: str, provider: str) -> float:
+    return RESULTS.time((op, tokens), provider, lambda: moe_case(provider, op, tokens))
+
+
+REPORTS = [bench_moe]
+
+
+def summary_tables() -> list[SummaryTable]:
+    titles = {
+        "grouped_topk": "grouped_topk (DeepSeek-V3: bf16, 256 experts, 8 groups, top-4 groups, top-8, bias, x 2.5)",
+        "topk_softmax": "topk_softmax (Qwen3-MoE: bf16, 128 experts, top-8, renormalised)",
+        "topk_sigmoid": "topk_sigmoid (bf16, 256 experts, top-8, bias, renormalised)",
+        "moe_align_block_size": f"moe_align_block_size (top-8 of 256 experts, block {BLOCK})",
+        "moe_sum_reduce": f"moe_sum_reduce (bf16, top-8, H={HIDDEN}, float32 weights)",
+    }
+    tables = []
+    for op, (providers, extras) in OPS.items():
+        configs = [((op, n), [n], op_bytes(op, n), n <= TINY_TOKENS) for n in TOKENS]
+        tables.append(SummaryTable(op, titles[op], ["tokens"], configs, providers, extras))
+    return tables
+
+
+def summary_markdown(results: Measurements, empty: float) -> str:
+    return tables_markdown(summary_tables(), results, empty)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_script("bench_moe", __doc__, argv, REPORTS, lambda: RESULTS, summary_tables)
+
+
+if __name__ == "__main__":
+    main()
