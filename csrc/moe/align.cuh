@@ -22,6 +22,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace jit_kernel::moe_align {
@@ -106,10 +107,11 @@ struct MoeAlign {
     RuntimeCheck(block_size >= 1 && block_size <= 1024, "moe_align_block_size: block_size must be in [1, 1024], got ",
                  block_size);
     const int64_t numel = N.unwrap() * K.unwrap();
-    const int64_t need = numel + num_experts * (block_size - 1);
+    // At most min(numel, num_experts) experts have pairs, each padded by at most block_size - 1.
+    const int64_t need = numel + std::min(numel, num_experts) * (block_size - 1);
     RuntimeCheck(need < (int64_t{1} << 31), "moe_align_block_size: too many token-expert pairs: ", numel);
-    RuntimeCheck(S.unwrap() >= need, "moe_align_block_size: sorted_token_ids must hold at least numel + num_experts * "
-                 "(block_size - 1) = ", need, " elements, got ", S.unwrap());
+    RuntimeCheck(S.unwrap() >= need, "moe_align_block_size: sorted_token_ids must hold at least numel + min(numel, "
+                 "num_experts) * (block_size - 1) = ", need, " elements, got ", S.unwrap());
     RuntimeCheck(B.unwrap() >= div_ceil(need, block_size), "moe_align_block_size: expert_ids must hold at least ",
                  div_ceil(need, block_size), " blocks, got ", B.unwrap());
     const int32_t* map = nullptr;
@@ -119,7 +121,7 @@ struct MoeAlign {
       TensorMatcher({M}).with_device<kDLCUDA>(device).with_dtype<int32_t>().verify(*expert_map, "expert_map");
       map = static_cast<const int32_t*>((*expert_map).data_ptr());
     }
-    if (has_no_data(sorted_token_ids)) return;  // a fake call's checks alone
+    if (has_no_data(num_tokens_post_padded)) return;  // a fake call's checks alone (it always has data otherwise)
     const DLDevice dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     auto args = [&](auto kernel, const auto* ids) {

@@ -1,17 +1,22 @@
-// MoE routing: top-k experts per token from the router's logits, one warp per token.
+// MoE routing: the top-k experts of each token from the router's logits, one warp per token.
 //
-// Scores: softmax over all experts (kSoftmax) or an elementwise sigmoid, computed in fp32. Selection
-// uses `score + correction_bias[e]` when a bias is given (DeepSeek-V3), while the returned weights are
-// the unbiased scores. Grouped routing (num_groups > 1 and topk_group < num_groups): experts are split
-// into num_groups contiguous groups; a group's score is the sum of its two best selection scores with a
-// bias, else its best score; only experts of the topk_group best groups can be chosen. Then the top-k
-// experts are chosen in descending order of selection score; among equal scores the lowest expert index
-// wins (the same rule picks the groups). Weights are optionally divided by their sum (renormalize) and
-// multiplied by `scale` (routed_scaling_factor).
+// Scores: softmax over all experts (kSoftmax) or an elementwise sigmoid, computed in fp32 (expf, IEEE
+// division). The weights are the scores of the chosen experts.
+//
+// Choice: with a correction bias (DeepSeek-V3), experts are ranked by `score + correction_bias[e]`;
+// without one, by their logits (both scoring functions are increasing, so this is the order of the
+// scores, without the ties that rounding the scores to fp32 would make). Grouped routing (num_groups > 1
+// and topk_group < num_groups): the experts are num_groups contiguous groups; a group's rank is its best
+// value, or with a bias the sum of its two best values (its one value in a group of one); only experts of
+// the topk_group best groups are chosen. The top-k experts then come in descending rank. Among equal
+// ranks the lowest index wins, for groups and for experts, and NaN ranks above everything (as in
+// torch.topk). The weights are optionally divided by their sum (renormalize) and multiplied by `scale`
+// (routed_scaling_factor).
 //
 // Layout: lane l holds experts l, l + 32, l + 64, ... (kVPT values per lane, experts <= 32 * kVPT), all
-// in registers; the grouped path stages the selection scores of its warp in shared memory to score the
-// groups. No global scratch; one launch.
+// in registers; the loads of one step are 32 consecutive logits. Each pick is two `redux.sync` (the
+// best rank, then the lowest index holding it) and one shuffle (its weight). The grouped path stages
+// the ranks in shared memory, where several lanes score each group. No global scratch; one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -24,7 +29,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 
-#include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 namespace jit_kernel::moe {
@@ -32,43 +37,41 @@ namespace jit_kernel::moe {
 inline constexpr int kWarpsPerBlock = 4;
 inline constexpr int kMaxExperts = 512;
 inline constexpr int kMaxGroups = 32;
-inline constexpr float kNegInf = -INFINITY;
+inline constexpr int kMaxTopk = 32;
+inline constexpr unsigned kFull = 0xffffffffu;
 
-// (value, index) with the larger value first, the lower index among equal values.
-SGL_DEVICE bool better(float a, int ia, float b, int ib) {
-  return a > b || (a == b && ia < ib);
-}
-
-// The warp's best (value, index) pair; every lane gets it.
-SGL_DEVICE void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, offset);
-    if (better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
+// A float as an unsigned integer of the same order (-inf < ... < 0 < ... < +inf < NaN; the two zeros and
+// all NaNs are equal); 0 is below every float and marks "no candidate".
+SGL_DEVICE uint32_t order_key(float v) {
+  if (v != v) return 0xffffffffu;
+  const uint32_t b = __float_as_uint(v + 0.f);  // -0 + 0 is +0: the two zeros tie
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
 SGL_DEVICE float warp_sum(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
   return v;
 }
 
 SGL_DEVICE float warp_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, offset));
   return v;
 }
 
+// The warp's best (key, index) among the lanes' candidates: the largest key, then the lowest index.
+// Every lane gets the index; a lane without a candidate passes key 0.
+SGL_DEVICE uint32_t warp_pick(uint32_t key, uint32_t index) {
+  const uint32_t best = __reduce_max_sync(kFull, key);
+  return __reduce_min_sync(kFull, key == best ? index : 0xffffffffu);
+}
+
 struct RouteParams {
-  float* weights;        // [tokens, topk]
-  int32_t* ids;          // [tokens, topk]
-  const void* logits;    // [tokens, experts], row stride `stride`
-  const void* bias;      // [experts] or nullptr
+  float* weights;      // [tokens, topk]
+  int32_t* ids;        // [tokens, topk]
+  const void* logits;  // [tokens, experts], row stride `stride`
+  const void* bias;    // [experts] or nullptr
   int64_t stride;
   int64_t tokens;
   int experts;
@@ -82,52 +85,57 @@ struct RouteParams {
 
 template <typename T, int kVPT, bool kSoftmax>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteParams p) {
+  static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
-  __shared__ float group_score[kWarpsPerBlock][kMaxGroups];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  const bool has_bias = p.bias != nullptr;
   device::PDLWaitPrimary();
   if (token >= p.tokens) return;
   const T* row = static_cast<const T*>(p.logits) + token * p.stride;
 
-  float score[kVPT];   // the unbiased score (the weight)
-  float choice[kVPT];  // the selection score; -inf once taken or masked
+  float score[kVPT];  // the score (the weight)
+  float rank[kVPT];   // what the choice compares
+  uint32_t out = 0;   // bit j: expert j * 32 + lane cannot be chosen (absent, in a dropped group, or taken)
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
     const int e = j * 32 + lane;
-    score[j] = e < p.experts ? dtype_trait<fp32_t>::from(row[e]) : kNegInf;
+    if (e < p.experts) {
+      score[j] = dtype_trait<fp32_t>::from(row[e]);
+    } else {
+      score[j] = -INFINITY;
+      out |= 1u << j;
+    }
+    rank[j] = score[j];
   }
   if constexpr (kSoftmax) {
-    float m = kNegInf;
+    float m = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) m = fmaxf(m, score[j]);
     m = warp_max(m);
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
-      score[j] = j * 32 + lane < p.experts ? __expf(score[j] - m) : 0.f;
+      score[j] = (out >> j) & 1u ? 0.f : expf(score[j] - m);
       s += score[j];
     }
-    const float inv = 1.f / warp_sum(s);
+    const float total = warp_sum(s);
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) score[j] *= inv;
+    for (int j = 0; j < kVPT; ++j) score[j] = score[j] / total;
   } else {
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) score[j] = 1.f / (1.f + __expf(-score[j]));
+    for (int j = 0; j < kVPT; ++j) score[j] = 1.f / (1.f + expf(-score[j]));
   }
+  if (has_bias) {
 #pragma unroll
-  for (int j = 0; j < kVPT; ++j) {
-    const int e = j * 32 + lane;
-    float c = kNegInf;
-    if (e < p.experts) {
-      c = score[j];
-      if (p.bias != nullptr) {
-        c += p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
-                         : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]);
+    for (int j = 0; j < kVPT; ++j) {
+      const int e = j * 32 + lane;
+      if (e < p.experts) {
+        rank[j] = score[j] + (p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
+                                          : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]));
       }
     }
-    choice[j] = c;
   }
 
   if (p.groups > 1 && p.topk_group < p.groups) {
@@ -135,78 +143,82 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       const int e = j * 32 + lane;
-      if (e < p.experts) staged[warp][e] = choice[j];
+      if (e < p.experts) staged[warp][e] = rank[j];
     }
     __syncwarp();
-    if (lane < p.groups) {  // lane g scores group g: its best, or with a bias its two best, selection scores
-      const float* g = &staged[warp][lane * per_group];
-      float first = kNegInf, second = kNegInf;
-      for (int i = 0; i < per_group; ++i) {
-        const float v = g[i];
-        if (v > first) {
+    // `lanes` lanes (a power of two) score each group: each its share, then a merge of the pairs.
+    int lanes = 32 / p.groups;
+    lanes = 1 << (31 - __clz(lanes));
+    const int g = lane / lanes;
+    float first = -INFINITY, second = -INFINITY;
+    if (g < p.groups) {
+      const float* values = &staged[warp][g * per_group];
+      for (int i = lane % lanes; i < per_group; i += lanes) {
+        const float v = values[i];
+        if (!(v <= first)) {  // NaN ranks first
           second = first;
           first = v;
-        } else if (v > second) {
+        } else if (!(v <= second)) {
           second = v;
         }
       }
-      group_score[warp][lane] = p.bias != nullptr ? first + second : first;
     }
-    __syncwarp();
-    float gv = lane < p.groups ? group_score[warp][lane] : kNegInf;
-    bool kept = false;
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
+      const float f = __shfl_xor_sync(kFull, first, offset);
+      const float s = __shfl_xor_sync(kFull, second, offset);
+      second = fmaxf(fminf(first, f), fmaxf(second, s));
+      first = fmaxf(first, f);
+    }
+    const float group_rank = has_bias && per_group > 1 ? first + second : first;
+    const float mine = __shfl_sync(kFull, group_rank, (lane * lanes) & 31);  // lane g: group g's rank
+    uint32_t kept = 0;
+    bool taken = lane >= p.groups;
     for (int r = 0; r < p.topk_group; ++r) {
-      float v = lane < p.groups && !kept ? gv : kNegInf;
-      int i = lane < p.groups && !kept ? lane : INT32_MAX;
-      warp_argmax(v, i);
-      if (i == lane) kept = true;
+      const uint32_t pick = warp_pick(taken ? 0u : order_key(mine), lane);
+      kept |= 1u << pick;
+      taken |= pick == static_cast<uint32_t>(lane);
     }
-    const unsigned kept_mask = __ballot_sync(0xffffffffu, kept);
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       const int e = j * 32 + lane;
-      if (e < p.experts && !((kept_mask >> (e / per_group)) & 1u)) choice[j] = kNegInf;
+      if (e < p.experts && !((kept >> (e / per_group)) & 1u)) out |= 1u << j;
     }
   }
-
   device::PDLTriggerSecondary();
-  float chosen_weight = 0.f;  // lane r keeps the r-th choice's weight (topk <= 32)
+
+  // This lane's best remaining candidate: (key, expert, weight).
+  uint32_t key = 0, best_j = 0;
+  float best_w = 0.f;
+  auto rescan = [&] {
+    key = 0;
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) {
+      const uint32_t k = order_key(rank[j]);
+      if (!((out >> j) & 1u) && k > key) {  // ascending j: the lowest expert among equal ranks
+        key = k;
+        best_j = j;
+        best_w = score[j];
+      }
+    }
+  };
+  rescan();
+  float chosen_weight = 0.f;  // lane r keeps the r-th choice
   int chosen_id = 0;
+  float total = 0.f;
   for (int r = 0; r < p.topk; ++r) {
-    float v = kNegInf;
-    int i = INT32_MAX;
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      const int e = j * 32 + lane;
-      // Taken and masked experts hold NaN-free -inf: compare on (value, index) with a valid-index guard.
-      if (e < p.experts && choice[j] != kNegInf && better(choice[j], e, v, i)) {
-        v = choice[j];
-        i = e;
-      }
-    }
-    warp_argmax(v, i);
-    if (i == INT32_MAX) {  // fewer candidates than topk (cannot happen for valid arguments): lowest untaken
-      i = 0;
-    }
-    float w = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      if (j * 32 + lane == i) {
-        w = score[j];
-        choice[j] = kNegInf;
-      }
-    }
-    w = warp_sum(w);  // only the owner contributes
+    const uint32_t pick = warp_pick(key, key != 0 ? best_j * 32 + lane : 0xffffffffu);
+    const float w = __shfl_sync(kFull, best_w, pick & 31);
+    total += w;
     if (lane == r) {
       chosen_weight = w;
-      chosen_id = i;
+      chosen_id = static_cast<int>(pick);
+    }
+    if (static_cast<uint32_t>(lane) == (pick & 31)) {
+      out |= 1u << best_j;
+      rescan();
     }
   }
-  float factor = p.scale;
-  if (p.renormalize) {
-    const float total = warp_sum(lane < p.topk ? chosen_weight : 0.f);
-    factor = total > 0.f ? p.scale / total : p.scale;
-  }
+  const float factor = p.renormalize && total > 0.f ? p.scale / total : p.scale;
   if (lane < p.topk) {
     p.weights[token * p.topk + lane] = chosen_weight * factor;
     p.ids[token * p.topk + lane] = chosen_id;
@@ -239,23 +251,24 @@ struct MoeRoute {
     const int64_t topk = K.unwrap();
     RuntimeCheck(experts >= 1 && experts <= kMaxExperts, "moe routing: gating_output must have 1 to ", kMaxExperts,
                  " experts (columns), got ", experts);
-    RuntimeCheck(topk >= 1 && topk <= 32 && topk <= experts, "moe routing: topk must be in [1, min(32, experts = ",
-                 experts, ")], got ", topk);
+    RuntimeCheck(topk >= 1 && topk <= kMaxTopk && topk <= experts, "moe routing: topk must be in [1, min(",
+                 kMaxTopk, ", experts = ", experts, ")], got ", topk);
     RuntimeCheck(num_expert_group >= 1 && num_expert_group <= kMaxGroups && experts % num_expert_group == 0,
                  "moe routing: num_expert_group must be in [1, ", kMaxGroups, "] and divide the experts (", experts,
                  "), got ", num_expert_group);
     RuntimeCheck(topk_group >= 1 && topk_group <= num_expert_group,
                  "moe routing: topk_group must be in [1, num_expert_group = ", num_expert_group, "], got ", topk_group);
-    RuntimeCheck(topk <= topk_group * (experts / num_expert_group),
-                 "moe routing: topk (", topk, ") exceeds the experts of topk_group groups (",
-                 topk_group * (experts / num_expert_group), ")");
+    RuntimeCheck(topk <= topk_group * (experts / num_expert_group), "moe routing: topk (", topk,
+                 ") exceeds the experts of topk_group groups (", topk_group * (experts / num_expert_group), ")");
     RuntimeCheck(std::isfinite(routed_scaling_factor), "moe routing: routed_scaling_factor must be finite, got ",
                  routed_scaling_factor);
     const void* bias = nullptr;
     bool bias_fp32 = true;
     if (correction_bias.has_value()) {
-      TensorMatcher({E}).with_device<kDLCUDA>(device).with_dtype<fp32_t, T>().verify(*correction_bias,
-                                                                                     "correction_bias");
+      TensorMatcher({E})
+          .with_device<kDLCUDA>(device)
+          .with_dtype<fp32_t, T>()
+          .verify(*correction_bias, "correction_bias");
       bias = (*correction_bias).data_ptr();
       bias_fp32 = is_type<fp32_t>((*correction_bias).dtype());
     }
@@ -288,6 +301,7 @@ struct MoeRoute {
   }
 
  private:
+  // Values per lane: the expert count rounded up to 32, 64, 128, 256 or 512.
   template <bool kSoftmax, typename Go>
   static void dispatch(int64_t experts, Go&& go) {
     if (experts <= 32) {

@@ -2,7 +2,7 @@
 // fp32 in slot order and rounded once to the activation dtype. Without weights every weight is 1.
 //
 // Memory-bound: each thread owns one 16-byte vector of a token's row and reads the k slots' vectors
-// (AlignedVector), a grid of (vectors of a row / threads, tokens). Rows that are not whole aligned
+// (AlignedVector), a grid of (tokens, vectors of a row / threads). Rows that are not whole aligned
 // 16-byte vectors take the scalar kernel (kN = 1).
 #pragma once
 
@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(kMaxThreads) sum_kernel(
     int topk,
     int64_t hidden,
     float scale) {
-  const int64_t token = blockIdx.y;
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t token = blockIdx.x;
+  const int64_t v = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   device::PDLWaitPrimary();
   device::PDLTriggerSecondary();
   if (v * kN >= hidden) return;
@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kMaxThreads) sum_kernel(
 #pragma unroll
   for (int j = 0; j < kN; ++j) acc[j] = 0.f;
   const T* base = x + token * x_stride_t + v * kN;
+#pragma unroll 8
   for (int k = 0; k < topk; ++k) {
     float w = 1.f;
     if (weights != nullptr) {
@@ -95,7 +96,7 @@ struct MoeSumReduce {
                  routed_scaling_factor);
     const int64_t n = N.unwrap();
     const int64_t h = H.unwrap();
-    RuntimeCheck(n <= 65535, "moe_sum_reduce: at most 65535 tokens per call, got ", n);
+    RuntimeCheck(n < (int64_t{1} << 31), "moe_sum_reduce: too many tokens: ", n);
     if (n == 0 || h == 0 || has_no_data(out)) return;  // nothing to do, or a fake call's checks alone
     const DLDevice dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
@@ -109,7 +110,7 @@ struct MoeSumReduce {
     const int topk = static_cast<int>(K.unwrap());
     auto go = [&](auto kernel, int64_t width) {
       const auto threads = static_cast<uint32_t>(std::min<int64_t>(kMaxThreads, div_ceil(width, int64_t{32}) * 32));
-      const dim3 grid(static_cast<uint32_t>(div_ceil(width, int64_t{threads})), static_cast<uint32_t>(n));
+      const dim3 grid(static_cast<uint32_t>(n), static_cast<uint32_t>(div_ceil(width, int64_t{threads})));
       LaunchKernel(grid, threads, dev).enable_pdl(pdl)(kernel, o, x, w, w_fp32, so, st, sk, w_stride, topk, h, scale);
     };
     if (vec) {
