@@ -15,9 +15,11 @@
 - ``moe_sum_reduce``: ``out[t] = routed_scaling_factor * sum_k weights[t, k] * expert_out[t, k]``,
   accumulated in fp32.
 
-Ties: among equal selection scores the lowest expert index wins (groups likewise). Scores are
-computed in fp32 from fp16, bf16 or fp32 logits; weights are float32 ``[T, topk]``, ids int32. Up to
-512 experts, top-k up to 32, up to 32 groups. Every op is also ``torch.ops.jit_kernel.<name>``
+Ranking: by ``score + correction_bias`` with a bias, else by the logits (the scores' order, without
+the ties that rounding scores to fp32 makes); among equal ranks the lowest expert index wins (groups
+likewise), and NaN ranks first, as in ``torch.topk``. Scores are computed in fp32 from fp16, bf16
+or fp32 logits; weights are float32 ``[T, topk]``, ids int32. Up to 512 experts, top-k up to 32, up
+to 32 groups. Every op is also ``torch.ops.jit_kernel.<name>``
 (fake implementations, mutated outputs declared); the functions switch to those under
 ``torch.compile``. ``enable_pdl``: programmatic dependent launch (``None``: on for sm_90+).
 """
