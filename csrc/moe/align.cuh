@@ -8,10 +8,15 @@
 // - num_tokens_post_padded[0]: the sum over experts of round_up(count, block_size).
 // Ids outside [0, num_experts) are skipped (not placed).
 //
-// One CTA of 1024 threads: per-expert counts in shared memory, an exclusive prefix sum of the padded
-// counts (cub::BlockScan), then a scatter through per-expert cursors (shared-memory atomics).
+// Up to kSmallPairs pairs: one CTA of 1024 threads counts the pairs per expert in shared memory, takes
+// the exclusive prefix sum of the padded counts (cub::BlockScan), then scatters through per-expert
+// cursors (shared-memory atomics). Beyond: that CTA counts and lays out the blocks and the padding,
+// leaving each expert's first position in a workspace; then a grid of CTAs scatters, each ranking its
+// chunk's pairs per expert in shared memory and reserving one range per expert with one global atomic
+// (launched with PDL after the first kernel).
 #pragma once
 
+#include <sgl_kernel/ffi.h>
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.cuh>
@@ -29,55 +34,156 @@ namespace jit_kernel::moe_align {
 
 inline constexpr int kThreads = 1024;
 inline constexpr int kMaxExperts = kThreads;
+inline constexpr int64_t kSmallPairs = 8192;
+inline constexpr int kScatterThreads = 256;
+inline constexpr int kScatterItems = 4;  // pairs per thread of the scatter kernel
+inline constexpr int kBatch = 8;         // ids a thread of the one-CTA loops loads before using them
+
+struct AlignParams {
+  const void* topk_ids;
+  const int32_t* expert_map;  // [experts] or nullptr
+  int32_t* sorted_ids;
+  int32_t* expert_ids;
+  int32_t* post_padded;
+  int32_t* cursor;  // [experts] workspace of the two-kernel path, else nullptr
+  int32_t numel;
+  int32_t experts;
+  int32_t block_size;
+  int32_t sorted_len;
+  int32_t blocks_len;
+};
 
 template <typename Id>
-__global__ void __launch_bounds__(kThreads) align_kernel(
-    const Id* __restrict__ topk_ids,
-    const int32_t* __restrict__ expert_map,
-    int32_t* __restrict__ sorted_ids,
-    int32_t* __restrict__ expert_ids,
-    int32_t* __restrict__ post_padded,
-    int32_t numel,
-    int32_t experts,
-    int32_t block_size,
-    int32_t sorted_len,
-    int32_t blocks_len) {
+SGL_DEVICE int32_t expert_of(const AlignParams& p, int64_t i) {
+  const int64_t e = static_cast<int64_t>(static_cast<const Id*>(p.topk_ids)[i]);
+  return e >= 0 && e < p.experts ? static_cast<int32_t>(e) : -1;
+}
+
+// f(i, expert) for every placed pair i this thread of a kThreads CTA owns; the ids are loaded kBatch at
+// a time, so that their latencies overlap.
+template <typename Id, typename F>
+SGL_DEVICE void for_each_pair(const AlignParams& p, F&& f) {
+  for (int64_t first = threadIdx.x; first < p.numel; first += int64_t{kThreads} * kBatch) {
+    int32_t e[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = first + j * kThreads;
+      e[j] = i < p.numel ? expert_of<Id>(p, i) : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (e[j] >= 0) f(static_cast<int32_t>(first + j * kThreads), e[j]);
+    }
+  }
+}
+
+// The layout's counting part, by one CTA of kThreads: counts per expert, offsets (into `start`),
+// expert_ids, num_tokens_post_padded, and numel in every sorted position that holds no pair (with
+// `fill_all`, in every position: the one-kernel path overwrites the pairs' positions afterwards).
+// Returns the padded total to every thread.
+template <typename Id>
+SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start, bool fill_all) {
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int32_t counts[kMaxExperts];
-  __shared__ int32_t cursor[kMaxExperts];
   __shared__ int32_t total;
   const int t = threadIdx.x;
-  if (t < experts) counts[t] = 0;
+  if (t < p.experts) counts[t] = 0;
   __syncthreads();
   device::PDLWaitPrimary();
-  for (int32_t i = t; i < numel; i += kThreads) {
-    const int64_t e = static_cast<int64_t>(topk_ids[i]);
-    if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
+  for_each_pair<Id>(p, [&](int32_t, int32_t e) { atomicAdd(&counts[e], 1); });
+  if (fill_all) {
+    for (int32_t i = t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
   }
-  for (int32_t i = t; i < sorted_len; i += kThreads) sorted_ids[i] = numel;
   __syncthreads();
-  const int32_t count = t < experts ? counts[t] : 0;
-  const int32_t padded = (count + block_size - 1) / block_size * block_size;
+  const int32_t count = t < p.experts ? counts[t] : 0;
+  const int32_t padded = (count + p.block_size - 1) / p.block_size * p.block_size;
   int32_t offset;
   int32_t sum;
   Scan(scan_storage).ExclusiveSum(padded, offset, sum);
-  if (t < experts) {
-    cursor[t] = offset;
-    const int32_t value = expert_map != nullptr ? expert_map[t] : t;
-    for (int32_t b = offset / block_size; b < (offset + padded) / block_size; ++b) expert_ids[b] = value;
+  if (t < p.experts) {
+    start[t] = offset;
+    if (!fill_all) {
+      for (int32_t i = offset + count; i < offset + padded; ++i) p.sorted_ids[i] = p.numel;
+    }
   }
   if (t == 0) {
     total = sum;
-    post_padded[0] = sum;
+    p.post_padded[0] = sum;
   }
   __syncthreads();
-  for (int32_t b = total / block_size + t; b < blocks_len; b += kThreads) expert_ids[b] = 0;
-  for (int32_t i = t; i < numel; i += kThreads) {
-    const int64_t e = static_cast<int64_t>(topk_ids[i]);
-    if (e >= 0 && e < experts) sorted_ids[atomicAdd(&cursor[e], 1)] = i;
+  const int32_t all = total;
+  // Block b's expert: the last expert whose run starts at or before row b * block_size (that run
+  // holds the row, since the next one starts after it), by binary search over `start`.
+  for (int32_t b = t; b < all / p.block_size; b += kThreads) {
+    const int32_t row = b * p.block_size;
+    int lo = 0, hi = p.experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (start[mid] <= row) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    p.expert_ids[b] = p.expert_map != nullptr ? p.expert_map[lo] : lo;
   }
+  for (int32_t b = all / p.block_size + t; b < p.blocks_len; b += kThreads) p.expert_ids[b] = 0;
+  if (!fill_all) {
+    for (int32_t i = all + t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
+  }
+  return all;
+}
+
+// Up to kSmallPairs pairs: everything in one CTA.
+template <typename Id>
+__global__ void __launch_bounds__(kThreads) align_kernel(const AlignParams p) {
+  __shared__ int32_t counts[kMaxExperts];
+  __shared__ int32_t cursor[kMaxExperts];
+  lay_out<Id>(p, counts, cursor, true);
+  __syncthreads();  // `cursor` holds each expert's start
+  for_each_pair<Id>(p, [&](int32_t i, int32_t e) { p.sorted_ids[atomicAdd(&cursor[e], 1)] = i; });
   device::PDLTriggerSecondary();
+}
+
+// Beyond: the layout, and each expert's start in the workspace for the scatter.
+template <typename Id>
+__global__ void __launch_bounds__(kThreads) count_kernel(const AlignParams p) {
+  __shared__ int32_t counts[kMaxExperts];
+  __shared__ int32_t start[kMaxExperts];
+  lay_out<Id>(p, counts, start, false);
+  device::PDLTriggerSecondary();
+  for (int e = threadIdx.x; e < p.experts; e += kThreads) p.cursor[e] = start[e];
+}
+
+// The scatter: kScatterThreads * kScatterItems pairs per CTA.
+template <typename Id>
+__global__ void __launch_bounds__(kScatterThreads) scatter_kernel(const AlignParams p) {
+  __shared__ int32_t local[kMaxExperts];
+  const int t = threadIdx.x;
+  for (int e = t; e < p.experts; e += kScatterThreads) local[e] = 0;
+  __syncthreads();
+  const int32_t base = static_cast<int32_t>(blockIdx.x) * kScatterThreads * kScatterItems;
+  int32_t expert[kScatterItems];
+  int32_t rank[kScatterItems];
+  device::PDLWaitPrimary();  // the first kernel's starts (and whatever produced topk_ids)
+#pragma unroll
+  for (int j = 0; j < kScatterItems; ++j) {
+    const int32_t i = base + j * kScatterThreads + t;
+    expert[j] = i < p.numel ? expert_of<Id>(p, i) : -1;
+  }
+#pragma unroll
+  for (int j = 0; j < kScatterItems; ++j) rank[j] = expert[j] >= 0 ? atomicAdd(&local[expert[j]], 1) : 0;
+  __syncthreads();
+  for (int e = t; e < p.experts; e += kScatterThreads) {
+    const int32_t n = local[e];
+    local[e] = n > 0 ? atomicAdd(&p.cursor[e], n) : 0;  // this CTA's first position for expert e
+  }
+  __syncthreads();
+  device::PDLTriggerSecondary();
+#pragma unroll
+  for (int j = 0; j < kScatterItems; ++j) {
+    if (expert[j] >= 0) p.sorted_ids[local[expert[j]] + rank[j]] = base + j * kScatterThreads + t;
+  }
 }
 
 struct MoeAlign {
@@ -114,6 +220,7 @@ struct MoeAlign {
                  "num_experts) * (block_size - 1) = ", need, " elements, got ", S.unwrap());
     RuntimeCheck(B.unwrap() >= div_ceil(need, block_size), "moe_align_block_size: expert_ids must hold at least ",
                  div_ceil(need, block_size), " blocks, got ", B.unwrap());
+    RuntimeCheck(S.unwrap() < (int64_t{1} << 31), "moe_align_block_size: sorted_token_ids is too long: ", S.unwrap());
     const int32_t* map = nullptr;
     if (expert_map.has_value()) {
       auto M = SymbolicSize{"num_experts"};
@@ -124,26 +231,31 @@ struct MoeAlign {
     if (has_no_data(num_tokens_post_padded)) return;  // a fake call's checks alone (it always has data otherwise)
     const DLDevice dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
-    auto args = [&](auto kernel, const auto* ids) {
-      LaunchKernel(1, kThreads, dev)
-          .enable_pdl(pdl)(
-              kernel,
-              ids,
-              map,
-              static_cast<int32_t*>(sorted_token_ids.data_ptr()),
-              static_cast<int32_t*>(expert_ids.data_ptr()),
-              static_cast<int32_t*>(num_tokens_post_padded.data_ptr()),
-              static_cast<int32_t>(numel),
-              static_cast<int32_t>(num_experts),
-              static_cast<int32_t>(block_size),
-              static_cast<int32_t>(S.unwrap()),
-              static_cast<int32_t>(B.unwrap()));
-    };
-    if (is_type<int32_t>(topk_ids.dtype())) {
-      args(align_kernel<int32_t>, static_cast<const int32_t*>(topk_ids.data_ptr()));
-    } else {
-      args(align_kernel<int64_t>, static_cast<const int64_t*>(topk_ids.data_ptr()));
+    AlignParams p{
+        topk_ids.data_ptr(),
+        map,
+        static_cast<int32_t*>(sorted_token_ids.data_ptr()),
+        static_cast<int32_t*>(expert_ids.data_ptr()),
+        static_cast<int32_t*>(num_tokens_post_padded.data_ptr()),
+        nullptr,
+        static_cast<int32_t>(numel),
+        static_cast<int32_t>(num_experts),
+        static_cast<int32_t>(block_size),
+        static_cast<int32_t>(S.unwrap()),
+        static_cast<int32_t>(B.unwrap())};
+    const bool wide = is_type<int64_t>(topk_ids.dtype());
+    if (numel <= kSmallPairs) {
+      LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(wide ? align_kernel<int64_t> : align_kernel<int32_t>, p);
+      return;
     }
+    // Freed when the call returns, reused by the caching allocator in stream order.
+    const auto cursor = ffi::empty({num_experts}, dl_dtype_v<int32_t>, dev);
+    p.cursor = static_cast<int32_t*>(cursor.data_ptr());
+    LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(wide ? count_kernel<int64_t> : count_kernel<int32_t>, p);
+    const auto grid = static_cast<uint32_t>(div_ceil(numel, int64_t{kScatterThreads} * kScatterItems));
+    // The scatter reads the starts the first kernel wrote: with PDL it waits for that kernel to end.
+    LaunchKernel(grid, kScatterThreads, dev)
+        .enable_pdl(pdl)(wide ? scatter_kernel<int64_t> : scatter_kernel<int32_t>, p);
   }
 };
 
