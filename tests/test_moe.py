@@ -384,3 +384,39 @@ def test_routing_outputs_every_element() -> None:
     w, i = jit_kernel.grouped_topk(x, 8, 8, 4, True, None, 1.0, "sigmoid")
     assert torch.isfinite(w).all() and ((i >= 0) & (i < 256)).all()
     assert torch.allclose(w.sum(-1), torch.ones(37, device="cuda"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("spec", "config"),
+    [
+        (families.MOE_ROUTE, ("bf16_t",)),
+        (families.MOE_ROUTE, ("fp32_t",)),
+        (families.MOE_ALIGN, ()),
+        (families.MOE_SUM_REDUCE, ("bf16_t",)),
+    ],
+    ids=lambda v: getattr(v, "family", None) or "-".join(map(str, v)) or "none",
+)
+def test_kernels_do_not_spill_on_sm90a(spec, config, tmp_path) -> None:
+    """Every kernel of the unit: ptxas reports no stack frame and no spill for sm_90a (each spill in a
+    latency-bound routing pick is a local-memory round trip). Device code only (nvcc -cubin)."""
+    import re
+    import subprocess
+
+    import tvm_ffi.libinfo
+
+    from jit_kernel.engine import toolchain
+    from jit_kernel.engine.unit import TranslationUnit
+
+    unit = TranslationUnit.for_config(spec, config)
+    source = tmp_path / "unit.cu"
+    source.write_text(unit.text())
+    includes = [f"-I{tvm_ffi.libinfo.find_include_path()}", f"-I{tvm_ffi.libinfo.find_dlpack_include_path()}"]
+    command = [str(toolchain.nvcc_path()), "-cubin", "-arch=sm_90a", "-Xptxas", "-v", *unit.compile_args(), *includes]
+    result = subprocess.run([*command, str(source), "-o", str(tmp_path / "unit.cubin")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    kernels = re.findall(r"Compiling entry function '([^']+)'", result.stderr)
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+    assert kernels and len(frames) == len(kernels), result.stderr[-4000:]
+    spilled = [(k, f) for k, f in zip(kernels, frames, strict=True) if f != ("0", "0", "0")]
+    assert not spilled, spilled
