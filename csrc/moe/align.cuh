@@ -202,24 +202,38 @@ struct MoeAlign {
     auto S = SymbolicSize{"sorted_len"};
     auto B = SymbolicSize{"blocks"};
     auto device = SymbolicDevice{};
-    TensorMatcher({N, K}).with_device<kDLCUDA>(device).with_dtype<int32_t, int64_t>().verify(topk_ids,
-                                                                                                    "topk_ids");
+    TensorMatcher({N, K}).with_device<kDLCUDA>(device).with_dtype<int32_t, int64_t>().verify(topk_ids, "topk_ids");
     TensorMatcher({S}).with_device<kDLCUDA>(device).with_dtype<int32_t>().verify(sorted_token_ids, "sorted_token_ids");
     TensorMatcher({B}).with_device<kDLCUDA>(device).with_dtype<int32_t>().verify(expert_ids, "expert_ids");
-    TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<int32_t>().verify(num_tokens_post_padded,
-                                                                                 "num_tokens_post_padded");
-    RuntimeCheck(num_experts >= 1 && num_experts <= kMaxExperts, "moe_align_block_size: num_experts must be in [1, ",
-                 kMaxExperts, "], got ", num_experts);
-    RuntimeCheck(block_size >= 1 && block_size <= 1024, "moe_align_block_size: block_size must be in [1, 1024], got ",
-                 block_size);
+    TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<int32_t>().verify(
+        num_tokens_post_padded, "num_tokens_post_padded");
+    RuntimeCheck(
+        num_experts >= 1 && num_experts <= kMaxExperts,
+        "moe_align_block_size: num_experts must be in [1, ",
+        kMaxExperts,
+        "], got ",
+        num_experts);
+    RuntimeCheck(
+        block_size >= 1 && block_size <= 1024,
+        "moe_align_block_size: block_size must be in [1, 1024], got ",
+        block_size);
     const int64_t numel = N.unwrap() * K.unwrap();
     // At most min(numel, num_experts) experts have pairs, each padded by at most block_size - 1.
     const int64_t need = numel + std::min(numel, num_experts) * (block_size - 1);
     RuntimeCheck(need < (int64_t{1} << 31), "moe_align_block_size: too many token-expert pairs: ", numel);
-    RuntimeCheck(S.unwrap() >= need, "moe_align_block_size: sorted_token_ids must hold at least numel + min(numel, "
-                 "num_experts) * (block_size - 1) = ", need, " elements, got ", S.unwrap());
-    RuntimeCheck(B.unwrap() >= div_ceil(need, block_size), "moe_align_block_size: expert_ids must hold at least ",
-                 div_ceil(need, block_size), " blocks, got ", B.unwrap());
+    RuntimeCheck(
+        S.unwrap() >= need,
+        "moe_align_block_size: sorted_token_ids must hold at least numel + min(numel, "
+        "num_experts) * (block_size - 1) = ",
+        need,
+        " elements, got ",
+        S.unwrap());
+    RuntimeCheck(
+        B.unwrap() >= div_ceil(need, block_size),
+        "moe_align_block_size: expert_ids must hold at least ",
+        div_ceil(need, block_size),
+        " blocks, got ",
+        B.unwrap());
     RuntimeCheck(S.unwrap() < (int64_t{1} << 31), "moe_align_block_size: sorted_token_ids is too long: ", S.unwrap());
     const int32_t* map = nullptr;
     if (expert_map.has_value()) {

@@ -249,26 +249,50 @@ struct MoeRoute {
     TensorMatcher({N, K}).with_device<kDLCUDA>(device).with_dtype<int32_t>().verify(ids, "topk_ids");
     const int64_t experts = E.unwrap();
     const int64_t topk = K.unwrap();
-    RuntimeCheck(experts >= 1 && experts <= kMaxExperts, "moe routing: gating_output must have 1 to ", kMaxExperts,
-                 " experts (columns), got ", experts);
-    RuntimeCheck(topk >= 1 && topk <= kMaxTopk && topk <= experts, "moe routing: topk must be in [1, min(",
-                 kMaxTopk, ", experts = ", experts, ")], got ", topk);
-    RuntimeCheck(num_expert_group >= 1 && num_expert_group <= kMaxGroups && experts % num_expert_group == 0,
-                 "moe routing: num_expert_group must be in [1, ", kMaxGroups, "] and divide the experts (", experts,
-                 "), got ", num_expert_group);
-    RuntimeCheck(topk_group >= 1 && topk_group <= num_expert_group,
-                 "moe routing: topk_group must be in [1, num_expert_group = ", num_expert_group, "], got ", topk_group);
-    RuntimeCheck(topk <= topk_group * (experts / num_expert_group), "moe routing: topk (", topk,
-                 ") exceeds the experts of topk_group groups (", topk_group * (experts / num_expert_group), ")");
-    RuntimeCheck(std::isfinite(routed_scaling_factor), "moe routing: routed_scaling_factor must be finite, got ",
-                 routed_scaling_factor);
+    RuntimeCheck(
+        experts >= 1 && experts <= kMaxExperts,
+        "moe routing: gating_output must have 1 to ",
+        kMaxExperts,
+        " experts (columns), got ",
+        experts);
+    RuntimeCheck(
+        topk >= 1 && topk <= kMaxTopk && topk <= experts,
+        "moe routing: topk must be in [1, min(",
+        kMaxTopk,
+        ", experts = ",
+        experts,
+        ")], got ",
+        topk);
+    RuntimeCheck(
+        num_expert_group >= 1 && num_expert_group <= kMaxGroups && experts % num_expert_group == 0,
+        "moe routing: num_expert_group must be in [1, ",
+        kMaxGroups,
+        "] and divide the experts (",
+        experts,
+        "), got ",
+        num_expert_group);
+    RuntimeCheck(
+        topk_group >= 1 && topk_group <= num_expert_group,
+        "moe routing: topk_group must be in [1, num_expert_group = ",
+        num_expert_group,
+        "], got ",
+        topk_group);
+    RuntimeCheck(
+        topk <= topk_group * (experts / num_expert_group),
+        "moe routing: topk (",
+        topk,
+        ") exceeds the experts of topk_group groups (",
+        topk_group * (experts / num_expert_group),
+        ")");
+    RuntimeCheck(
+        std::isfinite(routed_scaling_factor),
+        "moe routing: routed_scaling_factor must be finite, got ",
+        routed_scaling_factor);
     const void* bias = nullptr;
     bool bias_fp32 = true;
     if (correction_bias.has_value()) {
-      TensorMatcher({E})
-          .with_device<kDLCUDA>(device)
-          .with_dtype<fp32_t, T>()
-          .verify(*correction_bias, "correction_bias");
+      TensorMatcher({E}).with_device<kDLCUDA>(device).with_dtype<fp32_t, T>().verify(
+          *correction_bias, "correction_bias");
       bias = (*correction_bias).data_ptr();
       bias_fp32 = is_type<fp32_t>((*correction_bias).dtype());
     }

@@ -79,8 +79,11 @@ struct MoeSumReduce {
     auto K = SymbolicSize{"topk"};
     auto H = SymbolicSize{"hidden_size"};
     auto device = SymbolicDevice{};
-    TensorMatcher({N, K, H}).with_strides({-1, -1, 1}).with_device<kDLCUDA>(device).with_dtype<T>().verify(
-        expert_out, "expert_out");
+    TensorMatcher({N, K, H})
+        .with_strides({-1, -1, 1})
+        .with_device<kDLCUDA>(device)
+        .with_dtype<T>()
+        .verify(expert_out, "expert_out");
     TensorMatcher::cuda_rows<T>({N, H}, device).verify(out, "out");
     const void* w = nullptr;
     bool w_fp32 = true;
@@ -92,8 +95,10 @@ struct MoeSumReduce {
       w_fp32 = is_type<fp32_t>((*weights).dtype());
       w_stride = (*weights).stride(0);
     }
-    RuntimeCheck(std::isfinite(routed_scaling_factor), "moe_sum_reduce: routed_scaling_factor must be finite, got ",
-                 routed_scaling_factor);
+    RuntimeCheck(
+        std::isfinite(routed_scaling_factor),
+        "moe_sum_reduce: routed_scaling_factor must be finite, got ",
+        routed_scaling_factor);
     const int64_t n = N.unwrap();
     const int64_t h = H.unwrap();
     RuntimeCheck(n < (int64_t{1} << 31), "moe_sum_reduce: too many tokens: ", n);
