@@ -420,3 +420,83 @@ def test_kernels_do_not_spill_on_sm90a(spec, config, tmp_path) -> None:
     assert kernels and len(frames) == len(kernels), result.stderr[-4000:]
     spilled = [(k, f) for k, f in zip(kernels, frames, strict=True) if f != ("0", "0", "0")]
     assert not spilled, spilled
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark script (tests/test_benchmarks.py covers the shared helpers)
+
+
+def _load_bench(monkeypatch: pytest.MonkeyPatch):
+    import importlib
+
+    for module in ("triton", "matplotlib", "pandas"):
+        pytest.importorskip(module)
+    monkeypatch.setenv("JIT_KERNEL_BENCH_CI", "1")
+    monkeypatch.delenv("JIT_KERNEL_BENCH_OUT", raising=False)
+    return importlib.reload(importlib.import_module("jit_kernel.benchmark.bench_moe"))
+
+
+def test_bench_moe_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """Imports without CUDA, declares one perf_report per op, its torch baselines compute the tests'
+    references, and main() runs with a fake timer (every config and provider timed once)."""
+    from jit_kernel.benchmark import _tables
+    from jit_kernel.benchmark._tables import Measurements
+
+    cuda_before = torch.cuda.is_initialized()
+    bench = _load_bench(monkeypatch)
+    try:
+        assert torch.cuda.is_initialized() == cuda_before  # importing it touches no GPU
+        assert [b.plot_name for b in bench.bench_moe.benchmarks] == [f"{op}-bf16" for op in bench.OPS]
+        g, bias = torch.randn(5, 256), torch.randn(256) * 0.01
+        dsv3 = {"groups": 8, "topk_group": 4, "scale": 2.5}
+        for got, expected in [
+            (bench.torch_grouped_topk(g, bias), ref_route(g, 8, softmax=False, renormalize=True, bias=bias, **dsv3)),
+            (bench.torch_topk_softmax(g[:, :128]), ref_route(g[:, :128], 8, softmax=True, renormalize=True)),
+            (bench.torch_topk_sigmoid(g, bias), ref_route(g, 8, softmax=False, renormalize=True, bias=bias)),
+        ]:
+            assert torch.equal(got[1], expected[1])
+            torch.testing.assert_close(got[0], expected[0])
+        ids = torch.randint(0, 256, (40, 8))
+        sorted_ids, expert_ids, post = bench.torch_moe_align(ids, 256, 16)
+        segments, blocks, total = ref_align(ids, 256, 16)
+        assert int(post) == total and expert_ids[: len(blocks)].tolist() == blocks
+        expected_ids = [i for seg in segments for i in seg + [ids.numel()] * (-len(seg) % 16)]
+        assert sorted_ids[:total].tolist() == expected_ids  # a stable sort: ascending within each expert
+        x, w = torch.randn(3, 8, 64).bfloat16(), torch.rand(3, 8)
+        torch.testing.assert_close(
+            bench.torch_moe_sum_reduce(x, w).float(), (x.float() * w[..., None]).sum(1), rtol=1e-2, atol=1e-2
+        )
+
+        calls: list[tuple[object, str]] = []
+
+        def timer(key: object, provider: str, make: object) -> float:
+            calls.append((key, provider))
+            return 10.0
+
+        monkeypatch.setattr(bench, "RESULTS", Measurements(timer))
+        monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
+        monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+        monkeypatch.chdir(tmp_path)  # no save path: nothing may be written
+        bench.main([])
+        assert list(tmp_path.iterdir()) == []
+        expected = sum(len(providers) for providers, _ in bench.OPS.values()) * len(bench.TOKENS)
+        assert len(calls) == len(set(calls)) == expected
+        summary = capsys.readouterr().out.split("device: Fake GPU")[1]
+        rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
+        assert len(rows) == len(bench.OPS) * len(bench.TOKENS)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.gpu
+def test_bench_moe_cases_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every provider's callable runs once (FlashInfer's where it is importable)."""
+    import importlib.util
+
+    bench = _load_bench(monkeypatch)
+    for op, (providers, _) in bench.OPS.items():
+        for provider in providers:
+            if provider == "compile" or (provider == "flashinfer" and importlib.util.find_spec("flashinfer") is None):
+                continue
+            bench.moe_case(provider, op, 16)()
+    torch.cuda.synchronize()
