@@ -6,7 +6,7 @@ measured in the same run. Times are CUDA-graph medians in microseconds.
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_moe    # CI-sized grid
     python -m jit_kernel.benchmark.bench_moe --json-dir bench-json    # + JSON results (report.py)
 
-Grid: tokens 1, 16, 128, 1024, 4096 (CI-sized grid: 16, 4096). Cases:
+Grid: tokens 1, 16, 128, 1024, 4096, and 16,384 for moe_align_block_size (CI-sized grid: 16, 4096). Cases:
 
 - ``grouped_topk``: DeepSeek-V3 routing, bf16 logits of 256 experts, 8 groups, top-4 groups, top-8
   experts, sigmoid scores + float32 correction bias, renormalised, x 2.5. ``flashinfer``:
@@ -44,6 +44,8 @@ from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_ra
 DT = torch.bfloat16
 TOKENS = get_benchmark_range([1, 16, 128, 1024, 4096], [16, 4096])
 TINY_TOKENS = 16
+# moe_align_block_size also at 16,384 tokens x top-8, where its target compares it with torch.compile.
+ALIGN_TOKENS = get_benchmark_range([*TOKENS, 16384], TOKENS)
 HIDDEN = 7168
 TOPK = 8
 DSV3 = {"experts": 256, "groups": 8, "topk_group": 4, "scale": 2.5}
@@ -185,9 +187,13 @@ def moe_case(provider: str, op: str, tokens: int, device: str = DEFAULT_DEVICE) 
     raise ValueError(f"unknown provider {provider!r} for {op}; known: {list(OPS[op][0])}")
 
 
+def tokens_of(op: str) -> list[int]:
+    return ALIGN_TOKENS if op == "moe_align_block_size" else TOKENS
+
+
 def _benchmark(op: str) -> triton.testing.Benchmark:
     return provider_benchmark(
-        OPS[op][0], x_name="tokens", x_vals=TOKENS, xlabel="tokens", plot_name=f"{op}-bf16", args={"op": op}
+        OPS[op][0], x_name="tokens", x_vals=tokens_of(op), xlabel="tokens", plot_name=f"{op}-bf16", args={"op": op}
     )
 
 
@@ -209,7 +215,7 @@ def summary_tables() -> list[SummaryTable]:
     }
     tables = []
     for op, (providers, extras) in OPS.items():
-        configs = [((op, n), [n], op_bytes(op, n), n <= TINY_TOKENS) for n in TOKENS]
+        configs = [((op, n), [n], op_bytes(op, n), n <= TINY_TOKENS) for n in tokens_of(op)]
         tables.append(SummaryTable(op, titles[op], ["tokens"], configs, providers, extras))
     return tables
 
