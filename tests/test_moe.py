@@ -501,3 +501,62 @@ def test_bench_moe_cases_run(monkeypatch: pytest.MonkeyPatch) -> None:
                 continue
             bench.moe_case(provider, op, 16)()
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_fast_paths_raise_the_full_paths_errors() -> None:
+    """Once a good call has loaded a kernel, the public functions call it directly; a bad call must
+    then raise the same error, word for word, as on a cold kernel table (the declared op's path)."""
+    from jit_kernel.ops import moe
+
+    def error(call: Callable[[], object]) -> tuple[type[BaseException], str]:
+        with pytest.raises(Exception) as info:
+            call()
+        return type(info.value), str(info.value)
+
+    g = torch.randn(4, 64, device="cuda").bfloat16()
+    ids = torch.randint(0, 8, (4, 2), device="cuda", dtype=torch.int32)
+    x = torch.randn(4, 2, 64, device="cuda").bfloat16()
+    cases = [
+        (
+            moe._ROUTE,
+            lambda: jit_kernel.topk_softmax(g, 2),
+            [lambda: jit_kernel.topk_softmax(g, 65), lambda: jit_kernel.topk_softmax(g.t(), 2)],
+        ),
+        (
+            moe._ROUTE,
+            lambda: jit_kernel.topk_sigmoid(g, 2),
+            [lambda: jit_kernel.topk_sigmoid(g, 2, True, torch.zeros(63, device="cuda"))],
+        ),
+        (
+            moe._ROUTE,
+            lambda: jit_kernel.grouped_topk(g, 2, 8, 2),
+            [
+                lambda: jit_kernel.grouped_topk(g, 2, 7, 2),
+                lambda: jit_kernel.grouped_topk(g, 2, 8, 2, scoring_func="x"),
+            ],
+        ),
+        (
+            moe._ALIGN,
+            lambda: jit_kernel.moe_align_block_size(ids, 8, 16),
+            [
+                lambda: jit_kernel.moe_align_block_size(ids.float(), 8, 16),
+                lambda: jit_kernel.moe_align_block_size(ids, 8, 16, torch.zeros(7, device="cuda", dtype=torch.int32)),
+            ],
+        ),
+        (
+            moe._SUM,
+            lambda: jit_kernel.moe_sum_reduce(x),
+            [
+                lambda: jit_kernel.moe_sum_reduce(x, torch.rand(4, 3, device="cuda")),
+                lambda: jit_kernel.moe_sum_reduce(x[:, 0]),
+            ],
+        ),
+    ]
+    for table, good, bads in cases:
+        for bad in bads:
+            table.clear()  # cold: the first call of the key takes the full path
+            cold = error(bad)
+            good()
+            assert table, "the good call did not arm the fast path"
+            assert error(bad) == cold
