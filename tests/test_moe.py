@@ -327,7 +327,16 @@ def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("t", "k", "e", "block"), [(0, 8, 8, 16), (1, 2, 8, 16), (7, 8, 256, 64), (1000, 8, 128, 128), (4096, 8, 257, 16)]
+    ("t", "k", "e", "block"),
+    [
+        (0, 8, 8, 16),
+        (1, 2, 8, 16),
+        (7, 8, 256, 64),
+        (1000, 8, 128, 128),
+        (1024, 8, 256, 64),  # 8192 pairs: the largest one-CTA case
+        (1025, 8, 1024, 1),  # 8200 pairs: count + scatter kernels, the most experts, blocks of one
+        (4096, 8, 257, 16),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_moe_align_block_size(t: int, k: int, e: int, block: int, dtype: torch.dtype) -> None:
@@ -335,11 +344,12 @@ def test_moe_align_block_size(t: int, k: int, e: int, block: int, dtype: torch.d
 
 
 @pytest.mark.gpu
-def test_moe_align_expert_map() -> None:
+@pytest.mark.parametrize("t", [300, 2000])  # 2400 pairs: one CTA; 16000: the count + scatter kernels
+def test_moe_align_expert_map(t: int) -> None:
     e = 64
     map_ = torch.full((e,), -1, dtype=torch.int32, device="cuda")
     map_[16:32] = torch.arange(16, dtype=torch.int32, device="cuda")
-    _check_align(300, 8, e, 32, map_, torch.int32)
+    _check_align(t, 8, e, 32, map_, torch.int32)
 
 
 @pytest.mark.gpu
