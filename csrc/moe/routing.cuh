@@ -14,8 +14,9 @@
 // (routed_scaling_factor).
 //
 // Layout: lane l holds experts l, l + 32, l + 64, ... (kVPT values per lane, experts <= 32 * kVPT), all
-// in registers; the loads of one step are 32 consecutive logits. Each pick is two `redux.sync` (the
-// best rank, then the lowest index holding it) and one shuffle (its weight). The grouped path stages
+// in registers; the loads of one step are 32 consecutive logits. Each lane sorts its candidates once;
+// each pick is then two `redux.sync` over the lanes' heads (the best rank, then the lowest index holding
+// it), one shuffle (its weight) and a shift of the owner's list. The grouped path stages
 // the ranks in shared memory, where several lanes score each group. No global scratch; one launch.
 #pragma once
 
@@ -186,36 +187,53 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   }
   device::PDLTriggerSecondary();
 
-  // This lane's best remaining candidate: (key, expert, weight).
-  uint32_t key = 0, best_j = 0;
-  float best_w = 0.f;
-  auto rescan = [&] {
-    key = 0;
+  // This lane's candidates as (key, expert, weight), sorted best first once (odd-even transposition,
+  // larger key then lower expert first; key 0: not a candidate). A pick then takes the head of the
+  // owner's list and shifts it by one: no rescan on the picks' critical path.
+  uint32_t sk[kVPT];
+  int sj[kVPT];
+  float sw[kVPT];
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      const uint32_t k = order_key(rank[j]);
-      if (!((out >> j) & 1u) && k > key) {  // ascending j: the lowest expert among equal ranks
-        key = k;
-        best_j = j;
-        best_w = score[j];
-      }
+  for (int j = 0; j < kVPT; ++j) {
+    sk[j] = (out >> j) & 1u ? 0u : order_key(rank[j]);
+    sj[j] = j * 32 + lane;
+    sw[j] = score[j];
+  }
+#pragma unroll
+  for (int round = 0; round < kVPT; ++round) {
+#pragma unroll
+    for (int i = round & 1; i + 1 < kVPT; i += 2) {
+      const bool swap = sk[i + 1] > sk[i] || (sk[i + 1] == sk[i] && sj[i + 1] < sj[i]);
+      const uint32_t k = swap ? sk[i + 1] : sk[i];
+      const int e = swap ? sj[i + 1] : sj[i];
+      const float w = swap ? sw[i + 1] : sw[i];
+      sk[i + 1] = swap ? sk[i] : sk[i + 1];
+      sj[i + 1] = swap ? sj[i] : sj[i + 1];
+      sw[i + 1] = swap ? sw[i] : sw[i + 1];
+      sk[i] = k;
+      sj[i] = e;
+      sw[i] = w;
     }
-  };
-  rescan();
+  }
   float chosen_weight = 0.f;  // lane r keeps the r-th choice
   int chosen_id = 0;
   float total = 0.f;
   for (int r = 0; r < p.topk; ++r) {
-    const uint32_t pick = warp_pick(key, key != 0 ? best_j * 32 + lane : 0xffffffffu);
-    const float w = __shfl_sync(kFull, best_w, pick & 31);
+    const uint32_t pick = warp_pick(sk[0], sk[0] != 0 ? static_cast<uint32_t>(sj[0]) : 0xffffffffu);
+    const float w = __shfl_sync(kFull, sw[0], pick & 31);
     total += w;
     if (lane == r) {
       chosen_weight = w;
       chosen_id = static_cast<int>(pick);
     }
     if (static_cast<uint32_t>(lane) == (pick & 31)) {
-      out |= 1u << best_j;
-      rescan();
+#pragma unroll
+      for (int i = 0; i + 1 < kVPT; ++i) {
+        sk[i] = sk[i + 1];
+        sj[i] = sj[i + 1];
+        sw[i] = sw[i + 1];
+      }
+      sk[kVPT - 1] = 0;
     }
   }
   const float factor = p.renormalize && total > 0.f ? p.scale / total : p.scale;
