@@ -470,6 +470,7 @@ def test_bench_moe_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
         sorted_ids, expert_ids, post = bench.torch_moe_align(ids, 256, 16)
         segments, blocks, total = ref_align(ids, 256, 16)
         assert int(post) == total and expert_ids[: len(blocks)].tolist() == blocks
+        assert (expert_ids[len(blocks) :] == 0).all()
         expected_ids = [i for seg in segments for i in seg + [ids.numel()] * (-len(seg) % 16)]
         assert sorted_ids[:total].tolist() == expected_ids  # a stable sort: ascending within each expert
         x, w = torch.randn(3, 8, 64).bfloat16(), torch.rand(3, 8)

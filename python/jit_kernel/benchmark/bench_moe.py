@@ -110,22 +110,25 @@ def torch_topk_sigmoid(g: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tenso
 
 
 def torch_moe_align(topk_ids: torch.Tensor, experts: int, block: int) -> tuple[torch.Tensor, ...]:
-    """The align layout with torch ops: a stable sort by expert, padded per expert to ``block``."""
-    flat = topk_ids.flatten()
+    """The align layout with torch ops of data-independent shapes (so CUDA graphs capture it, and
+    torch.compile traces it without a graph break): a stable sort by expert, each expert's run padded
+    to ``block``, each block's expert found among the runs' ends."""
+    flat = topk_ids.flatten().long()
     numel = flat.numel()
-    counts = torch.bincount(flat, minlength=experts)
+    counts = torch.zeros(experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block - 1) // block * block
-    starts = torch.cumsum(padded, 0) - padded
+    ends = torch.cumsum(padded, 0)
     order = torch.sort(flat, stable=True).indices
     sorted_experts = flat[order]
     first = torch.cumsum(counts, 0) - counts
-    pos = starts[sorted_experts] + torch.arange(numel, device=flat.device) - first[sorted_experts]
-    out = torch.full((numel + experts * (block - 1),), numel, dtype=torch.int32, device=flat.device)
+    pos = (ends - padded)[sorted_experts] + torch.arange(numel, device=flat.device) - first[sorted_experts]
+    length = numel + experts * (block - 1)
+    out = torch.full((length,), numel, dtype=torch.int32, device=flat.device)
     out[pos] = order.int()
-    blocks = torch.repeat_interleave(torch.arange(experts, device=flat.device, dtype=torch.int32), padded // block)
-    expert_ids = torch.zeros((out.numel() + block - 1) // block, dtype=torch.int32, device=flat.device)
-    expert_ids[: blocks.numel()] = blocks
-    return out, expert_ids, padded.sum().view(1).int()
+    rows = torch.arange((length + block - 1) // block, device=flat.device) * block
+    total = ends[-1]
+    expert_ids = torch.where(rows < total, torch.searchsorted(ends, rows, right=True), 0).int()
+    return out, expert_ids, total.view(1).int()
 
 
 def torch_moe_sum_reduce(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
