@@ -17,7 +17,8 @@
 // in registers; the loads of one step are 32 consecutive logits. Each lane sorts its candidates once;
 // each pick is then two `redux.sync` over the lanes' heads (the best rank, then the lowest index holding
 // it), one shuffle (its weight) and a shift of the owner's list. The grouped path stages
-// the ranks in shared memory, where several lanes score each group. No global scratch; one launch.
+// the ranks in shared memory, where several lanes score each group, then keeps a group when fewer than
+// topk_group groups rank above it. No global scratch; one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -88,6 +89,7 @@ template <typename T, int kVPT, bool kSoftmax>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteParams p) {
   static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
+  __shared__ uint32_t group_score[kWarpsPerBlock][kMaxGroups];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -98,12 +100,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
 
   float score[kVPT];  // the score (the weight)
   float rank[kVPT];   // what the choice compares
-  uint32_t out = 0;   // bit j: expert j * 32 + lane cannot be chosen (absent, in a dropped group, or taken)
+  float bias[kVPT];   // loaded with the logits: one memory round trip for both
+  uint32_t out = 0;   // bit j: expert j * 32 + lane cannot be chosen (absent or in a dropped group)
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
     const int e = j * 32 + lane;
+    bias[j] = 0.f;
     if (e < p.experts) {
       score[j] = dtype_trait<fp32_t>::from(row[e]);
+      if (has_bias) {
+        bias[j] = p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
+                              : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]);
+      }
     } else {
       score[j] = -INFINITY;
       out |= 1u << j;
@@ -131,11 +139,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   if (has_bias) {
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
-      const int e = j * 32 + lane;
-      if (e < p.experts) {
-        rank[j] = score[j] + (p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
-                                          : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]));
-      }
+      if (!((out >> j) & 1u)) rank[j] = score[j] + bias[j];
     }
   }
 
@@ -154,6 +158,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     float first = -INFINITY, second = -INFINITY;
     if (g < p.groups) {
       const float* values = &staged[warp][g * per_group];
+#pragma unroll 4
       for (int i = lane % lanes; i < per_group; i += lanes) {
         const float v = values[i];
         if (!(v <= first)) {  // NaN ranks first
@@ -171,14 +176,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
       first = fmaxf(first, f);
     }
     const float group_rank = has_bias && per_group > 1 ? first + second : first;
-    const float mine = __shfl_sync(kFull, group_rank, (lane * lanes) & 31);  // lane g: group g's rank
-    uint32_t kept = 0;
-    bool taken = lane >= p.groups;
-    for (int r = 0; r < p.topk_group; ++r) {
-      const uint32_t pick = warp_pick(taken ? 0u : order_key(mine), lane);
-      kept |= 1u << pick;
-      taken |= pick == static_cast<uint32_t>(lane);
+    if (g < p.groups && lane % lanes == 0) group_score[warp][g] = order_key(group_rank);
+    __syncwarp();
+    // Lane g keeps group g when fewer than topk_group groups rank above it (a larger key, or an equal
+    // key and a lower index): one pass over the group keys instead of topk_group picks.
+    bool keep = false;
+    if (lane < p.groups) {
+      const uint32_t mine = group_score[warp][lane];
+      int above = 0;
+#pragma unroll 8
+      for (int h = 0; h < p.groups; ++h) {
+        const uint32_t other = group_score[warp][h];
+        above += other > mine || (other == mine && h < lane);
+      }
+      keep = above < p.topk_group;
     }
+    const uint32_t kept = __ballot_sync(kFull, keep);
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       const int e = j * 32 + lane;
