@@ -50,15 +50,14 @@ SGL_DEVICE uint32_t order_key(float v) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The float of an order key (NaN for the key of NaN).
+SGL_DEVICE float key_value(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 SGL_DEVICE float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-  return v;
-}
-
-SGL_DEVICE float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, offset));
   return v;
 }
 
@@ -122,16 +121,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     float m = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) m = fmaxf(m, score[j]);
-    m = warp_max(m);
+    m = key_value(__reduce_max_sync(kFull, order_key(m)));
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       score[j] = (out >> j) & 1u ? 0.f : expf(score[j] - m);
       s += score[j];
     }
-    const float total = warp_sum(s);
+    // Renormalised weights without a bias need no softmax denominator: it cancels in the division by
+    // the chosen weights' sum. Otherwise (the bias adds to probabilities) divide by it.
+    if (!p.renormalize || has_bias) {
+      const float total = warp_sum(s);
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) score[j] = score[j] / total;
+      for (int j = 0; j < kVPT; ++j) score[j] = score[j] / total;
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) score[j] = 1.f / (1.f + expf(-score[j]));
