@@ -113,7 +113,7 @@ def test_fakes_give_shapes() -> None:
         w, i = jit_kernel.topk_softmax(_e(3, 60), 4)
         assert i.shape == (3, 4)
         s, b, n = jit_kernel.moe_align_block_size(i, 60, 16)
-        assert s.shape == (12 + 60 * 15,) and b.shape == (-(-(12 + 60 * 15) // 16),) and n.shape == (1,)
+        assert s.shape == (12 + 12 * 15,) and b.shape == (12,) and n.shape == (1,)  # 12 pairs: 12 experts at most
         assert jit_kernel.moe_sum_reduce(_e(5, 8, 1000), w.new_empty(5, 8)).shape == (5, 1000)
 
 
@@ -139,7 +139,7 @@ def test_torch_compile_traces_without_graph_break() -> None:
         y, s, b, n, w, i = torch.compile(model, fullgraph=True, backend=backend)(
             _e(3, 256), _e(256, dtype=torch.float32), _e(3, 8, 512)
         )
-    assert y.shape == (3, 512) and s.shape == (24 + 256 * 63,) and b.shape == (-(-(24 + 256 * 63) // 64),)
+    assert y.shape == (3, 512) and s.shape == (24 + 24 * 63,) and b.shape == (24,)
     assert n.shape == (1,) and w.shape == (3, 2) and i.dtype == torch.int32
     (graph,) = graphs
     targets = {str(node.target).removesuffix(".default") for node in graph.graph.nodes if node.op == "call_function"}
@@ -310,7 +310,7 @@ def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, 
     ids = torch.randint(0, e, (t, k), device="cuda", dtype=dtype)
     sorted_ids, expert_ids, post = jit_kernel.moe_align_block_size(ids, e, block, map_)
     numel = t * k
-    assert sorted_ids.numel() == numel + e * (block - 1)
+    assert sorted_ids.numel() == numel + min(numel, e) * (block - 1)
     segments, blocks, total = ref_align(ids, e, block, map_)
     assert int(post.item()) == total
     got = sorted_ids.cpu().tolist()

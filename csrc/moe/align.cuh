@@ -78,11 +78,11 @@ SGL_DEVICE void for_each_pair(const AlignParams& p, F&& f) {
 }
 
 // The layout's counting part, by one CTA of kThreads: counts per expert, offsets (into `start`),
-// expert_ids, num_tokens_post_padded, and numel in every sorted position that holds no pair (with
-// `fill_all`, in every position: the one-kernel path overwrites the pairs' positions afterwards).
+// expert_ids, num_tokens_post_padded, and numel in every sorted position that holds no pair (each
+// expert's padding and the tail): every position is written once, by this or by the scatter.
 // Returns the padded total to every thread.
 template <typename Id>
-SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start, bool fill_all) {
+SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start) {
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int32_t total;
@@ -91,9 +91,6 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
   __syncthreads();
   device::PDLWaitPrimary();
   for_each_pair<Id>(p, [&](int32_t, int32_t e) { atomicAdd(&counts[e], 1); });
-  if (fill_all) {
-    for (int32_t i = t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
-  }
   __syncthreads();
   const int32_t count = t < p.experts ? counts[t] : 0;
   const int32_t padded = (count + p.block_size - 1) / p.block_size * p.block_size;
@@ -102,9 +99,7 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
   Scan(scan_storage).ExclusiveSum(padded, offset, sum);
   if (t < p.experts) {
     start[t] = offset;
-    if (!fill_all) {
-      for (int32_t i = offset + count; i < offset + padded; ++i) p.sorted_ids[i] = p.numel;
-    }
+    for (int32_t i = offset + count; i < offset + padded; ++i) p.sorted_ids[i] = p.numel;
   }
   if (t == 0) {
     total = sum;
@@ -128,9 +123,7 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
     p.expert_ids[b] = p.expert_map != nullptr ? p.expert_map[lo] : lo;
   }
   for (int32_t b = all / p.block_size + t; b < p.blocks_len; b += kThreads) p.expert_ids[b] = 0;
-  if (!fill_all) {
-    for (int32_t i = all + t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
-  }
+  for (int32_t i = all + t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
   return all;
 }
 
@@ -139,7 +132,7 @@ template <typename Id>
 __global__ void __launch_bounds__(kThreads) align_kernel(const AlignParams p) {
   __shared__ int32_t counts[kMaxExperts];
   __shared__ int32_t cursor[kMaxExperts];
-  lay_out<Id>(p, counts, cursor, true);
+  lay_out<Id>(p, counts, cursor);
   __syncthreads();  // `cursor` holds each expert's start
   for_each_pair<Id>(p, [&](int32_t i, int32_t e) { p.sorted_ids[atomicAdd(&cursor[e], 1)] = i; });
   device::PDLTriggerSecondary();
@@ -150,7 +143,7 @@ template <typename Id>
 __global__ void __launch_bounds__(kThreads) count_kernel(const AlignParams p) {
   __shared__ int32_t counts[kMaxExperts];
   __shared__ int32_t start[kMaxExperts];
-  lay_out<Id>(p, counts, start, false);
+  lay_out<Id>(p, counts, start);
   device::PDLTriggerSecondary();
   for (int e = threadIdx.x; e < p.experts; e += kThreads) p.cursor[e] = start[e];
 }

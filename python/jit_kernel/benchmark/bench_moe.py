@@ -75,7 +75,7 @@ def op_bytes(op: str, tokens: int) -> int:
     if op == "moe_sum_reduce":
         return sum_reduce_bytes(tokens)
     if op == "moe_align_block_size":
-        sorted_len = tokens * TOPK + DSV3["experts"] * (BLOCK - 1)
+        sorted_len = tokens * TOPK + min(tokens * TOPK, DSV3["experts"]) * (BLOCK - 1)
         return 4 * (tokens * TOPK + sorted_len + sorted_len // BLOCK)
     experts = QWEN3_EXPERTS if op == "topk_softmax" else DSV3["experts"]
     return tokens * experts * DT.itemsize + tokens * TOPK * 8
@@ -122,7 +122,7 @@ def torch_moe_align(topk_ids: torch.Tensor, experts: int, block: int) -> tuple[t
     sorted_experts = flat[order]
     first = torch.cumsum(counts, 0) - counts
     pos = (ends - padded)[sorted_experts] + torch.arange(numel, device=flat.device) - first[sorted_experts]
-    length = numel + experts * (block - 1)
+    length = numel + min(numel, experts) * (block - 1)
     out = torch.full((length,), numel, dtype=torch.int32, device=flat.device)
     out[pos] = order.int()
     rows = torch.arange((length + block - 1) // block, device=flat.device) * block

@@ -265,8 +265,9 @@ def moe_align_block_size(
     enable_pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the pairs of ``topk_ids`` (``[T, k]`` int32 or int64) by expert for a Triton fused-MoE
-    GEMM. Returns int32 ``(sorted_token_ids [T*k + E*(block_size-1)], expert_ids [ceil(that /
-    block_size)], num_tokens_post_padded [1])``: each expert's flat pair indices ``t * k + slot``
+    GEMM. Returns int32 ``(sorted_token_ids [T*k + min(T*k, E) * (block_size-1)], expert_ids
+    [ceil(that / block_size)], num_tokens_post_padded [1])`` (at most ``min(T*k, E)`` experts have
+    pairs, each padded by at most ``block_size - 1``): each expert's flat pair indices ``t * k + slot``
     (in unspecified order within the expert), padded with ``T * k`` to a multiple of
     ``block_size``, experts in ascending order; ``expert_ids[b]`` is block ``b``'s expert, or
     ``expert_map[expert]`` (int32 ``[E]``, -1 for experts not on this rank) with an expert-parallel
@@ -276,7 +277,8 @@ def moe_align_block_size(
         try:  # the fast path (_common.FAST_PATH_MISS): a kernel an earlier call loaded, called directly
             kernel = _ALIGN.get(()) if type(num_experts) is int and type(block_size) is int else None
             if kernel is not None and num_experts > 0 and block_size > 0:
-                length = topk_ids.numel() + num_experts * (block_size - 1)
+                numel = topk_ids.numel()
+                length = numel + min(numel, num_experts) * (block_size - 1)
                 sorted_ids = topk_ids.new_empty((length,), dtype=torch.int32)
                 expert_ids = topk_ids.new_empty(((length + block_size - 1) // block_size,), dtype=torch.int32)
                 post_padded = topk_ids.new_empty((1,), dtype=torch.int32)
@@ -289,7 +291,8 @@ def moe_align_block_size(
         not_a_tensor(op, "topk_ids", topk_ids)
     experts = _positive_int(op, "num_experts", num_experts)
     block = _positive_int(op, "block_size", block_size)
-    length = topk_ids.numel() + experts * (block - 1)
+    numel = topk_ids.numel()
+    length = numel + torch.sym_min(numel, experts) * (block - 1)
     device = topk_ids.device
     sorted_ids = torch.empty(length, dtype=torch.int32, device=device)
     expert_ids = torch.empty((length + block - 1) // block, dtype=torch.int32, device=device)
