@@ -571,3 +571,40 @@ def test_fast_paths_raise_the_full_paths_errors() -> None:
             good()
             assert table, "the good call did not arm the fast path"
             assert error(bad) == cold
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("t", [16, 2048])  # align: one CTA; count + scatter with its workspace
+def test_cuda_graph_replays_a_moe_layer(t: int, pdl: bool) -> None:
+    """grouped_topk, moe_align_block_size and moe_sum_reduce captured in one CUDA graph (PDL on or
+    off), replayed on new inputs into poisoned outputs: the eager calls' results on those inputs."""
+    e, k, h, block = 256, 8, 512, 64
+    g = _logits(t, e, torch.bfloat16)
+    bias = torch.rand(e, device="cuda") * 1e-3
+    x = torch.randn(t, k, h, device="cuda", dtype=torch.bfloat16)
+
+    def layer() -> tuple[torch.Tensor, ...]:
+        w, ids = jit_kernel.grouped_topk(g, k, 8, 4, True, bias, 2.5, "sigmoid", enable_pdl=pdl)
+        sorted_ids, expert_ids, post = jit_kernel.moe_align_block_size(ids, e, block, enable_pdl=pdl)
+        return w, ids, sorted_ids, expert_ids, post, jit_kernel.moe_sum_reduce(x, w, enable_pdl=pdl)
+
+    layer()  # load (or compile) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer()
+    g.copy_(_logits(t, e, torch.bfloat16))
+    x.copy_(torch.randn_like(x))
+    for tensor in captured:
+        tensor.fill_(float("nan") if tensor.is_floating_point() else -1)
+    graph.replay()
+    torch.cuda.synchronize()
+    w, ids, sorted_ids, expert_ids, post, y = captured
+    ew, eids, esorted, eexperts, epost, ey = layer()
+    assert torch.equal(ids, eids) and torch.equal(w, ew) and torch.equal(y, ey)
+    assert torch.equal(post, epost) and torch.equal(expert_ids, eexperts)
+    n = int(post)
+    # The order of pairs within an expert's run is unspecified: compare each block's rows as a set.
+    by_block = lambda s: s[:n].view(-1, block).sort(-1).values  # noqa: E731
+    assert torch.equal(by_block(sorted_ids), by_block(esorted)) and torch.equal(sorted_ids[n:], esorted[n:])
