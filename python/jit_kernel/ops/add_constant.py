@@ -31,8 +31,10 @@ def _add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = N
 
 def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return ``src + constant`` for a contiguous int32 tensor on CUDA or the CPU."""
-    try:  # the fast path (_common.FAST_PATH_MISS); a bool is not a constant the table serves
-        kernel = _KERNELS[src.is_cuda].get(constant) if type(constant) is int else None
+    try:  # the fast path (_common.FAST_PATH_MISS); a bool is not a constant the table serves, and
+        # meta or sparse tensors (which tvm-ffi cannot convert) take the full path, which names them
+        usable = type(constant) is int and src.layout is torch.strided and not src.is_meta
+        kernel = _KERNELS[src.is_cuda].get(constant) if usable else None
         if kernel is not None:
             if out is None:
                 out = torch.empty_like(src)  # a non-contiguous src is rejected by the kernel: full path
