@@ -141,6 +141,10 @@ def next_bound(est: float, rest: float, left: float) -> float:
 # Running
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     """SIGINT (the script writes what it measured), then, after a grace period, SIGKILL to the
     process group the script was started in (its compile workers included)."""
@@ -169,7 +173,10 @@ def run_one(
     start = time.monotonic()
     try:
         output = {"stdout": log, "stderr": subprocess.STDOUT} if log else {}
-        process = subprocess.Popen(command, env=dict(env), start_new_session=True, **output)
+        # SIGINT back to its default in the child: a parent started in the background (or by a
+        # pytest-xdist worker) ignores it, the child would inherit that, and its bound's SIGINT
+        # would then never reach the script's handler that writes its partial results.
+        process = subprocess.Popen(command, env=dict(env), start_new_session=True, preexec_fn=_default_sigint, **output)
         try:
             returncode = process.wait(bound_s)
             _kill_group(process)  # leftovers of a finished script (compile workers)
