@@ -41,8 +41,6 @@ on for sm_90+).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
@@ -122,17 +120,27 @@ def _key(op: str, input: object) -> tuple[torch.dtype, int]:
     return input.dtype, input.shape[-1]
 
 
-def _optional_rows(op: str, name: str, t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    return None if t is None else rows_like(op, name, t, like)
+def _rows_in(
+    op: str, input: torch.Tensor, normed_out: torch.Tensor | None, *residual: object
+) -> tuple[tuple[torch.Tensor, int], tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """The kernel table key, the launcher's input rows (``input``, then ``residual`` for the fused
+    launchers, which pass it) and ``normed_out``'s rows (or None)."""
+    key = _key(op, input)
+    inputs = [rows(op, "input", input)]
+    for res in residual:
+        if not isinstance(res, torch.Tensor):
+            not_a_tensor(op, "residual", res)
+        inputs.append(rows_like(op, "residual", res, input))
+    normed = None if normed_out is None else rows_like(op, "normed_out", normed_out, input)
+    return key, tuple(inputs), normed
 
 
-def _residual_rows(op: str, fused: bool, residual: object, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The fused launchers' residual argument (none for the plain ones); required when fused."""
-    if not fused:
-        return ()
-    if not isinstance(residual, torch.Tensor):
-        not_a_tensor(op, "residual", residual)
-    return (rows_like(op, "residual", residual, like),)
+def _scale_rows(op: str, output_s: torch.Tensor, input: torch.Tensor, width: int) -> torch.Tensor:
+    """``output_s [..., width]`` as rows: Python views it as rows, so it checks the shape itself."""
+    expected = (*input.shape[:-1], width)
+    if output_s.shape != expected:
+        raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
+    return rows(op, "output_s", output_s)
 
 
 def _split_scale(op: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
@@ -148,33 +156,11 @@ def _split_scale(op: str, scale: object) -> tuple[torch.Tensor | None, float | N
 # Static per-tensor scale
 
 
-def _static_plan(op: str, fused: bool) -> Callable[..., Launch]:
-    def plan(
-        input: torch.Tensor,
-        residual: torch.Tensor | None,
-        weight: torch.Tensor,
-        scale: torch.Tensor | None,
-        scale_value: float | None,
-        eps: float,
-        out: torch.Tensor | None,
-        normed_out: torch.Tensor | None,
-        enable_pdl: bool | None,
-    ) -> Launch:
-        key = _key(op, input)
-        in_rows = rows(op, "input", input)
-        res = _residual_rows(op, fused, residual, input)
-        if out is None:
-            out = input.new_empty(input.shape, dtype=FP8)
-        out_rows = rows_like(op, "out", out, input)
-        normed_rows = _optional_rows(op, "normed_out", normed_out, input)
-        args = (out_rows, normed_rows, in_rows, *res, weight, scale, scale_value, eps, enable_pdl)
-        return Launch(_KERNELS[op], key, args, out)
-
-    return plan
-
-
-_static_plan_plain = _static_plan(_STATIC, fused=False)
-_static_plan_fused = _static_plan(_STATIC_ADD, fused=True)
+def _static_out(op: str, input: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` (allocated, e4m3, when None) and its rows."""
+    if out is None:
+        out = input.new_empty(input.shape, dtype=FP8)
+    return out, rows_like(op, "out", out, input)
 
 
 @kernel_op(_STATIC, out="out", mutates=("normed_out",))
@@ -188,7 +174,9 @@ def _rmsnorm_quant(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    return _static_plan_plain(input, None, weight, scale, scale_value, eps, out, normed_out, enable_pdl)
+    key, inputs, normed = _rows_in(_STATIC, input, normed_out)
+    out, out_rows = _static_out(_STATIC, input, out)
+    return Launch(_KERNELS[_STATIC], key, (out_rows, normed, *inputs, weight, scale, scale_value, eps, enable_pdl), out)
 
 
 @kernel_op(_STATIC_ADD, out="out", mutates=("residual", "normed_out"))
@@ -203,7 +191,10 @@ def _fused_add_rmsnorm_quant(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    return _static_plan_fused(input, residual, weight, scale, scale_value, eps, out, normed_out, enable_pdl)
+    key, inputs, normed = _rows_in(_STATIC_ADD, input, normed_out, residual)
+    out, out_rows = _static_out(_STATIC_ADD, input, out)
+    args = (out_rows, normed, *inputs, weight, scale, scale_value, eps, enable_pdl)
+    return Launch(_KERNELS[_STATIC_ADD], key, args, out)
 
 
 def rmsnorm_quant_fp8(
@@ -275,36 +266,6 @@ def fused_add_rmsnorm_quant_fp8(
 # Dynamic per-token scales
 
 
-def _token_plan(op: str, fused: bool) -> Callable[..., Launch]:
-    def plan(
-        input: torch.Tensor,
-        residual: torch.Tensor | None,
-        weight: torch.Tensor,
-        output_q: torch.Tensor,
-        output_s: torch.Tensor,
-        eps: float,
-        normed_out: torch.Tensor | None,
-        enable_pdl: bool | None,
-    ) -> Launch:
-        key = _key(op, input)
-        in_rows = rows(op, "input", input)
-        res = _residual_rows(op, fused, residual, input)
-        q_rows = rows_like(op, "output_q", output_q, input)
-        expected = (*input.shape[:-1], 1)
-        if output_s.shape != expected:  # Python views it as rows, so it checks the shape itself
-            raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
-        s_rows = rows(op, "output_s", output_s)
-        normed_rows = _optional_rows(op, "normed_out", normed_out, input)
-        args = (q_rows, s_rows, normed_rows, in_rows, *res, weight, eps, enable_pdl)
-        return Launch(_KERNELS[op], key, args)
-
-    return plan
-
-
-_token_plan_plain = _token_plan(_TOKEN, fused=False)
-_token_plan_fused = _token_plan(_TOKEN_ADD, fused=True)
-
-
 @kernel_op(_TOKEN, mutates=("output_q", "output_s", "normed_out"))
 def _rmsnorm_per_token(
     input: torch.Tensor,
@@ -315,7 +276,10 @@ def _rmsnorm_per_token(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    return _token_plan_plain(input, None, weight, output_q, output_s, eps, normed_out, enable_pdl)
+    key, inputs, normed = _rows_in(_TOKEN, input, normed_out)
+    q_rows = rows_like(_TOKEN, "output_q", output_q, input)
+    s_rows = _scale_rows(_TOKEN, output_s, input, 1)
+    return Launch(_KERNELS[_TOKEN], key, (q_rows, s_rows, normed, *inputs, weight, eps, enable_pdl))
 
 
 @kernel_op(_TOKEN_ADD, mutates=("residual", "output_q", "output_s", "normed_out"))
@@ -329,7 +293,10 @@ def _fused_add_rmsnorm_per_token(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    return _token_plan_fused(input, residual, weight, output_q, output_s, eps, normed_out, enable_pdl)
+    key, inputs, normed = _rows_in(_TOKEN_ADD, input, normed_out, residual)
+    q_rows = rows_like(_TOKEN_ADD, "output_q", output_q, input)
+    s_rows = _scale_rows(_TOKEN_ADD, output_s, input, 1)
+    return Launch(_KERNELS[_TOKEN_ADD], key, (q_rows, s_rows, normed, *inputs, weight, eps, enable_pdl))
 
 
 def _token_outputs(
@@ -423,50 +390,9 @@ def _groups(op: str, input: object, group_size: object) -> int:
     return width // group_size
 
 
-def _group_plan(op: str, fused: bool) -> Callable[..., Launch]:
-    def plan(
-        input: torch.Tensor,
-        residual: torch.Tensor | None,
-        weight: torch.Tensor,
-        output_q: torch.Tensor,
-        output_s: torch.Tensor,
-        group_size: int,
-        eps: float,
-        quant_eps: float,
-        scale_ue8m0: bool,
-        normed_out: torch.Tensor | None,
-        enable_pdl: bool | None,
-    ) -> Launch:
-        groups = _groups(op, input, group_size)
-        in_rows = rows(op, "input", input)
-        res = _residual_rows(op, fused, residual, input)
-        q_rows = rows_like(op, "output_q", output_q, input)
-        width = (groups + 3) // 4 if output_s.dtype == torch.int32 else groups
-        expected = (*input.shape[:-1], width)
-        if output_s.shape != expected:
-            raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
-        s_rows = rows(op, "output_s", output_s)
-        normed_rows = _optional_rows(op, "normed_out", normed_out, input)
-        args = (
-            q_rows,
-            s_rows,
-            normed_rows,
-            in_rows,
-            *res,
-            weight,
-            group_size,
-            eps,
-            quant_eps,
-            scale_ue8m0,
-            enable_pdl,
-        )
-        return Launch(_KERNELS[op], (input.dtype, input.shape[-1]), args)
-
-    return plan
-
-
-_group_plan_plain = _group_plan(_GROUP, fused=False)
-_group_plan_fused = _group_plan(_GROUP_ADD, fused=True)
+def _group_scale_rows(op: str, output_s: torch.Tensor, input: torch.Tensor, groups: int) -> torch.Tensor:
+    """``output_s`` as rows: ``[..., groups]`` float32, or int32 packed four groups to a word."""
+    return _scale_rows(op, output_s, input, (groups + 3) // 4 if output_s.dtype == torch.int32 else groups)
 
 
 @kernel_op(_GROUP, mutates=("output_q", "output_s", "normed_out"))
@@ -482,9 +408,12 @@ def _rmsnorm_group(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    return _group_plan_plain(
-        input, None, weight, output_q, output_s, group_size, eps, quant_eps, scale_ue8m0, normed_out, enable_pdl
-    )
+    groups = _groups(_GROUP, input, group_size)
+    key, inputs, normed = _rows_in(_GROUP, input, normed_out)
+    q_rows = rows_like(_GROUP, "output_q", output_q, input)
+    s_rows = _group_scale_rows(_GROUP, output_s, input, groups)
+    args = (q_rows, s_rows, normed, *inputs, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
+    return Launch(_KERNELS[_GROUP], key, args)
 
 
 @kernel_op(_GROUP_ADD, mutates=("residual", "output_q", "output_s", "normed_out"))
@@ -501,9 +430,12 @@ def _fused_add_rmsnorm_group(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    return _group_plan_fused(
-        input, residual, weight, output_q, output_s, group_size, eps, quant_eps, scale_ue8m0, normed_out, enable_pdl
-    )
+    groups = _groups(_GROUP_ADD, input, group_size)
+    key, inputs, normed = _rows_in(_GROUP_ADD, input, normed_out, residual)
+    q_rows = rows_like(_GROUP_ADD, "output_q", output_q, input)
+    s_rows = _group_scale_rows(_GROUP_ADD, output_s, input, groups)
+    args = (q_rows, s_rows, normed, *inputs, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
+    return Launch(_KERNELS[_GROUP_ADD], key, args)
 
 
 def _group_outputs(
