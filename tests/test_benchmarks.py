@@ -43,6 +43,7 @@ from jit_kernel.benchmark.utils import (
     resolve_save_path,
     run_reports,
 )
+from jit_kernel.engine.spec import Config, KernelSpec
 
 NAN = float("nan")
 FIXTURE = Path(__file__).parent / "fixtures" / "bench_json"
@@ -519,8 +520,15 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "rmsnorm (out=)",
         "rmsnorm (functional)",
         "fused_add_rmsnorm",
+        "gemma_rmsnorm (out=)",
+        "gemma_rmsnorm (functional)",
+        "gemma_fused_add_rmsnorm",
         "silu_and_mul (out=)",
         "silu_and_mul (functional)",
+        "gelu_and_mul (out=)",
+        "gelu_and_mul (functional)",
+        "gelu_tanh_and_mul (out=)",
+        "gelu_tanh_and_mul (functional)",
         "fused_inplace_qknorm",
         "qknorm_across_heads",
         "per_tensor_quant_fp8 (outputs given)",
@@ -529,17 +537,165 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "per_token_quant_fp8 (functional)",
         "per_token_group_quant_fp8 (outputs given)",
         "per_token_group_quant_fp8 (functional)",
+        "silu_and_mul_per_token_group_quant_fp8 (outputs given)",
+        "silu_and_mul_per_token_group_quant_fp8 (functional)",
+        "rmsnorm_quant_fp8 (out=)",
+        "rmsnorm_quant_fp8 (functional)",
+        "fused_add_rmsnorm_quant_fp8 (out=)",
+        "fused_add_rmsnorm_quant_fp8 (functional)",
+        "rmsnorm_per_token_quant_fp8 (outputs given)",
+        "rmsnorm_per_token_quant_fp8 (functional)",
+        "fused_add_rmsnorm_per_token_quant_fp8 (outputs given)",
+        "fused_add_rmsnorm_per_token_quant_fp8 (functional)",
+        "rmsnorm_per_token_group_quant_fp8 (outputs given)",
+        "rmsnorm_per_token_group_quant_fp8 (functional)",
+        "fused_add_rmsnorm_per_token_group_quant_fp8 (outputs given)",
+        "fused_add_rmsnorm_per_token_group_quant_fp8 (functional)",
         "apply_rope_with_cos_sin_cache_inplace",
+        "fused_qknorm_rope",
         "store_kv_cache",
+        "set_mla_kv_buffer",
         "scale (out=)",
         "scale (functional)",
         "add_constant (out=)",
         "add_constant (functional)",
         "transfer_hicache_one_layer",
+        "transfer_hicache_one_layer_mla",
+        "transfer_hicache_all_layer",
+        "transfer_hicache_all_layer_mla",
+        "topk_softmax (functional)",
+        "topk_sigmoid (functional)",
+        "grouped_topk (functional)",
+        "moe_align_block_size (functional)",
+        "moe_sum_reduce (out=)",
+        "moe_sum_reduce (functional)",
     ]
     assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
     assert bench_dispatch.hicache_config() == (2048, 1, 1024)  # a prebuilt hicache config
     assert not torch.cuda.is_initialized()
+
+
+def _public_ops() -> set[str]:
+    """The public functions of jit_kernel defined in jit_kernel/ops (the ops, and helpers beside them)."""
+    import inspect
+
+    import jit_kernel
+
+    ops_dir = Path(jit_kernel.__file__).parent / "ops"
+    functions = [getattr(jit_kernel, name) for name in jit_kernel.__all__]
+    return {f.__name__ for f in functions if inspect.isfunction(f) and Path(f.__code__.co_filename).parent == ops_dir}
+
+
+def test_bench_dispatch_has_a_row_for_every_public_op() -> None:
+    """A new public op fails this until bench_dispatch times it (or NO_ROW says why it does not)."""
+    from jit_kernel.benchmark import bench_dispatch
+
+    public = _public_ops()
+    timed = {name.split(" (")[0] for name in bench_dispatch.OPS}
+    assert {"topk_softmax", "grouped_topk", "moe_align_block_size", "moe_sum_reduce", "gemma_rmsnorm"} <= public
+    assert public - set(bench_dispatch.NO_ROW) - timed == set(), "public ops without a bench_dispatch row"
+    assert timed - public == set(), "rows of names that are not public ops"
+    assert set(bench_dispatch.NO_ROW) <= public - timed, "NO_ROW names an op that has a row, or no op"
+    assert all(bench_dispatch.NO_ROW.values())
+
+
+def _launcher_params(spec: KernelSpec, export: str) -> list[str]:
+    """The parameter types of the C++ function ``spec`` exports as ``export``, read from its sources:
+    ``ns::Struct<{args}>::name`` is Struct's ``static void name(...)``, ``ns::name<{args}>`` a free
+    ``void name(...)``."""
+    from jit_kernel.engine import env
+
+    *_, owner, name = (re.sub(r"<.*?>", "", part) for part in spec.exports[export].split("::"))
+    text = "\n".join((env.CSRC_DIR / source).read_text() for source in spec.sources)
+    struct = re.search(rf"\bstruct {owner}\b[^;{{]*{{", text)
+    pattern = rf"\bstatic void {name}\(" if struct else rf"\bvoid {name}\("
+    found = re.compile(pattern).search(text, struct.end() if struct else 0)
+    assert found is not None, f"{spec.exports[export]}: no {pattern} in {spec.sources}"
+    depth, params, current = 0, [], ""
+    for char in text[found.end() :]:
+        if char in "(<":
+            depth += 1
+        elif char in ">)":
+            if char == ")" and depth == 0:
+                break
+            depth -= 1
+        if char == "," and depth == 0:
+            params.append(current)
+            current = ""
+        else:
+            current += char
+    params.append(current)
+    return [re.sub(r"\s+\w+$", "", p.strip()) for p in params if p.strip()]
+
+
+def _accepts(cpp_type: str, value: object) -> bool:
+    """Whether ``value`` is what a raw tvm-ffi call passes for a C++ parameter of ``cpp_type``."""
+    if "Optional<" in cpp_type and value is None:
+        return True
+    if "TensorView" in cpp_type:
+        return isinstance(value, torch.Tensor)
+    scalar = re.sub(r".*Optional<(.*)>.*", r"\1", cpp_type).strip()
+    expected = {"double": float, "bool": bool, "int64_t": int, "int32_t": int}.get(scalar)
+    assert expected is not None, f"unknown launcher parameter type {cpp_type!r}"
+    return type(value) is expected
+
+
+def test_bench_dispatch_calls_match_the_ops_and_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU, without kernels: each row's op call binds to the public op's signature, and its raw
+    call passes the C++ launcher's parameters (csrc/..., read here), one value of the right kind each,
+    to a config in the family's domain; a functional row's raw call gets new outputs of the given ones'
+    shapes and dtypes."""
+    import inspect
+
+    import jit_kernel
+    from jit_kernel.benchmark import bench_dispatch
+
+    calls: list[tuple[str, object]] = []
+
+    def fake_kernel(spec: KernelSpec, export: str, config: Config) -> Callable[..., None]:
+        spec.check_config(config)
+        params = _launcher_params(spec, export)
+
+        def raw(*args: object) -> None:
+            assert len(args) == len(params), f"{spec.exports[export]}: {len(args)} arguments for {params}"
+            for i, (cpp_type, value) in enumerate(zip(params, args, strict=True)):
+                assert _accepts(cpp_type, value), f"{spec.exports[export]} argument {i}: {cpp_type} got {value!r}"
+            calls.append(("raw", args))
+
+        return raw
+
+    def recording(op: Callable[..., object]) -> Callable[..., None]:
+        signature = inspect.signature(op)
+
+        def call(*args: object, **kwargs: object) -> None:
+            calls.append(("op", signature.bind(*args, **kwargs).arguments))
+
+        return call
+
+    monkeypatch.setattr(bench_dispatch, "kernel", fake_kernel)
+    for name in _public_ops():
+        monkeypatch.setattr(jit_kernel, name, recording(getattr(jit_kernel, name)))
+    inputs = bench_dispatch.Inputs(3, "cpu")
+    for row in bench_dispatch.OPS:
+        calls.clear()
+        eager, raw, _ = bench_dispatch.OPS[row](inputs)
+        eager()
+        raw()
+        [(first, arguments), (second, raw_args)] = calls
+        assert (first, second) == ("op", "raw"), row
+        spec = bench_dispatch.SPECS[row.split(" (")[0]][1](inputs)
+        n = len(spec.outputs)
+        if row.endswith(bench_dispatch.FUNCTIONAL):  # new outputs, like the given ones, and none passed to the op
+            assert not set(spec.given_as) & set(arguments), row
+            assert all(
+                new is not given and (new.shape, new.dtype) == (given.shape, given.dtype)
+                for new, given in zip(raw_args[:n], spec.outputs, strict=True)
+            ), row
+        else:  # the given outputs, to both calls
+            assert all(a is o for a, o in zip(raw_args[:n], spec.outputs, strict=True)), row
+            positional = list(arguments.values())[len(spec.args) : len(spec.args) + n]
+            given = [arguments[k] for k in spec.given_as] if spec.given_as else positional
+            assert all(g is o for g, o in zip(given, spec.outputs, strict=True)), row
 
 
 def test_bench_dispatch_cpu_section(

@@ -2,12 +2,21 @@
 in CUDA-graph replay.
 
 Every op runs on decode-like inputs: bf16 activations ``[tokens, 4096]`` (q/k norms: Hq=32, Hk=8,
-head_dim 128; hicache: one layer, rows of 8 x 128 bf16, caches on the GPU). An op with an optional
-output has two rows: its outputs preallocated (``out=``), and its functional form, which allocates
-them; the functional row's raw reference allocates the same outputs (one ``torch.empty`` of each
-output's shape, dtype and device) before the raw call, so both rows' "eager - raw" is the op's own
-overhead. FlashInfer's eager call of the
-same op is timed beside ours where FlashInfer has it and is importable. Three measurements:
+head_dim 128; fp8 quantisers: groups of 128, a one-element float32 static scale; hicache: one
+layer, rows of 8 x 128 bf16, or MLA rows of 576, caches on the GPU; MoE: Qwen3-MoE's
+``topk_softmax`` over 128 experts, DeepSeek-V3's ``grouped_topk`` over 256 experts in 8 groups,
+top-4 groups, with a float32 correction bias and a scaling of 2.5, all top-8;
+``moe_align_block_size`` of the tokens' top-8 ids over 256 experts in blocks of 64;
+``moe_sum_reduce`` of ``[tokens, 8, 4096]``). An op with optional outputs has two rows: its outputs
+preallocated (``out=``, or "outputs given"), and its functional form, which allocates them; the
+functional row's raw reference allocates the same outputs (one ``torch.empty`` of each output's
+shape, dtype and device) before the raw call, so both rows' "eager - raw" is the op's own overhead.
+An op that always allocates its outputs (the MoE routing ops, ``moe_align_block_size``) has the
+functional row only. FlashInfer's eager call of the same op is timed beside ours where FlashInfer
+has it and is importable; where FlashInfer's op takes its outputs and has no functional form
+(``rmsnorm_quant``, ``fused_add_rmsnorm_quant``, ``fused_topk_deepseek``), that call is in our
+outputs-given row, or in the one row of an op that always allocates. Every public op of
+``jit_kernel.ops`` has a row, but for those in ``NO_ROW`` (each with its reason). Three measurements:
 
 * **eager** (1 token): a host-bound loop of ``--calls`` back-to-back calls, timed on the host
   (warm-up first, ``torch.cuda.synchronize()`` at the end of each repeat, inside the timing; the
@@ -37,13 +46,14 @@ device and the command line (also saved as ``bench_dispatch.md`` with ``--save-p
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shlex
 import statistics
 import sys
 import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -69,7 +79,15 @@ FACTOR = 2.0
 HICACHE_ELEMENT_DIM = HK * HEAD_DIM  # one token's K (or V) of one layer: 2048 bytes in bf16
 HICACHE_ROWS = 4096  # rows in each cache
 HICACHE_BLOCK_QUOTA = 4  # passed to the op too, so both run the same launch
-GROUP = 128  # per_token_group_quant_fp8's group size
+MLA_NOPE, MLA_ROPE = 512, 64  # DeepSeek's MLA latent row: 576 elements
+MLA_DIM = MLA_NOPE + MLA_ROPE
+HICACHE_ROW_BYTES, MLA_ROW_BYTES = HICACHE_ELEMENT_DIM * DTYPE.itemsize, MLA_DIM * DTYPE.itemsize  # 2048, 1152
+GROUP = 128  # the per-group quantisers' group size
+QUANT_EPS = 1e-10  # the per-group quantisers' scale floor (their default)
+TOPK = 8  # MoE: experts per token
+QWEN3_EXPERTS = 128  # topk_softmax: Qwen3-MoE's routing, renormalised
+DSV3_EXPERTS, DSV3_GROUPS, DSV3_TOPK_GROUP, DSV3_SCALE = 256, 8, 4, 2.5  # grouped_topk: DeepSeek-V3's
+ALIGN_BLOCK = 64  # moe_align_block_size: block size, over DSV3_EXPERTS experts
 GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
 EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
@@ -91,31 +109,38 @@ class Inputs:
         def weight(n: int) -> torch.Tensor:  # near 1: the in-place ops stay finite over many calls
             return (1 + 0.1 * torch.randn(n, device=device)).to(DTYPE)
 
+        def empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        def addresses(cache: torch.Tensor) -> torch.Tensor:  # an all-layer pointer table of one layer
+            return torch.tensor([cache.data_ptr()], dtype=torch.uint64, device=device)
+
         self.tokens, self.device = tokens, device
         # The ops' enable_pdl=None: on for sm_90+ (host::runtime::resolve_pdl, in C++); the raw calls pass it.
         self.pdl = device == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
-        # rmsnorm
+        # rmsnorm, gemma_rmsnorm (out: also moe_sum_reduce's)
         self.x, self.w, self.out = act(tokens, HIDDEN), weight(HIDDEN), act(tokens, HIDDEN)
-        # fused_add_rmsnorm (in place on both)
+        # the fused adds (in place on the residual; fused_add_rmsnorm and gemma's on the input too)
         self.fa_x, self.fa_res = act(tokens, HIDDEN), act(tokens, HIDDEN)
-        # fused_inplace_qknorm: per head, q [T, Hq, D], k [T, Hk, D], weights [D]
+        # fused_inplace_qknorm, fused_qknorm_rope: per head, q [T, Hq, D], k [T, Hk, D], weights [D]
         self.q3, self.k3 = act(tokens, HQ, HEAD_DIM), act(tokens, HK, HEAD_DIM)
         self.qw3, self.kw3 = weight(HEAD_DIM), weight(HEAD_DIM)
         # qknorm_across_heads: whole rows, q [T, Hq*D], k [T, Hk*D], weights of those widths
         self.q2, self.k2 = act(tokens, HQ * HEAD_DIM), act(tokens, HK * HEAD_DIM)
         self.qw2, self.kw2 = weight(HQ * HEAD_DIM), weight(HK * HEAD_DIM)
-        # per_tensor_quant_fp8 (dynamic): preallocated outputs, any shape
-        self.fp8 = torch.empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn, device=device)
-        self.fp8_scale = torch.empty(1, dtype=torch.float32, device=device)
+        # the fp8 quantisers (norm + quant too): preallocated outputs; fp8 [T, HIDDEN], scales per tensor,
+        # per token [T, 1] and per group of 128 [T, HIDDEN / 128] (row-major); a static scale for the norms
+        self.fp8 = empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn)
+        self.fp8_scale = empty(1, dtype=torch.float32)
+        self.token_scale = empty(tokens, 1, dtype=torch.float32)
+        self.group_scale = empty(tokens, HIDDEN // GROUP, dtype=torch.float32)
+        self.static_scale = torch.ones(1, dtype=torch.float32, device=device)
         # scale and add_constant: contiguous tensors of any shape
         self.scale_out = act(tokens, HIDDEN)
         self.ints = torch.randint(-1000, 1000, (tokens, HIDDEN), dtype=torch.int32, device=device)
         self.ints_out = torch.empty_like(self.ints)
-        # silu_and_mul: [T, 2 * HIDDEN] -> [T, HIDDEN]
+        # the gated activations (and silu_and_mul's group quant): [T, 2 * HIDDEN] -> [T, HIDDEN]
         self.gate_up, self.act_out = act(tokens, 2 * HIDDEN), act(tokens, HIDDEN)
-        # per_token_quant_fp8 / per_token_group_quant_fp8 (group 128): fp8 q and float32 scales
-        self.token_scale = torch.empty(tokens, 1, dtype=torch.float32, device=device)
-        self.group_scale = torch.empty(tokens, HIDDEN // GROUP, dtype=torch.float32, device=device)
         # rope: q [T, Hq*D], k [T, Hk*D], positions [T], fp32 cos/sin cache [4096, D]
         self.positions = torch.randint(0, 4096, (tokens,), device=device)
         self.cos_sin = torch.randn(4096, HEAD_DIM, device=device)
@@ -123,15 +148,47 @@ class Inputs:
         self.kv_k, self.kv_v = act(tokens, HK, HEAD_DIM), act(tokens, HK, HEAD_DIM)
         self.k_cache, self.v_cache = act(HICACHE_ROWS, HK, HEAD_DIM), act(HICACHE_ROWS, HK, HEAD_DIM)
         self.slots = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
-        # hicache one layer, device to device: k/v caches [rows, Hk*D], int64 indices [T]
+        # set_mla_kv_buffer: nope [T, 512] and rope [T, 64] into a [slots, 576] buffer at the same slots
+        self.nope, self.rope, self.mla_buffer = act(tokens, MLA_NOPE), act(tokens, MLA_ROPE), act(HICACHE_ROWS, MLA_DIM)
+        # hicache one layer, device to device: k/v caches [rows, Hk*D] (MLA: one [rows, 576]), int64 indices
+        # [T]; the all-layer forms move the same rows through pointer tables of that one layer
         self.k_dst, self.v_dst, self.k_src, self.v_src = (act(HICACHE_ROWS, HICACHE_ELEMENT_DIM) for _ in range(4))
+        self.mla_dst, self.mla_src = act(HICACHE_ROWS, MLA_DIM), act(HICACHE_ROWS, MLA_DIM)
         self.idx_dst = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
         self.idx_src = torch.randperm(HICACHE_ROWS, device=device)[:tokens]
+        self.k_ptr_dst, self.v_ptr_dst = addresses(self.k_dst), addresses(self.v_dst)
+        self.k_ptr_src, self.v_ptr_src = addresses(self.k_src), addresses(self.v_src)
+        self.mla_ptr_dst, self.mla_ptr_src = addresses(self.mla_dst), addresses(self.mla_src)
+        # MoE routing: bf16 logits (Qwen3-MoE [T, 128], DeepSeek-V3 [T, 256]) and DeepSeek-V3's float32
+        # correction bias, into float32 weights and int32 ids [T, 8] (FlashInfer's weights: the logits' dtype)
+        self.qwen_logits, self.dsv3_logits = act(tokens, QWEN3_EXPERTS), act(tokens, DSV3_EXPERTS)
+        self.dsv3_bias = 0.01 * torch.randn(DSV3_EXPERTS, device=device)
+        self.topk_weights = empty(tokens, TOPK, dtype=torch.float32)
+        self.topk_ids = empty(tokens, TOPK, dtype=torch.int32)
+        self.topk_weights_bf16 = empty(tokens, TOPK, dtype=DTYPE)
+        # moe_align_block_size: each token's top-8 of 256 experts (distinct, int32, as routing gives them)
+        # into sorted ids of numel + min(numel, experts) * (block - 1), their blocks' experts and the total
+        self.align_ids = torch.rand(tokens, DSV3_EXPERTS, device=device).topk(TOPK, dim=-1).indices.int()
+        numel = tokens * TOPK
+        length = numel + min(numel, DSV3_EXPERTS) * (ALIGN_BLOCK - 1)
+        self.sorted_ids = empty(length, dtype=torch.int32)
+        self.block_experts = empty((length + ALIGN_BLOCK - 1) // ALIGN_BLOCK, dtype=torch.int32)
+        self.padded_total = empty(1, dtype=torch.int32)
+        # moe_sum_reduce: bf16 [T, 8, HIDDEN] with float32 weights [T, 8] into out [T, HIDDEN]
+        self.expert_out, self.expert_weights = act(tokens, TOPK, HIDDEN), torch.rand(tokens, TOPK, device=device)
 
 
-def hicache_config() -> Config:
-    element_size = HICACHE_ELEMENT_DIM * torch.finfo(DTYPE).bits // 8
+def hicache_config(element_size: int = HICACHE_ROW_BYTES) -> Config:
+    """The hicache config the ops pick for rows of ``element_size`` bytes (the default unroll)."""
     return (element_size, families.hicache_default_unroll(element_size), families.HICACHE_NUM_THREADS)
+
+
+def _bind(fn: Callable[..., object], variables: Mapping[str, object], arguments: str) -> Call:
+    """``lambda: fn(<arguments>)``, the arguments' text naming the closure's ``variables``."""
+    source = f"def bind(fn, {', '.join(variables)}):\n    return lambda: fn({arguments})\n"
+    scope: dict[str, Callable[..., Call]] = {}
+    exec(source, scope)  # the text is built from identifiers only
+    return scope["bind"](fn, *variables.values())
 
 
 def call_site(fn: Callable[..., object], *args: object, **kwargs: object) -> Call:
@@ -139,28 +196,23 @@ def call_site(fn: Callable[..., object], *args: object, **kwargs: object) -> Cal
     closure's variables, keywords written in the call. (functools.partial would copy its keyword
     dict on every call, a cost that a user's call site does not pay.)"""
     names = [f"a{i}" for i in range(len(args))]
-    arguments = ", ".join([*names, *(f"{k}={k}" for k in kwargs)])
-    source = f"def bind(fn, {', '.join([*names, *kwargs])}):\n    return lambda: fn({arguments})\n"
-    scope: dict[str, Callable[..., Call]] = {}
-    exec(source, scope)  # the text is built from identifiers only
-    return scope["bind"](fn, *args, **kwargs)
+    variables = dict(zip(names, args, strict=True)) | kwargs
+    return _bind(fn, variables, ", ".join([*names, *(f"{k}={k}" for k in kwargs)]))
 
 
-def allocating(raw: Callable[..., object], like: torch.Tensor, *args: object) -> Call:
-    """The functional form's reference: the raw kernel call on one new output, ``torch.empty`` of
-    ``like``'s shape, dtype and device (read beforehand), as a caller of the ``out=`` form allocates
-    it; so "eager - raw" of a functional row is the op's own overhead, as for its ``out=`` row."""
-    shape, dtype, device = tuple(like.shape), like.dtype, like.device
-    return lambda: raw(torch.empty(shape, dtype=dtype, device=device), *args)
-
-
-def two_outputs(raw: Callable[..., object], q: torch.Tensor, s: torch.Tensor, *args: object) -> Call:
-    """The functional quantisers' reference: both outputs allocated (``torch.empty``), then the raw call."""
-    q_shape, q_dtype, device = tuple(q.shape), q.dtype, q.device
-    s_shape, s_dtype = tuple(s.shape), s.dtype
-    return lambda: raw(
-        torch.empty(q_shape, dtype=q_dtype, device=device), torch.empty(s_shape, dtype=s_dtype, device=device), *args
-    )
+def allocating(raw: Callable[..., object], outputs: Sequence[torch.Tensor], *args: object) -> Call:
+    """The functional form's reference: the raw kernel call on new outputs, ``torch.empty(shape,
+    dtype=dtype, device=device)`` of each of ``outputs`` (read beforehand), written in the call as a
+    caller of the outputs-given form allocates them; so "eager - raw" of a functional row is the op's
+    own overhead, as for its outputs-given row."""
+    variables: dict[str, object] = {"torch": torch}
+    empties = []
+    for i, out in enumerate(outputs):
+        variables |= {f"shape{i}": tuple(out.shape), f"dtype{i}": out.dtype, f"device{i}": out.device}
+        empties.append(f"torch.empty(shape{i}, dtype=dtype{i}, device=device{i})")
+    names = [f"a{i}" for i in range(len(args))]
+    variables |= dict(zip(names, args, strict=True))
+    return _bind(raw, variables, ", ".join([*empties, *names]))
 
 
 def _flashinfer(module: str) -> object | None:
@@ -177,190 +229,481 @@ def peer(module: str, name: str, *args: object, **kwargs: object) -> Call | None
     return call_site(function, *args, **kwargs) if function is not None else None
 
 
-# op -> inputs -> (the op through its public API, the raw tvm-ffi call of the kernel it launches,
-# FlashInfer's eager call of the same op or None). Raw argument lists are the C++ launchers'
-# (csrc/...): tensors, then scalars, then enable_pdl. All are call sites (one closure frame each,
-# which the difference cancels). A "(functional)" row's op allocates its output, and its raw
-# reference allocates it too (``allocating``).
-OPS: dict[str, Callable[[Inputs], tuple[Call, Call, Call | None]]] = {
+# ---------------------------------------------------------------------------------------------
+# The ops
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One op on one token count's inputs: what its rows call."""
+
+    op: Callable[..., object]  # the public op
+    args: tuple[object, ...]  # its arguments, in both forms
+    raw: Callable[..., object]  # the tvm-ffi function of the kernel it launches
+    # The launcher's arguments after its leading outputs, exactly (csrc/...): with `outputs` in front,
+    # the same launch as the op's.
+    raw_args: tuple[object, ...]
+    outputs: tuple[torch.Tensor, ...] = ()  # the launcher's leading outputs, which the functional form allocates
+    given_as: tuple[str, ...] = ()  # the op's keywords for `outputs` (none: positional, after `args`)
+    kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keywords of every form
+    peer: Call | None = None  # FlashInfer's call: outputs given (in an op's one row, whatever its form)
+    peer_functional: Call | None = None  # FlashInfer's functional call, where it has one
+
+
+FUNCTIONAL = " (functional)"
+GIVEN_OUTPUTS = (" (out=)", " (outputs given)")
+ONE = ("",)  # in place, or outputs the caller always passes: one row
+OUT = (GIVEN_OUTPUTS[0], FUNCTIONAL)  # an optional `out`
+OUTPUTS = (GIVEN_OUTPUTS[1], FUNCTIONAL)  # optional outputs (several, or not named `out`)
+ALLOCATES = (FUNCTIONAL,)  # outputs the op always allocates
+
+Row = Callable[[Inputs], tuple[Call, Call, Call | None]]
+
+
+def _row(spec: Callable[[Inputs], Spec], form: str, only: bool) -> Row:
+    """One form's row (``only``: the op's one row): inputs -> (the op through its public API, the raw
+    tvm-ffi call of the kernel it launches, FlashInfer's eager call of the same op or None). All are
+    call sites (one closure frame each, which the difference cancels)."""
+
+    def row(t: Inputs) -> tuple[Call, Call, Call | None]:
+        s = spec(t)
+        if form == FUNCTIONAL:
+            raw = allocating(s.raw, s.outputs, *s.raw_args)
+            return call_site(s.op, *s.args, **s.kwargs), raw, s.peer if only else s.peer_functional
+        named = dict(zip(s.given_as, s.outputs, strict=True)) if s.given_as else {}
+        positional = () if s.given_as else s.outputs
+        eager = call_site(s.op, *s.args, *positional, **s.kwargs, **named)
+        return eager, call_site(s.raw, *s.outputs, *s.raw_args), s.peer
+
+    return row
+
+
+def _all_layer_keywords(row_bytes: int) -> dict[str, object]:
+    """The all-layer hicache ops' keywords: equal strides (so the element size is the stride), the quota."""
+    return {
+        "kv_cache_src_stride_bytes": row_bytes,
+        "kv_cache_dst_stride_bytes": row_bytes,
+        "block_quota": HICACHE_BLOCK_QUOTA,
+    }
+
+
+def _add_constant(t: Inputs) -> Callable[..., object]:
+    return kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,))
+
+
+def _activation(name: str) -> tuple[tuple[str, ...], Callable[[Inputs], Spec]]:
+    """csrc/activation.cuh Activation::<name>(out, input, enable_pdl): the three gated activations."""
+    return OUT, lambda t: Spec(
+        getattr(jit_kernel, name),
+        (t.gate_up,),
+        kernel(families.ACTIVATION, name, (CPP,)),
+        (t.gate_up, t.pdl),
+        (t.act_out,),
+        ("out",),
+        peer=peer("activation", name, t.gate_up, out=t.act_out),
+        peer_functional=peer("activation", name, t.gate_up),
+    )
+
+
+# op -> (its forms, inputs -> Spec). Each comment names the launcher (csrc/...) and its argument list:
+# outputs, tensors, then scalars, then enable_pdl (the raw calls pass it resolved, t.pdl).
+SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
     # csrc/norm/rmsnorm.cuh RMSNorm::rmsnorm(out, input, weight, eps, enable_pdl)
-    "rmsnorm (out=)": lambda t: (
-        call_site(jit_kernel.rmsnorm, t.x, t.w, EPS, out=t.out),
-        call_site(kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)), t.out, t.x, t.w, EPS, t.pdl),
-        peer("norm", "rmsnorm", t.x, t.w, EPS, out=t.out),
-    ),
-    "rmsnorm (functional)": lambda t: (
-        call_site(jit_kernel.rmsnorm, t.x, t.w, EPS),
-        allocating(kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)), t.x, t.x, t.w, EPS, t.pdl),
-        peer("norm", "rmsnorm", t.x, t.w, EPS),
+    "rmsnorm": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.rmsnorm,
+            (t.x, t.w, EPS),
+            kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)),
+            (t.x, t.w, EPS, t.pdl),
+            (t.out,),
+            ("out",),
+            peer=peer("norm", "rmsnorm", t.x, t.w, EPS, out=t.out),
+            peer_functional=peer("norm", "rmsnorm", t.x, t.w, EPS),
+        ),
     ),
     # RMSNorm::fused_add(input, residual, weight, eps, enable_pdl), in place
-    "fused_add_rmsnorm": lambda t: (
-        call_site(jit_kernel.fused_add_rmsnorm, t.fa_x, t.fa_res, t.w, EPS),
-        call_site(kernel(families.RMSNORM, "fused_add", (HIDDEN, CPP)), t.fa_x, t.fa_res, t.w, EPS, t.pdl),
-        peer("norm", "fused_add_rmsnorm", t.fa_x, t.fa_res, t.w, EPS),
+    "fused_add_rmsnorm": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.fused_add_rmsnorm,
+            (t.fa_x, t.fa_res, t.w, EPS),
+            kernel(families.RMSNORM, "fused_add", (HIDDEN, CPP)),
+            (t.fa_x, t.fa_res, t.w, EPS, t.pdl),
+            peer=peer("norm", "fused_add_rmsnorm", t.fa_x, t.fa_res, t.w, EPS),
+        ),
     ),
-    # csrc/activation.cuh Activation::silu_and_mul(out, input, enable_pdl)
-    "silu_and_mul (out=)": lambda t: (
-        call_site(jit_kernel.silu_and_mul, t.gate_up, out=t.act_out),
-        call_site(kernel(families.ACTIVATION, "silu_and_mul", (CPP,)), t.act_out, t.gate_up, t.pdl),
-        peer("activation", "silu_and_mul", t.gate_up, out=t.act_out),
+    # csrc/norm/gemma.cuh GemmaRMSNorm::rmsnorm(out, input, weight, eps, enable_pdl): D is run-time
+    "gemma_rmsnorm": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.gemma_rmsnorm,
+            (t.x, t.w, EPS),
+            kernel(families.GEMMA_RMSNORM, "rmsnorm", (CPP,)),
+            (t.x, t.w, EPS, t.pdl),
+            (t.out,),
+            ("out",),
+            peer=peer("norm", "gemma_rmsnorm", t.x, t.w, EPS, out=t.out),
+            peer_functional=peer("norm", "gemma_rmsnorm", t.x, t.w, EPS),
+        ),
     ),
-    "silu_and_mul (functional)": lambda t: (
-        call_site(jit_kernel.silu_and_mul, t.gate_up),
-        allocating(kernel(families.ACTIVATION, "silu_and_mul", (CPP,)), t.act_out, t.gate_up, t.pdl),
-        peer("activation", "silu_and_mul", t.gate_up),
+    # GemmaRMSNorm::fused_add(input, residual, weight, eps, enable_pdl), in place
+    "gemma_fused_add_rmsnorm": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.gemma_fused_add_rmsnorm,
+            (t.fa_x, t.fa_res, t.w, EPS),
+            kernel(families.GEMMA_RMSNORM, "fused_add", (CPP,)),
+            (t.fa_x, t.fa_res, t.w, EPS, t.pdl),
+            peer=peer("norm", "gemma_fused_add_rmsnorm", t.fa_x, t.fa_res, t.w, EPS),
+        ),
     ),
+    "silu_and_mul": _activation("silu_and_mul"),
+    "gelu_and_mul": _activation("gelu_and_mul"),
+    "gelu_tanh_and_mul": _activation("gelu_tanh_and_mul"),
     # csrc/norm/qknorm.cuh QKNorm::run(q, k, q_weight, k_weight, eps, enable_pdl), in place
-    "fused_inplace_qknorm": lambda t: (
-        call_site(jit_kernel.fused_inplace_qknorm, t.q3, t.k3, t.qw3, t.kw3, EPS),
-        call_site(kernel(families.QKNORM, "run", (HEAD_DIM, CPP)), t.q3, t.k3, t.qw3, t.kw3, EPS, t.pdl),
-        None,
+    "fused_inplace_qknorm": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.fused_inplace_qknorm,
+            (t.q3, t.k3, t.qw3, t.kw3, EPS),
+            kernel(families.QKNORM, "run", (HEAD_DIM, CPP)),
+            (t.q3, t.k3, t.qw3, t.kw3, EPS, t.pdl),
+        ),
     ),
     # RMSNorm::across_heads(q, k, q_weight, k_weight, eps, enable_pdl), in place. q and k differ in
     # width, so the op launches the generic (hidden 0) kernel once at these token counts (<= 256).
-    "qknorm_across_heads": lambda t: (
-        call_site(jit_kernel.qknorm_across_heads, t.q2, t.k2, t.qw2, t.kw2, EPS),
-        call_site(kernel(families.RMSNORM, "across_heads", (0, CPP)), t.q2, t.k2, t.qw2, t.kw2, EPS, t.pdl),
-        None,
+    "qknorm_across_heads": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.qknorm_across_heads,
+            (t.q2, t.k2, t.qw2, t.kw2, EPS),
+            kernel(families.RMSNORM, "across_heads", (0, CPP)),
+            (t.q2, t.k2, t.qw2, t.kw2, EPS, t.pdl),
+        ),
     ),
     # csrc/quant/per_tensor_fp8.cuh PerTensorQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
-    "per_tensor_quant_fp8 (outputs given)": lambda t: (
-        call_site(jit_kernel.per_tensor_quant_fp8, t.x, t.fp8, t.fp8_scale),
-        call_site(
+    "per_tensor_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.per_tensor_quant_fp8,
+            (t.x,),
             kernel(families.PER_TENSOR_QUANT_FP8, "dynamic", (CPP,)),
-            t.fp8,
-            t.fp8_scale,
-            t.x,
-            t.pdl,
+            (t.x, t.pdl),
+            (t.fp8, t.fp8_scale),
         ),
-        None,
-    ),
-    "per_tensor_quant_fp8 (functional)": lambda t: (
-        call_site(jit_kernel.per_tensor_quant_fp8, t.x),
-        two_outputs(kernel(families.PER_TENSOR_QUANT_FP8, "dynamic", (CPP,)), t.fp8, t.fp8_scale, t.x, t.pdl),
-        None,
     ),
     # csrc/quant/per_token_fp8.cuh PerTokenQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
-    "per_token_quant_fp8 (outputs given)": lambda t: (
-        call_site(jit_kernel.per_token_quant_fp8, t.x, t.fp8, t.token_scale),
-        call_site(kernel(families.PER_TOKEN_QUANT_FP8, "dynamic", (CPP,)), t.fp8, t.token_scale, t.x, t.pdl),
-        None,
-    ),
-    "per_token_quant_fp8 (functional)": lambda t: (
-        call_site(jit_kernel.per_token_quant_fp8, t.x),
-        two_outputs(kernel(families.PER_TOKEN_QUANT_FP8, "dynamic", (CPP,)), t.fp8, t.token_scale, t.x, t.pdl),
-        None,
+    "per_token_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.per_token_quant_fp8,
+            (t.x,),
+            kernel(families.PER_TOKEN_QUANT_FP8, "dynamic", (CPP,)),
+            (t.x, t.pdl),
+            (t.fp8, t.token_scale),
+        ),
     ),
     # csrc/quant/per_token_group_fp8.cuh PerTokenGroupQuantFp8::quant(q, s, input, group, eps, ue8m0, pdl)
-    "per_token_group_quant_fp8 (outputs given)": lambda t: (
-        call_site(jit_kernel.per_token_group_quant_fp8, t.x, GROUP, output_q=t.fp8, output_s=t.group_scale),
-        call_site(
+    "per_token_group_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.per_token_group_quant_fp8,
+            (t.x, GROUP),
             kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "quant", (CPP,)),
-            t.fp8,
-            t.group_scale,
-            t.x,
-            GROUP,
-            1e-10,
-            False,
-            t.pdl,
+            (t.x, GROUP, QUANT_EPS, False, t.pdl),
+            (t.fp8, t.group_scale),
+            ("output_q", "output_s"),
         ),
-        None,
     ),
-    "per_token_group_quant_fp8 (functional)": lambda t: (
-        call_site(jit_kernel.per_token_group_quant_fp8, t.x, GROUP),
-        two_outputs(
-            kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "quant", (CPP,)),
-            t.fp8,
-            t.group_scale,
-            t.x,
-            GROUP,
-            1e-10,
-            False,
-            t.pdl,
+    # PerTokenGroupQuantFp8::silu_and_mul_quant(q, s, input, group, eps, ue8m0, pdl): input [T, 2 * HIDDEN]
+    "silu_and_mul_per_token_group_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.silu_and_mul_per_token_group_quant_fp8,
+            (t.gate_up, GROUP),
+            kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "silu_and_mul_quant", (CPP,)),
+            (t.gate_up, GROUP, QUANT_EPS, False, t.pdl),
+            (t.fp8, t.group_scale),
+            ("output_q", "output_s"),
         ),
-        None,
+    ),
+    # csrc/norm/norm_quant.cuh RMSNormQuantFp8::run(out, normed_out, input, weight, scale, scale_value,
+    # eps, enable_pdl): the static scale as a tensor; FlashInfer's rmsnorm_quant has no functional form
+    "rmsnorm_quant_fp8": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.rmsnorm_quant_fp8,
+            (t.x, t.w, t.static_scale, EPS),
+            kernel(families.RMSNORM_QUANT_FP8, "run", (HIDDEN, CPP)),
+            (None, t.x, t.w, t.static_scale, None, EPS, t.pdl),
+            (t.fp8,),
+            ("out",),
+            peer=peer("norm", "rmsnorm_quant", t.fp8, t.x, t.w, t.static_scale, EPS),
+        ),
+    ),
+    # RMSNormQuantFp8::fused_add(out, normed_out, input, residual, weight, scale, scale_value, eps,
+    # enable_pdl): the residual in place
+    "fused_add_rmsnorm_quant_fp8": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.fused_add_rmsnorm_quant_fp8,
+            (t.fa_x, t.fa_res, t.w, t.static_scale, EPS),
+            kernel(families.RMSNORM_QUANT_FP8, "fused_add", (HIDDEN, CPP)),
+            (None, t.fa_x, t.fa_res, t.w, t.static_scale, None, EPS, t.pdl),
+            (t.fp8,),
+            ("out",),
+            peer=peer("norm", "fused_add_rmsnorm_quant", t.fp8, t.fa_x, t.fa_res, t.w, t.static_scale, EPS),
+        ),
+    ),
+    # RMSNormPerTokenQuantFp8::run(output_q, output_s, normed_out, input, weight, eps, enable_pdl)
+    "rmsnorm_per_token_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.rmsnorm_per_token_quant_fp8,
+            (t.x, t.w, EPS),
+            kernel(families.RMSNORM_PER_TOKEN_QUANT_FP8, "run", (HIDDEN, CPP)),
+            (None, t.x, t.w, EPS, t.pdl),
+            (t.fp8, t.token_scale),
+        ),
+    ),
+    # RMSNormPerTokenQuantFp8::fused_add(output_q, output_s, normed_out, input, residual, weight, eps, enable_pdl)
+    "fused_add_rmsnorm_per_token_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.fused_add_rmsnorm_per_token_quant_fp8,
+            (t.fa_x, t.fa_res, t.w, EPS),
+            kernel(families.RMSNORM_PER_TOKEN_QUANT_FP8, "fused_add", (HIDDEN, CPP)),
+            (None, t.fa_x, t.fa_res, t.w, EPS, t.pdl),
+            (t.fp8, t.token_scale),
+        ),
+    ),
+    # RMSNormPerTokenGroupQuantFp8::run(output_q, output_s, normed_out, input, weight, group_size, eps,
+    # quant_eps, scale_ue8m0, enable_pdl): row-major float32 scales
+    "rmsnorm_per_token_group_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.rmsnorm_per_token_group_quant_fp8,
+            (t.x, t.w, GROUP, EPS),
+            kernel(families.RMSNORM_PER_TOKEN_GROUP_QUANT_FP8, "run", (HIDDEN, CPP)),
+            (None, t.x, t.w, GROUP, EPS, QUANT_EPS, False, t.pdl),
+            (t.fp8, t.group_scale),
+            ("output_q", "output_s"),
+        ),
+    ),
+    # RMSNormPerTokenGroupQuantFp8::fused_add(output_q, output_s, normed_out, input, residual, weight,
+    # group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
+    "fused_add_rmsnorm_per_token_group_quant_fp8": (
+        OUTPUTS,
+        lambda t: Spec(
+            jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8,
+            (t.fa_x, t.fa_res, t.w, GROUP, EPS),
+            kernel(families.RMSNORM_PER_TOKEN_GROUP_QUANT_FP8, "fused_add", (HIDDEN, CPP)),
+            (None, t.fa_x, t.fa_res, t.w, GROUP, EPS, QUANT_EPS, False, t.pdl),
+            (t.fp8, t.group_scale),
+            ("output_q", "output_s"),
+        ),
     ),
     # csrc/rope/rope.cuh Rope::run(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl), in place
-    "apply_rope_with_cos_sin_cache_inplace": lambda t: (
-        call_site(jit_kernel.apply_rope_with_cos_sin_cache_inplace, t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
-        call_site(kernel(families.ROPE, "run", (CPP,)), t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin, True, t.pdl),
-        peer("rope", "apply_rope_with_cos_sin_cache_inplace", t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
+    "apply_rope_with_cos_sin_cache_inplace": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.apply_rope_with_cos_sin_cache_inplace,
+            (t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
+            kernel(families.ROPE, "run", (CPP,)),
+            (t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin, True, t.pdl),
+            peer=peer("rope", "apply_rope_with_cos_sin_cache_inplace", t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
+        ),
+    ),
+    # csrc/rope/qknorm_rope.cuh QKNormRope::run(query, key, q_weight, k_weight, positions, cos_sin_cache,
+    # eps, is_neox, enable_pdl), in place
+    "fused_qknorm_rope": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.fused_qknorm_rope,
+            (t.q3, t.k3, t.qw3, t.kw3, t.positions, t.cos_sin, EPS),
+            kernel(families.QKNORM_ROPE, "run", (CPP,)),
+            (t.q3, t.k3, t.qw3, t.kw3, t.positions, t.cos_sin, EPS, True, t.pdl),
+        ),
     ),
     # csrc/kv_store.cuh KvStore::store(k, v, k_cache, v_cache, loc, k_scale, v_scale, k_value, v_value, pdl)
-    "store_kv_cache": lambda t: (
-        call_site(jit_kernel.store_kv_cache, t.kv_k, t.kv_v, t.k_cache, t.v_cache, t.slots),
-        call_site(
+    "store_kv_cache": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.store_kv_cache,
+            (t.kv_k, t.kv_v, t.k_cache, t.v_cache, t.slots),
             kernel(families.KV_STORE, "store", (CPP, CPP)),
-            t.kv_k,
-            t.kv_v,
-            t.k_cache,
-            t.v_cache,
-            t.slots,
-            None,
-            None,
-            None,
-            None,
-            t.pdl,
+            (t.kv_k, t.kv_v, t.k_cache, t.v_cache, t.slots, None, None, None, None, t.pdl),
         ),
-        None,
+    ),
+    # KvStore::mla(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl)
+    "set_mla_kv_buffer": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.set_mla_kv_buffer,
+            (t.mla_buffer, t.slots, t.nope, t.rope),
+            kernel(families.KV_STORE, "mla", (CPP, CPP)),
+            (t.mla_buffer, t.slots, t.nope, t.rope, None, None, t.pdl),
+        ),
     ),
     # csrc/scale.cuh run(dst, src, factor): contiguous tensors of any shape, no enable_pdl
-    "scale (out=)": lambda t: (
-        call_site(jit_kernel.scale, t.x, FACTOR, out=t.scale_out),
-        call_site(kernel(families.SCALE, "run", (CPP,)), t.scale_out, t.x, FACTOR),
-        None,
-    ),
-    "scale (functional)": lambda t: (
-        call_site(jit_kernel.scale, t.x, FACTOR),
-        allocating(kernel(families.SCALE, "run", (CPP,)), t.x, t.x, FACTOR),
-        None,
+    "scale": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.scale,
+            (t.x, FACTOR),
+            kernel(families.SCALE, "run", (CPP,)),
+            (t.x, FACTOR),
+            (t.scale_out,),
+            ("out",),
+        ),
     ),
     # csrc/add_constant.cuh run_cuda(dst, src) / csrc/add_constant.h run_host(dst, src): int32, any shape
-    "add_constant (out=)": lambda t: (
-        call_site(jit_kernel.add_constant, t.ints, 1, out=t.ints_out),
-        call_site(
-            kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,)),
-            t.ints_out,
-            t.ints,
-        ),
-        None,
-    ),
-    "add_constant (functional)": lambda t: (
-        call_site(jit_kernel.add_constant, t.ints, 1),
-        allocating(
-            kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,)),
-            t.ints,
-            t.ints,
-        ),
-        None,
+    "add_constant": (
+        OUT,
+        lambda t: Spec(jit_kernel.add_constant, (t.ints, 1), _add_constant(t), (t.ints,), (t.ints_out,), ("out",)),
     ),
     # csrc/hicache.cuh HiCache::run_one(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
-    "transfer_hicache_one_layer": lambda t: (
-        call_site(
+    "transfer_hicache_one_layer": (
+        ONE,
+        lambda t: Spec(
             jit_kernel.transfer_hicache_one_layer,
-            t.k_dst,
-            t.v_dst,
-            t.idx_dst,
-            t.k_src,
-            t.v_src,
-            t.idx_src,
-            block_quota=HICACHE_BLOCK_QUOTA,
-        ),
-        call_site(
+            (t.k_dst, t.v_dst, t.idx_dst, t.k_src, t.v_src, t.idx_src),
             kernel(families.HICACHE, "run_one", hicache_config()),
-            t.k_dst,
-            t.v_dst,
-            t.idx_dst,
-            t.k_src,
-            t.v_src,
-            t.idx_src,
-            HICACHE_BLOCK_QUOTA,
+            (t.k_dst, t.v_dst, t.idx_dst, t.k_src, t.v_src, t.idx_src, HICACHE_BLOCK_QUOTA),
+            kwargs={"block_quota": HICACHE_BLOCK_QUOTA},
         ),
-        None,
+    ),
+    # HiCache::run_one_mla(cache_dst, indices_dst, cache_src, indices_src, block_quota)
+    "transfer_hicache_one_layer_mla": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.transfer_hicache_one_layer_mla,
+            (t.mla_dst, t.idx_dst, t.mla_src, t.idx_src),
+            kernel(families.HICACHE, "run_one_mla", hicache_config(MLA_ROW_BYTES)),
+            (t.mla_dst, t.idx_dst, t.mla_src, t.idx_src, HICACHE_BLOCK_QUOTA),
+            kwargs={"block_quota": HICACHE_BLOCK_QUOTA},
+        ),
+    ),
+    # HiCache::run_all(k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src,
+    # src_stride_bytes, dst_stride_bytes, block_quota): pointer tables of one layer, rows 2048 bytes apart
+    "transfer_hicache_all_layer": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.transfer_hicache_all_layer,
+            (t.k_ptr_dst, t.v_ptr_dst, t.idx_dst, t.k_ptr_src, t.v_ptr_src, t.idx_src),
+            kernel(families.HICACHE, "run_all", hicache_config()),
+            (
+                t.k_ptr_dst,
+                t.v_ptr_dst,
+                t.idx_dst,
+                t.k_ptr_src,
+                t.v_ptr_src,
+                t.idx_src,
+                HICACHE_ROW_BYTES,
+                HICACHE_ROW_BYTES,
+                HICACHE_BLOCK_QUOTA,
+            ),
+            kwargs=_all_layer_keywords(HICACHE_ROW_BYTES),
+        ),
+    ),
+    # HiCache::run_all_mla(ptr_dst, indices_dst, ptr_src, indices_src, src_stride_bytes, dst_stride_bytes,
+    # block_quota): rows 1152 bytes apart
+    "transfer_hicache_all_layer_mla": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.transfer_hicache_all_layer_mla,
+            (t.mla_ptr_dst, t.idx_dst, t.mla_ptr_src, t.idx_src),
+            kernel(families.HICACHE, "run_all_mla", hicache_config(MLA_ROW_BYTES)),
+            (t.mla_ptr_dst, t.idx_dst, t.mla_ptr_src, t.idx_src, MLA_ROW_BYTES, MLA_ROW_BYTES, HICACHE_BLOCK_QUOTA),
+            kwargs=_all_layer_keywords(MLA_ROW_BYTES),
+        ),
+    ),
+    # csrc/moe/routing.cuh MoeRoute::route(weights, ids, gating_output, correction_bias, softmax,
+    # renormalize, num_expert_group, topk_group, routed_scaling_factor, enable_pdl): softmax, renormalised
+    "topk_softmax": (
+        ALLOCATES,
+        lambda t: Spec(
+            jit_kernel.topk_softmax,
+            (t.qwen_logits, TOPK, True),
+            kernel(families.MOE_ROUTE, "route", (CPP,)),
+            (t.qwen_logits, None, True, True, 1, 1, 1.0, t.pdl),
+            (t.topk_weights, t.topk_ids),
+        ),
+    ),
+    # MoeRoute::route: sigmoid scores, chosen with the correction bias, renormalised
+    "topk_sigmoid": (
+        ALLOCATES,
+        lambda t: Spec(
+            jit_kernel.topk_sigmoid,
+            (t.dsv3_logits, TOPK, True, t.dsv3_bias),
+            kernel(families.MOE_ROUTE, "route", (CPP,)),
+            (t.dsv3_logits, t.dsv3_bias, False, True, 1, 1, 1.0, t.pdl),
+            (t.topk_weights, t.topk_ids),
+        ),
+    ),
+    # MoeRoute::route: DeepSeek-V3's sigmoid routing in groups, renormalised, scaled. FlashInfer's
+    # fused_topk_deepseek(scores, bias, n_group, topk_group, topk, routed_scaling_factor, topk_values,
+    # topk_indices, launch_with_pdl) is given its outputs (its weights in the logits' dtype)
+    "grouped_topk": (
+        ALLOCATES,
+        lambda t: Spec(
+            jit_kernel.grouped_topk,
+            (t.dsv3_logits, TOPK, DSV3_GROUPS, DSV3_TOPK_GROUP, True, t.dsv3_bias, DSV3_SCALE),
+            kernel(families.MOE_ROUTE, "route", (CPP,)),
+            (t.dsv3_logits, t.dsv3_bias, False, True, DSV3_GROUPS, DSV3_TOPK_GROUP, DSV3_SCALE, t.pdl),
+            (t.topk_weights, t.topk_ids),
+            peer=peer(
+                "fused_moe",
+                "fused_topk_deepseek",
+                t.dsv3_logits,
+                t.dsv3_bias,
+                DSV3_GROUPS,
+                DSV3_TOPK_GROUP,
+                TOPK,
+                DSV3_SCALE,
+                t.topk_weights_bf16,
+                t.topk_ids,
+                t.pdl,
+            ),
+        ),
+    ),
+    # csrc/moe/align.cuh MoeAlign::run(sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
+    # num_experts, block_size, expert_map, enable_pdl): no template parameter
+    "moe_align_block_size": (
+        ALLOCATES,
+        lambda t: Spec(
+            jit_kernel.moe_align_block_size,
+            (t.align_ids, DSV3_EXPERTS, ALIGN_BLOCK),
+            kernel(families.MOE_ALIGN, "run", ()),
+            (t.align_ids, DSV3_EXPERTS, ALIGN_BLOCK, None, t.pdl),
+            (t.sorted_ids, t.block_experts, t.padded_total),
+        ),
+    ),
+    # csrc/moe/sum_reduce.cuh MoeSumReduce::run(out, expert_out, weights, routed_scaling_factor, enable_pdl)
+    "moe_sum_reduce": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.moe_sum_reduce,
+            (t.expert_out, t.expert_weights),
+            kernel(families.MOE_SUM_REDUCE, "run", (CPP,)),
+            (t.expert_out, t.expert_weights, 1.0, t.pdl),
+            (t.out,),
+            ("out",),
+        ),
     ),
 }
+OPS: dict[str, Row] = {
+    name + form: _row(spec, form, only=len(forms) == 1) for name, (forms, spec) in SPECS.items() for form in forms
+}
 CPU_OPS = ("add_constant (out=)", "add_constant (functional)")  # the ops with a host kernel
+# Public functions of jit_kernel.ops without a row, and why (tests/test_benchmarks.py checks that every
+# other one has a row).
+NO_ROW = {
+    "can_use_hicache_jit_kernel": "a predicate on a row size: launches nothing",
+    "stream_wait_value": "a wait on a device flag (a driver stream memory operation): its cost is the wait",
+    "stream_wait_value_bounded": "a wait on a device flag (one polling thread, bounded): its cost is the wait",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,10 +861,6 @@ EAGER_HEADER = [
     f"eager <= raw + {EAGER_SLACK_US:g} us",
     "FlashInfer eager us",
 ]
-
-
-FUNCTIONAL = " (functional)"
-GIVEN_OUTPUTS = (" (out=)", " (outputs given)")
 
 
 def forms_rows(measured: dict[str, tuple[float, float]]) -> list[list[object]]:
