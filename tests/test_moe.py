@@ -605,6 +605,11 @@ def test_cuda_graph_replays_a_moe_layer(t: int, pdl: bool) -> None:
     assert torch.equal(ids, eids) and torch.equal(w, ew) and torch.equal(y, ey)
     assert torch.equal(post, epost) and torch.equal(expert_ids, eexperts)
     n = int(post)
-    # The order of pairs within an expert's run is unspecified: compare each block's rows as a set.
-    by_block = lambda s: s[:n].view(-1, block).sort(-1).values  # noqa: E731
-    assert torch.equal(by_block(sorted_ids), by_block(esorted)) and torch.equal(sorted_ids[n:], esorted[n:])
+
+    # The order of pairs within an expert's run (which may span several blocks) is unspecified:
+    # compare the runs as sets, keyed by each row's expert (expert_ids, equal above).
+    def by_expert(s: torch.Tensor) -> torch.Tensor:
+        rows_expert = expert_ids[: n // block].long().repeat_interleave(block)
+        return (rows_expert * (t * k + 1) + s[:n].long()).sort().values
+
+    assert torch.equal(by_expert(sorted_ids), by_expert(esorted)) and torch.equal(sorted_ids[n:], esorted[n:])

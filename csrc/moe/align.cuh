@@ -97,16 +97,20 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
   int32_t offset;
   int32_t sum;
   Scan(scan_storage).ExclusiveSum(padded, offset, sum);
-  if (t < p.experts) {
-    start[t] = offset;
-    for (int32_t i = offset + count; i < offset + padded; ++i) p.sorted_ids[i] = p.numel;
-  }
+  if (t < p.experts) start[t] = offset;
   if (t == 0) {
     total = sum;
     p.post_padded[0] = sum;
   }
   __syncthreads();
   const int32_t all = total;
+  // Each expert's padding, a warp per expert: one thread per expert would store its up to
+  // block_size - 1 positions one by one, each warp store touching 32 experts' lines.
+  for (int e = t / 32; e < p.experts; e += kThreads / 32) {
+    const int32_t first = start[e] + counts[e];
+    const int32_t end = start[e] + (counts[e] + p.block_size - 1) / p.block_size * p.block_size;
+    for (int32_t i = first + t % 32; i < end; i += 32) p.sorted_ids[i] = p.numel;
+  }
   // Block b's expert: the last expert whose run starts at or before row b * block_size (that run
   // holds the row, since the next one starts after it), by binary search over `start`.
   for (int32_t b = t; b < all / p.block_size; b += kThreads) {

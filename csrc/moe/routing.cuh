@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) score[j] = 1.f / (1.f + expf(-score[j]));
+    for (int j = 0; j < kVPT; ++j) score[j] = __frcp_rn(1.f + expf(-score[j]));  // = 1 / (...), IEEE
   }
   if (has_bias) {
 #pragma unroll
@@ -148,6 +148,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
 
   if (p.groups > 1 && p.topk_group < p.groups) {
     const int per_group = p.experts / p.groups;
+    // e / per_group without an integer division per expert: (e + 0.5) / per_group is at least
+    // 0.5 / per_group >= 1 / 1024 away from an integer, far beyond the product's rounding (< 1e-4).
+    const float inv_per_group = 1.f / static_cast<float>(per_group);
+    const auto group_of = [&](int e) { return static_cast<int>((static_cast<float>(e) + 0.5f) * inv_per_group); };
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       const int e = j * 32 + lane;
@@ -155,14 +159,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
     __syncwarp();
     // `lanes` lanes (a power of two) score each group: each its share, then a merge of the pairs.
-    int lanes = 32 / p.groups;
-    lanes = 1 << (31 - __clz(lanes));
-    const int g = lane / lanes;
+    const int lanes_log2 = 31 - __clz(32 / p.groups);
+    const int lanes = 1 << lanes_log2;
+    const int g = lane >> lanes_log2;
     float first = -INFINITY, second = -INFINITY;
     if (g < p.groups) {
       const float* values = &staged[warp][g * per_group];
 #pragma unroll 4
-      for (int i = lane % lanes; i < per_group; i += lanes) {
+      for (int i = lane & (lanes - 1); i < per_group; i += lanes) {
         const float v = values[i];
         if (!(v <= first)) {  // NaN ranks first
           second = first;
@@ -179,7 +183,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
       first = fmaxf(first, f);
     }
     const float group_rank = has_bias && per_group > 1 ? first + second : first;
-    if (g < p.groups && lane % lanes == 0) group_score[warp][g] = order_key(group_rank);
+    if (g < p.groups && (lane & (lanes - 1)) == 0) group_score[warp][g] = order_key(group_rank);
     __syncwarp();
     // Lane g keeps group g when fewer than topk_group groups rank above it (a larger key, or an equal
     // key and a lower index): one pass over the group keys instead of topk_group picks.
@@ -198,7 +202,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       const int e = j * 32 + lane;
-      if (e < p.experts && !((kept >> (e / per_group)) & 1u)) out |= 1u << j;
+      if (e < p.experts && !((kept >> group_of(e)) & 1u)) out |= 1u << j;
     }
   }
   device::PDLTriggerSecondary();

@@ -182,7 +182,7 @@ def moe_case(provider: str, op: str, tokens: int, device: str = DEFAULT_DEVICE) 
     if provider == "flashinfer" and op == "grouped_topk":
         from flashinfer.fused_moe import fused_topk_deepseek  # may be missing: reported as n/a
 
-        values = torch.empty(tokens, TOPK, device=device)
+        values = torch.empty(tokens, TOPK, device=device, dtype=g.dtype)  # 0.7.2 wants the logits' dtype
         indices = torch.empty(tokens, TOPK, device=device, dtype=torch.int32)
         return lambda: fused_topk_deepseek(
             g, bias, DSV3["groups"], DSV3["topk_group"], TOPK, DSV3["scale"], values, indices, True
