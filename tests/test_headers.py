@@ -97,6 +97,15 @@ def header_units() -> list[Unit]:
             extra_flags=("-gencode=arch=compute_80,code=sm_80",),
         )
     )
+    # A kernel that guards its mbarrier / bulk-copy code builds below sm_90, where they are deleted.
+    units.append(
+        Unit(
+            "cuda/mbarrier.cuh@sm_80",
+            "nvcc",
+            (CPP / "headers" / "mbarrier.cu").read_text(),
+            extra_flags=("-gencode=arch=compute_80,code=sm_80",),
+        )
+    )
     return units
 
 
@@ -341,6 +350,37 @@ def test_gpu_launch_pdl_and_large_smem(gpu_mod):
     expected = y.flip(0)
     gpu_mod.big_smem(y)
     assert torch.equal(y, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["d2d", "h2d", "d2h", "h2h"])
+def test_gpu_bulk_copy_ring(gpu_mod, direction):
+    """mbarrier.cuh: a 3-stage ring of bulk loads and stores copies every byte (20 stages and a
+    short tail), between GPU and pinned host memory through get_device_accessible_ptr."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk copies need sm_90")
+    size = 20 * 8192 + 48
+    place = {"d": {"device": "cuda"}, "h": {"pin_memory": True}}
+    src = torch.empty(size, dtype=torch.uint8, **place[direction[0]])
+    src.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
+    dst = torch.full((size + 16,), 0xA5, dtype=torch.uint8, **place[direction[2]])
+    gpu_mod.bulk_ring(dst[16:], src, torch.cuda.current_device())  # dst at a 16-byte offset
+    torch.cuda.synchronize()
+    assert torch.equal(dst[16:].cpu(), src.cpu())
+    assert bool((dst[:16].cpu() == 0xA5).all())
+
+
+@pytest.mark.gpu
+def test_gpu_device_accessible_ptr(gpu_mod):
+    """GPU memory is its own address; pinned host memory (a slice too) has a device alias; pageable
+    host memory is refused with an error that names the argument."""
+    x = torch.empty(64, device="cuda")
+    assert gpu_mod.device_address(x) == x.data_ptr()
+    pinned = torch.empty(4096, dtype=torch.uint8, pin_memory=True)
+    base = gpu_mod.device_address(pinned)
+    assert base != 0 and gpu_mod.device_address(pinned[256:]) == base + 256
+    with pytest.raises(ValueError, match=r"'t' is in pageable \(unpinned\) host memory.*pin_memory=True"):
+        gpu_mod.device_address(torch.empty(64))
 
 
 @pytest.mark.gpu

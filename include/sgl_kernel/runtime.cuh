@@ -164,6 +164,42 @@ inline auto get_max_smem_per_block(int device_id, bool opt_in = true, DebugInfo 
              : detail::per_device<Default>(device_id, where, ask(cudaDevAttrMaxSharedMemoryPerBlock)));
 }
 
+/**
+ * \brief The address at which a kernel reaches `tensor`'s data: its own address for GPU memory
+ *        (`cuda`, `cuda_managed`), the device alias of page-locked host memory (`cpu` for a
+ *        pinned torch tensor, `cuda_host`).
+ *
+ * Host memory must be pinned (`pin_memory=True`) or registered with `cudaHostRegister`; the alias
+ * is looked up with `cudaPointerGetAttributes`, which also resolves an address inside the
+ * allocation (a slice of a pinned pool). Pageable host memory, which the GPU would fault on, and
+ * any other device type are refused with a `ValueError` that names `name` (e.g. "src").
+ */
+inline auto get_device_accessible_ptr(
+    const tvm::ffi::TensorView& tensor, std::string_view name = "tensor", DebugInfo where = {}) -> void* {
+  void* const data = tensor.data_ptr();
+  const auto type = tensor.device().device_type;
+  if (type == kDLCUDA || type == kDLCUDAManaged) return data;
+  RuntimeCheck(
+      where,
+      type == kDLCPU || type == kDLCUDAHost,
+      "'",
+      name,
+      "' must be in GPU memory or page-locked host memory, got DLPack device type ",
+      static_cast<int>(type));
+  if (data == nullptr) return nullptr;  // an empty or fake tensor: nothing to translate
+  cudaPointerAttributes attributes{};
+  const auto error = cudaPointerGetAttributes(&attributes, data);
+  if (error != cudaSuccess) cudaGetLastError();  // clear the sticky slot; treated as pageable below
+  RuntimeCheck(
+      where,
+      error == cudaSuccess && attributes.type == cudaMemoryTypeHost && attributes.devicePointer != nullptr,
+      "'",
+      name,
+      "' is in pageable (unpinned) host memory, which the GPU cannot access: allocate it with "
+      "pin_memory=True, call .pin_memory() on it, or register it with cudaHostRegister");
+  return attributes.devicePointer;
+}
+
 namespace detail {
 
 /// sglang passes a device as a `DLDevice` or as its ordinal.

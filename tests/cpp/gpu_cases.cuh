@@ -5,12 +5,13 @@
 // Functions (namespace gpu_cases):
 //   block_reduce, atomic_extrema, vec_scale, cast_from_float, cast_to_float,
 //   math_ops, stream_copy, fill_index, pdl_chain, big_smem, runtime_info,
-//   bad_launch, cluster_reduce, absmax_nonneg, store_if
+//   bad_launch, cluster_reduce, absmax_nonneg, store_if, bulk_ring, device_address
 
 #include <sgl_kernel/atomic.cuh>
 #include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/math.cuh>
+#include <sgl_kernel/mbarrier.cuh>
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/tile.cuh>
@@ -400,6 +401,69 @@ inline auto runtime_info(int64_t device_id) -> tvm::ffi::Array<int64_t> {
       runtime::get_blocks_per_sm(block_reduce_kernel, kBlock),
       static_cast<int64_t>(runtime::get_available_dynamic_smem_per_block(block_reduce_kernel, 1, kBlock)),
   };
+}
+
+// ---- mbarrier.cuh + runtime::get_device_accessible_ptr: dst = src (uint8, a multiple of 16 bytes)
+// through a 3-stage shared-memory ring: thread 0 fills stages with bulk loads, thread 32 drains them
+// with bulk stores. src and dst may each be GPU or pinned host memory.
+
+__global__ void bulk_ring_kernel(const uint8_t* src, uint8_t* dst, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using namespace device::ptx;
+  constexpr uint32_t kStages = 3;
+  constexpr uint32_t kStage = 8192;
+  __shared__ alignas(128) uint8_t ring[kStages][kStage];
+  __shared__ uint64_t full[kStages];
+  __shared__ uint64_t empty[kStages];
+  if (threadIdx.x == 0) {
+    for (uint32_t s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  const uint32_t chunks = host::div_ceil(bytes, kStage);
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const uint32_t s = c % kStages;
+    const uint32_t phase = (c / kStages) & 1;
+    const uint32_t n = min(kStage, bytes - c * kStage);
+    if (threadIdx.x == 0) {
+      mbar_wait_parity(&empty[s], phase ^ 1);
+      mbar_arrive_expect_tx(&full[s], n);
+      bulk_g2s(ring[s], src + c * kStage, n, &full[s]);
+    } else if (threadIdx.x == 32) {
+      mbar_wait_parity(&full[s], phase);
+      bulk_s2g(dst + c * kStage, ring[s], n);
+      bulk_commit_group();
+      bulk_wait_group_read<0>();
+      mbar_arrive(&empty[s]);
+    }
+  }
+  if (threadIdx.x == 32) bulk_wait_group<0>();
+#else
+  (void)src, (void)dst, (void)bytes;
+  __trap();
+#endif
+}
+
+inline void bulk_ring(TensorView dst, TensorView src, int64_t device_id) {
+  using namespace host;
+  auto n = SymbolicSize{"bytes"};
+  TensorMatcher({n})
+      .with_dtype<uint8_t>()
+      .with_device<kDLCUDA, kDLCPU, kDLCUDAHost>()
+      .verify(dst, "dst")
+      .verify(src, "src");
+  RuntimeCheck(n.unwrap() % 16 == 0, "bulk_ring: a multiple of 16 bytes, got ", n.unwrap());
+  auto* to = static_cast<uint8_t*>(runtime::get_device_accessible_ptr(dst, "dst"));
+  const auto* from = static_cast<const uint8_t*>(runtime::get_device_accessible_ptr(src, "src"));
+  const auto device = DLDevice{kDLCUDA, static_cast<int32_t>(device_id)};
+  LaunchKernel(1, 64, device)(bulk_ring_kernel, from, to, static_cast<uint32_t>(n.unwrap()));
+}
+
+inline auto device_address(TensorView t) -> int64_t {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(host::runtime::get_device_accessible_ptr(t, "t")));
 }
 
 // ---- RuntimeDeviceCheck through LaunchKernel: 2048 threads per block is invalid.

@@ -26,3 +26,9 @@ auto occupancy_report(int device_id) -> std::size_t {
   return blocks * sms + smem + blocks_128 + static_cast<std::size_t>(runtime::get_cc_major(device_id)) +
          static_cast<std::size_t>(runtime::get_runtime_version());
 }
+
+// get_device_accessible_ptr: sglang's one-argument call, and with the argument's name for errors.
+auto accessible(const tvm::ffi::TensorView& host_or_device) -> void* {
+  void* const named = host::runtime::get_device_accessible_ptr(host_or_device, "cache");
+  return named == host::runtime::get_device_accessible_ptr(host_or_device) ? named : nullptr;
+}
