@@ -14,7 +14,7 @@ import collections
 import copy
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -84,17 +84,23 @@ class Counting:
             act_and_mul={k: count(f"act:{k}", f) for k, f in base.act_and_mul.items()},
             rope=count("rope", base.rope),
             qknorm_rope=count("qknorm_rope", base.qknorm_rope),
+            topk_softmax=count("topk_softmax", base.topk_softmax),  # type: ignore[arg-type]
         )
 
 
-def patched_pair(model_type: str, dtype: torch.dtype = torch.float32, **options: Any) -> tuple[Any, Any, Counting]:
-    model = tiny_model(model_type, dtype)
+def patched_pair(
+    model_type: str, dtype: torch.dtype = torch.float32, config: dict[str, Any] | None = None, **options: Any
+) -> tuple[Any, Any, Counting]:
+    """(patched model, unpatched copy, the counting backend): ``config`` overrides the tiny config,
+    ``options`` go to apply()."""
+    model = tiny_model(model_type, dtype, **(config or {}))
     reference = copy.deepcopy(model)
     counting = Counting()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a supported tiny model patches without a warning
         report = jt.apply(model, backend=counting.backend, **options)
     assert report
+    counting.calls.clear()  # apply() tries topk_softmax on the router's shape once
     return model, reference, counting
 
 
@@ -145,11 +151,11 @@ def test_dynamic_rope_skips_rope_only_with_one_warning() -> None:
         torch.testing.assert_close(model(ids()).logits, reference(ids()).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_all_options_off_changes_nothing() -> None:
-    model = tiny_model("qwen3")
-    report = jt.apply(
-        model, rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False, backend="torch"
-    )
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_all_options_off_changes_nothing(model_type: str) -> None:
+    model = tiny_model(model_type)
+    off = dict(rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False, router=False)
+    report = jt.apply(model, backend="torch", **off)
     assert not report and not report.skipped
     assert instance_forwards(model) == []
 
@@ -184,6 +190,7 @@ def test_patched_forward_equals_unpatched(model_type: str) -> None:
     assert counting.calls["qknorm_rope" if qk else "rope"] == layers
     assert counting.calls["rope" if qk else "qknorm_rope"] == 0
     assert counting.calls["act:silu"] == (0 if model_type == "qwen3_moe" else layers)
+    assert counting.calls["topk_softmax"] == (layers if model_type == "qwen3_moe" else 0)
     # Layer 0 normalises its input; each layer hands the next norm (the last: the final norm) off.
     assert counting.calls["rmsnorm"] >= 1 and counting.calls["fused_add_rmsnorm"] >= layers
 
@@ -365,7 +372,7 @@ def test_partial_rotary_rotates_the_leading_dims_only() -> None:
     torch.testing.assert_close(after[..., 4:8], b * cos + a * sin)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_moe"])
 def test_compile_fullgraph_has_no_graph_break(model_type: str) -> None:
     model, reference, _ = patched_pair(model_type)
     torch._dynamo.reset()
@@ -392,6 +399,157 @@ def test_compiled_output_hidden_states_are_the_unpatched_models() -> None:
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain.logits, expected.logits, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# The mixture-of-experts router
+
+
+def router_outputs(model: Any) -> list[tuple[torch.Tensor, ...]]:
+    """Each router's (input, first output, weights, ids), recorded by forward hooks in the next
+    forward (the hooks stay: call on copies)."""
+    seen: list[tuple[torch.Tensor, ...]] = []
+    for layer in model.model.layers:
+        if hasattr(layer.mlp, "experts"):
+            layer.mlp.gate.register_forward_hook(lambda m, args, out: seen.append((args[0].clone(), *out)))
+    return seen
+
+
+def assert_router_outputs_equal(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> None:
+    """The same first output and ids (dtypes included); weights of the same dtype, equal to within
+    one rounding of fp32 values to that dtype."""
+    assert [t.dtype for t in got] == [t.dtype for t in expected]
+    assert torch.equal(got[0], expected[0])
+    assert torch.equal(got[2], expected[2]) and got[2].dtype == torch.int64
+    eps = torch.finfo(expected[1].dtype).eps
+    torch.testing.assert_close(got[1].float(), expected[1].float(), rtol=eps, atol=1e-7)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_router_is_patched_on_qwen3_moe_only(model_type: str) -> None:
+    model, _, _ = patched_pair(model_type)
+    report = jt.apply(model, backend="torch")  # applied already: the first report is the one to read
+    assert not report
+    routers = [name for name, _ in jt.patched_modules(model) if name.endswith(".mlp.gate")]
+    assert routers == (["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"] if model_type == "qwen3_moe" else [])
+    first = jt.apply(tiny_model(model_type), backend="torch")
+    assert first.router == (2 if model_type == "qwen3_moe" else 0)
+
+
+def test_router_dense_layers_of_a_moe_model_get_the_mlp_part() -> None:
+    model, reference, counting = patched_pair("qwen3_moe", config=dict(mlp_only_layers=[0]))
+    assert hasattr(model.model.layers[0].mlp, "gate_proj") and hasattr(model.model.layers[1].mlp, "experts")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, reference(ids()).logits, rtol=1e-5, atol=1e-5)
+    assert counting.calls["topk_softmax"] == 1 and counting.calls["act:silu"] == 1
+
+
+def test_router_option_switches_it_off() -> None:
+    model = tiny_model("qwen3_moe")
+    report = jt.apply(model, router=False, backend="torch")
+    assert report.router == 0 and report.qk_norm == 2 and not report.skipped
+    names = [name for name, _ in jt.patched_modules(model)]
+    assert not any(name.endswith(".gate") for name in names) and "model.layers.0.self_attn" in names
+
+
+ROUTER_ONLY = dict(rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_topk_prob", [False, True])
+def test_router_returns_what_transformers_router_returns(dtype: torch.dtype, norm_topk_prob: bool) -> None:
+    """Only the router patched, on the torch reference op: every output of the model is the
+    unpatched model's, bit for bit, the router logits it collects and its auxiliary loss included."""
+    config = dict(num_experts=16, num_experts_per_tok=4, norm_topk_prob=norm_topk_prob, output_router_logits=True)
+    model, reference, counting = patched_pair("qwen3_moe", dtype, config=config, **ROUTER_ONLY)
+    assert [name for name, _ in jt.patched_modules(model)] == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+    got, expected = router_outputs(model), router_outputs(reference)
+    with torch.no_grad():
+        out, ref = model(ids()), reference(ids())
+    assert counting.calls["topk_softmax"] == 2 and len(got) == len(expected) == 2
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g[0], e[0])
+        assert_router_outputs_equal(g[1:], e[1:])
+    assert torch.equal(out.logits, ref.logits) and torch.equal(out.aux_loss, ref.aux_loss)
+    for g, e in zip(out.router_logits, ref.router_logits, strict=True):
+        assert torch.equal(g, e)
+    # Row counts the layers never see: one token, and an odd count.
+    gate, reference_gate = model.model.layers[0].mlp.gate, reference.model.layers[0].mlp.gate
+    for rows in (1, 37):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        with torch.no_grad():
+            assert_router_outputs_equal(gate(x), reference_gate(x))
+
+
+def test_router_with_autograd_on_runs_its_own_forward() -> None:
+    model, reference, counting = patched_pair("qwen3_moe")
+    gate = model.model.layers[0].mlp.gate
+    x = torch.randn(5, 64)
+    got = gate(x)
+    assert counting.calls["topk_softmax"] == 0 and got[0].requires_grad
+    with torch.no_grad():
+        assert_router_outputs_equal([t.detach() for t in got], reference.model.layers[0].mlp.gate(x))
+
+
+def _router_returning_probabilities(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A router as some transformers 5 releases wrote it: the fp32 softmax returned in place of
+    the logits, and the routing weights in its dtype."""
+    probs = torch.nn.functional.softmax(
+        torch.nn.functional.linear(hidden_states, self.weight), dim=-1, dtype=torch.float
+    )
+    weights, ids = torch.topk(probs, self.top_k, dim=-1)
+    if self.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return probs, weights.to(probs.dtype), ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_router_that_returns_probabilities_keeps_returning_them(monkeypatch: Any, dtype: torch.dtype) -> None:
+    router_cls = type(tiny_model("qwen3_moe").model.layers[0].mlp.gate)
+    monkeypatch.setattr(router_cls, "forward", _router_returning_probabilities)
+    model, reference, counting = patched_pair("qwen3_moe", dtype, config=dict(norm_topk_prob=True))
+    x = torch.randn(6, 64).to(dtype)
+    with torch.no_grad():
+        got, expected = model.model.layers[1].mlp.gate(x), reference.model.layers[1].mlp.gate(x)
+    assert got[0].dtype == got[1].dtype == torch.float32
+    assert_router_outputs_equal(got, expected)
+    assert counting.calls["topk_softmax"] == 1
+
+
+def test_router_with_other_routing_is_skipped_with_one_warning(monkeypatch: Any) -> None:
+    def sigmoid_router(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = torch.nn.functional.linear(hidden_states, self.weight)
+        weights, ids = torch.topk(logits.sigmoid(), self.top_k, dim=-1)
+        return logits, weights.to(logits.dtype), ids
+
+    model = tiny_model("qwen3_moe")
+    monkeypatch.setattr(type(model.model.layers[0].mlp.gate), "forward", sigmoid_router)
+    reference = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="router: 2 of 2 layers .*not the softmax top-2 with norm_topk_prob=False") as record:
+        report = jt.apply(model, backend="torch")
+    assert len(record) == 1 and report.router == 0 and report.qk_norm == 2
+    assert "forward" not in model.model.layers[0].mlp.gate.__dict__
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()).logits, reference(ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_router_shape_the_op_rejects_is_skipped_with_its_message() -> None:
+    def rejecting(logits: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError(f"topk_softmax: at most 2 experts, got {logits.shape[-1]}")
+
+    model = tiny_model("qwen3_moe")
+    with pytest.warns(UserWarning, match="router: 2 of 2 layers .*at most 2 experts, got 4"):
+        report = jt.apply(model, backend=dataclasses.replace(jt.TORCH, topk_softmax=rejecting))
+    assert report.router == 0 and report.rope == 2
+
+
+def test_backend_without_topk_softmax_leaves_the_router() -> None:
+    model = tiny_model("qwen3_moe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = jt.apply(model, backend=dataclasses.replace(jt.TORCH, topk_softmax=None))
+    assert report.router == 0 and report.rope == 2 and not report.skipped
+    assert "forward" not in model.model.layers[0].mlp.gate.__dict__
 
 
 def test_kernel_mapping_is_a_valid_kernels_layer() -> None:

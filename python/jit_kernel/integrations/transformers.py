@@ -25,6 +25,9 @@ What changes, per part (each one an option of :func:`apply`):
   parameters (default, linear, Llama-3 and YaRN scaling; partial rotary). The model's rotary module
   then returns that table and the token positions instead of per-token cos/sin.
 - ``qk_norm``: Qwen3's per-head q/k RMSNorm and the rotation in one ``fused_qknorm_rope`` call.
+- ``router``: Qwen3-MoE's router (softmax over the experts, top-k, renormalised with the config's
+  ``norm_topk_prob``) in one ``topk_softmax`` call after its GEMM; it returns what transformers'
+  router returns (the same expert ids, as int64; the weights in transformers' dtype).
 
 The patched forwards run jit_kernel's ops on CUDA tensors with autograd off (``torch.no_grad()`` or
 ``torch.inference_mode()``, as ``generate()`` runs); with autograd on they run the model's own
@@ -58,6 +61,8 @@ __all__ = [
 ]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+# Model types whose mixture-of-experts router is a softmax top-k (the ``router`` part).
+ROUTER_MODEL_TYPES = ("qwen3_moe",)
 BACKENDS = ("jit_kernel", "flashinfer", "torch")
 # RoPE types whose inverse frequencies are fixed at construction (the others change with the
 # sequence length, which one cos/sin table cannot follow).
@@ -86,7 +91,9 @@ class Backend:
     ``act_and_mul[name](x) -> Tensor`` for ``name`` in silu, gelu_tanh, gelu;
     ``rope(positions, q, k, head_dim, cos_sin_cache, is_neox)`` and
     ``qknorm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox)`` in place on
-    ``q [tokens, heads, head_dim]`` and ``k``. ``cuda_only``: the ops take CUDA tensors only."""
+    ``q [tokens, heads, head_dim]`` and ``k``; ``topk_softmax(logits, topk, renormalize) ->
+    (weights float32 [T, topk], ids int32 [T, topk])``, or None where the backend has no such op
+    (the router then stays the model's). ``cuda_only``: the ops take CUDA tensors only."""
 
     name: str
     cuda_only: bool
@@ -95,6 +102,7 @@ class Backend:
     act_and_mul: dict[str, Callable[[torch.Tensor], torch.Tensor]]
     rope: Callable[..., None]
     qknorm_rope: Callable[..., None]
+    topk_softmax: Callable[[torch.Tensor, int, bool], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def _torch_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -158,6 +166,15 @@ def _torch_qknorm_rope(
     _torch_rope(positions, q, k, q.shape[-1], cos_sin_cache, is_neox)
 
 
+def _torch_topk_softmax(logits: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's own computation: top-k of the fp32 softmax, divided by their sum with
+    ``renormalize``; ids as int32, as ``jit_kernel.topk_softmax`` returns them."""
+    weights, ids = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float32), topk, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
 TORCH = Backend(
     name="torch",
     cuda_only=False,
@@ -170,6 +187,7 @@ TORCH = Backend(
     },
     rope=_torch_rope,
     qknorm_rope=_torch_qknorm_rope,
+    topk_softmax=_torch_topk_softmax,
 )
 
 
@@ -191,13 +209,14 @@ def _jit_kernel_backend() -> Backend:
         },
         rope=rope,
         qknorm_rope=jit_kernel.fused_qknorm_rope,
+        topk_softmax=jit_kernel.topk_softmax,
     )
 
 
 def _flashinfer_backend() -> Backend:
     """FlashInfer's norm, activation and RoPE ops in the same places. FlashInfer has no fused q/k
     norm + RoPE: its ``rmsnorm`` normalises the heads (a copy where q/k are not contiguous rows),
-    then its RoPE rotates them."""
+    then its RoPE rotates them. It has no softmax top-k either: the router stays the model's."""
     from flashinfer import activation as fi_act
     from flashinfer import norm as fi_norm
     from flashinfer import rope as fi_rope
@@ -495,6 +514,17 @@ class _AttentionPlan:
 
 
 @dataclasses.dataclass(eq=False)
+class _RouterPlan:
+    backend: Backend
+    top_k: int
+    renormalize: bool
+    # What the router returns first: its logits, or (in transformers releases whose router reused
+    # the name) their fp32 softmax; its routing weights have that output's dtype.
+    returns_probabilities: bool
+    original: Callable[..., Any]
+
+
+@dataclasses.dataclass(eq=False)
 class _LayerPlan:
     backend: Backend
     chain: _Chain
@@ -608,6 +638,19 @@ def _attention_forward(
     return out.view(*input_shape, out.shape[-1]), weights
 
 
+def _router_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """transformers' top-k softmax router: the logits' GEMM, then one ``topk_softmax``. Returns what
+    the router returns: (its first output, the routing weights in that output's dtype, int64 ids)."""
+    plan: _RouterPlan = self.__dict__[_PLAN]
+    ops = _ops_for(plan.backend, hidden_states)
+    if torch.is_grad_enabled() or ops.topk_softmax is None:
+        return plan.original(self, hidden_states)
+    logits = F.linear(hidden_states.reshape(-1, hidden_states.shape[-1]), self.weight)
+    weights, ids = ops.topk_softmax(logits, plan.top_k, plan.renormalize)
+    first = F.softmax(logits, dim=-1, dtype=torch.float32) if plan.returns_probabilities else logits
+    return first, weights.to(first.dtype), ids.to(torch.int64)
+
+
 def _decode_packs_heads(
     module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None, q_heads: int, kv_heads: int
 ) -> bool:
@@ -692,10 +735,11 @@ class Patched:
     qkv: int = 0
     rope: int = 0
     qk_norm: int = 0
+    router: int = 0
     skipped: list[str] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return any((self.rmsnorm, self.fused_add_rmsnorm, self.mlp, self.qkv, self.rope, self.qk_norm))
+        return any((self.rmsnorm, self.fused_add_rmsnorm, self.mlp, self.qkv, self.rope, self.qk_norm, self.router))
 
 
 def _bind(module: nn.Module, fn: Callable[..., Any], plan: object | None) -> None:
@@ -801,6 +845,56 @@ def _mlp_act(mlp: nn.Module, config: Any) -> str | None:
     return ACTIVATIONS.get(getattr(getattr(mlp, "config", config), "hidden_act", None))
 
 
+def _router_plan(gate: nn.Module, backend: Backend, num_experts: int) -> _RouterPlan | str:
+    """The plan of a Qwen3-MoE router module (``weight [E, hidden]``, ``top_k``, ``norm_topk_prob``),
+    or why it is not supported. The router's own forward runs once on four random rows: it must
+    return a softmax top-k of ``weight @ x`` (renormalised as ``norm_topk_prob`` says) with int64
+    ids, and its first output tells whether it returns the logits or their fp32 softmax
+    (transformers releases differ), and with it the dtype of its routing weights. The backend's
+    ``topk_softmax`` runs on the same rows, so that a shape it rejects is skipped here, with its
+    message, rather than failing in a forward."""
+    name = type(gate).__name__
+    weight = getattr(gate, "weight", None)
+    top_k, renormalize = getattr(gate, "top_k", None), getattr(gate, "norm_topk_prob", None)
+    if not (isinstance(weight, nn.Parameter) and weight.dim() == 2 and weight.is_floating_point()):
+        return f"{name} without a [num_experts, hidden] weight"
+    if type(top_k) is not int or type(renormalize) is not bool or getattr(gate, "bias", None) is not None:
+        return f"{name} without an int top_k and a bool norm_topk_prob, or with a bias"
+    if weight.shape[0] != num_experts or not 1 <= top_k <= num_experts:
+        return f"{name} of {weight.shape[0]} experts, top-{top_k}, in a model of {num_experts} experts"
+    if weight.device.type == "meta" or hasattr(gate, "_hf_hook"):
+        return f"{name} with weights on the meta device or behind hooks"
+    original = type(gate).forward
+    rows = torch.randn(4, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    rows = rows.to(weight.device, weight.dtype)
+    with torch.no_grad():
+        try:
+            out = original(gate, rows)
+        except Exception as error:  # a router this integration does not know
+            return f"{name} failed on probe rows ({type(error).__name__}: {error})"
+        logits = F.linear(rows, weight)
+        expected_weights, expected_ids = _torch_topk_softmax(logits, top_k, renormalize)
+        try:
+            _ops_for(backend, logits).topk_softmax(logits, top_k, renormalize)  # type: ignore[misc]
+        except (ValueError, TypeError) as error:  # the op's own rules (C++ checks them)
+            return f"topk_softmax of {backend.name} rejects {num_experts} experts, top-{top_k}: {error}"
+    if not (isinstance(out, (tuple, list)) and len(out) == 3 and all(isinstance(t, torch.Tensor) for t in out)):
+        return f"{name} does not return (logits, weights, ids)"
+    first, weights, ids = out
+    if first.dtype == logits.dtype and torch.equal(first, logits):
+        returns_probabilities = False
+    elif first.dtype == torch.float32 and torch.allclose(first, F.softmax(logits, dim=-1, dtype=torch.float32)):
+        returns_probabilities = True
+    else:
+        return f"{name} whose first output is neither its logits nor their softmax"
+    if ids.dtype != torch.int64 or not torch.equal(ids, expected_ids.long()) or weights.dtype != first.dtype:
+        return f"{name} whose routing is not a softmax top-{top_k} with int64 ids"
+    expected = expected_weights.to(first.dtype).float()
+    if not torch.allclose(weights.float(), expected, rtol=torch.finfo(first.dtype).eps, atol=0):
+        return f"{name} whose weights are not the softmax top-{top_k} with norm_topk_prob={renormalize}"
+    return _RouterPlan(backend, top_k, renormalize, returns_probabilities, original)
+
+
 def _model_device(model: nn.Module) -> torch.device | None:
     for p in model.parameters():
         return p.device
@@ -816,6 +910,7 @@ def apply(
     qkv: bool = True,
     rope: bool = True,
     qk_norm: bool = True,
+    router: bool = True,
     backend: str | Backend = "jit_kernel",
 ) -> Patched:
     """Make ``model`` (a transformers Llama, Mistral, Qwen2, Qwen3 or Qwen3-MoE model, any head)
@@ -824,7 +919,8 @@ def apply(
     Options switch parts off: ``rmsnorm`` (RMSNorm layers), ``fused_add_rmsnorm`` (residual adds
     fused into the norms, across layer boundaries), ``mlp`` (gate/up as one GEMM + fused gated
     activation), ``qkv`` (q/k/v projections as one GEMM; with ``rope``), ``rope`` (rotary embedding
-    from a cos/sin table), ``qk_norm`` (Qwen3's q/k norm fused into the rotation; with ``rope``).
+    from a cos/sin table), ``qk_norm`` (Qwen3's q/k norm fused into the rotation; with ``rope``),
+    ``router`` (Qwen3-MoE's router: softmax top-k in one ``topk_softmax``; not with FlashInfer's ops).
     ``backend``: ``"jit_kernel"``, ``"flashinfer"`` (its ops in the same places, for comparison),
     ``"torch"`` (reference ops in torch, on any device) or a :class:`Backend`. A model whose
     parameters are not on a CUDA device (with a CUDA backend), or of another model type, is left
@@ -908,6 +1004,22 @@ def apply(
                 f"mlp: {skipped_mlp} of {len(layers)} layers (projections that are not plain nn.Linear layers, "
                 f"or hidden_act {hidden_act!r})"
             )
+
+    if router and model_type in ROUTER_MODEL_TYPES and ops.topk_softmax is not None:
+        reasons = []
+        num_experts = int(getattr(config, "num_experts", 0) or 0)
+        for layer in layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is None or not hasattr(layer.mlp, "experts"):
+                continue  # a dense MLP layer
+            plan = _router_plan(gate, ops, num_experts) if isinstance(gate, nn.Module) else "no router module"
+            if isinstance(plan, str):
+                reasons.append(plan)
+                continue
+            _bind(gate, _router_forward, plan)
+            report.router += 1
+        if reasons:
+            report.skipped.append(f"router: {len(reasons)} of {len(layers)} layers ({reasons[0]})")
 
     norms_ok = all(
         _is_rmsnorm(getattr(layer, "input_layernorm", None))
