@@ -58,6 +58,7 @@ SGL_DEVICE auto to_shared(T* ptr) -> uint32_t {
 SGL_DEVICE void mbar_init(uint64_t* bar, uint32_t count) = delete;
 SGL_DEVICE void fence_mbarrier_init() = delete;
 SGL_DEVICE auto mbar_arrive(uint64_t* bar) -> uint64_t = delete;
+SGL_DEVICE auto mbar_arrive_relaxed(uint64_t* bar) -> uint64_t = delete;
 SGL_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) = delete;
 SGL_DEVICE void mbar_expect_tx(uint64_t* bar, uint32_t bytes) = delete;
 SGL_DEVICE auto mbar_try_wait_parity(uint64_t* bar, uint32_t parity) -> bool = delete;
@@ -92,6 +93,13 @@ SGL_DEVICE void fence_mbarrier_init() {
 SGL_DEVICE auto mbar_arrive(uint64_t* bar) -> uint64_t {
   uint64_t state;
   asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(to_shared(bar)) : "memory");
+  return state;
+}
+
+/// \brief One arrival with relaxed order: it counts, and publishes none of this thread's writes.
+SGL_DEVICE auto mbar_arrive_relaxed(uint64_t* bar) -> uint64_t {
+  uint64_t state;
+  asm volatile("mbarrier.arrive.relaxed.cta.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(to_shared(bar)) : "memory");
   return state;
 }
 
