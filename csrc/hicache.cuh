@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 #include <string_view>
+#include <utility>
 
 namespace jit_kernel::hicache {
 
@@ -191,26 +192,12 @@ inline void check_same_gpu(const tvm::ffi::TensorView& t, std::string_view name,
       gpu.device_id);
 }
 
-/// \brief A cache tensor's address as the GPU sees it. CUDA memory is used as is; host memory
-/// (DLPack `cpu` for a pinned torch tensor, or `cuda_host`) must be page-locked, and is
-/// translated with cudaPointerGetAttributes (the UVA device alias). Pageable memory would fault
-/// the GPU, so it is refused with an error that names the argument.
+/// \brief A cache tensor's address as the GPU sees it (`runtime::get_device_accessible_ptr`): CUDA
+/// memory on the indices' GPU as is, page-locked host memory through its device alias. Pageable
+/// memory would fault the GPU, so it is refused with an error that names the argument.
 inline auto device_address(const tvm::ffi::TensorView& t, std::string_view name, DLDevice gpu) -> void* {
-  using namespace host;
-  if (t.device().device_type == kDLCUDA) {
-    check_same_gpu(t, name, gpu);
-    return t.data_ptr();
-  }
-  cudaPointerAttributes attributes{};
-  const auto error = cudaPointerGetAttributes(&attributes, t.data_ptr());
-  if (error != cudaSuccess) cudaGetLastError();  // clear the sticky slot; treated as pageable below
-  RuntimeCheck(
-      error == cudaSuccess && attributes.type == cudaMemoryTypeHost && attributes.devicePointer != nullptr,
-      "hicache: '",
-      name,
-      "' is in pageable (unpinned) host memory, which the GPU cannot access: "
-      "allocate it with pin_memory=True or call .pin_memory() on it");
-  return attributes.devicePointer;
+  check_same_gpu(t, name, gpu);
+  return host::runtime::get_device_accessible_ptr(t, name);
 }
 
 inline void check_aligned(const void* ptr, int64_t stride_bytes, std::string_view name) {
@@ -228,6 +215,167 @@ inline void check_aligned(const void* ptr, int64_t stride_bytes, std::string_vie
       stride_bytes);
 }
 
+/// \brief The two index tensors of a transfer, validated: (length, is_int32, device).
+struct Indices {
+  int64_t length;
+  bool is_int32;
+  DLDevice device;
+};
+
+inline auto check_indices(const tvm::ffi::TensorView& dst, const tvm::ffi::TensorView& src) -> Indices {
+  using namespace host;
+  auto length = SymbolicSize{"num_indices"};
+  auto dtype = SymbolicDType{};
+  auto device = SymbolicDevice{};
+  TensorMatcher({length})  //
+      .with_dtype<int32_t, int64_t>(dtype)
+      .with_device<kDLCUDA>(device)
+      .verify(dst, "indices_dst")
+      .verify(src, "indices_src");
+  return {length.unwrap(), dtype.is_type<int32_t>(), device.unwrap()};
+}
+
+/// \brief Binds the row size of a cache (viewed as [rows, dim]) and checks it is `row_bytes`.
+inline void check_cache_pair(
+    const tvm::ffi::TensorView& k,
+    const tvm::ffi::TensorView* v,
+    std::string_view k_name,
+    std::string_view v_name,
+    host::SymbolicDType& dtype,
+    std::size_t row_bytes) {
+  using namespace host;
+  auto dim = SymbolicSize{"element_dim"};
+  if (v == nullptr) {
+    TensorMatcher({-1, dim})  //
+        .with_strides({-1, 1})
+        .with_dtype(dtype)
+        .with_device<kDLCUDA, kDLCUDAHost, kDLCPU>()
+        .verify(k, k_name);
+  } else {
+    TensorMatcher({-1, dim})  //
+        .with_strides({-1, 1})
+        .with_dtype(dtype)
+        .with_device<kDLCUDA, kDLCUDAHost, kDLCPU>()
+        .verify(k, k_name)
+        .verify(*v, v_name);
+  }
+  const auto bytes = static_cast<int64_t>(dim.unwrap() * dtype_bytes(dtype.unwrap()));
+  RuntimeCheck(
+      bytes == static_cast<int64_t>(row_bytes),
+      "hicache: rows of '",
+      k_name,
+      "' are ",
+      bytes,
+      " bytes but this kernel was built for ",
+      row_bytes);
+}
+
+/// \brief Checks the caches of a one-layer call (rows of `row_bytes`, on the indices' GPU or in host
+/// memory) and returns its indices. Touches no data: a fake call (torch.compile) runs it too.
+template <bool kHasV>
+inline auto check_one_layer(
+    const tvm::ffi::TensorView& k_dst,
+    const tvm::ffi::TensorView* v_dst,
+    const tvm::ffi::TensorView& indices_dst,
+    const tvm::ffi::TensorView& k_src,
+    const tvm::ffi::TensorView* v_src,
+    const tvm::ffi::TensorView& indices_src,
+    std::size_t row_bytes) -> Indices {
+  const auto idx = check_indices(indices_dst, indices_src);
+  auto dtype = host::SymbolicDType{};
+  check_cache_pair(k_dst, v_dst, kHasV ? "k_cache_dst" : "cache_dst", "v_cache_dst", dtype, row_bytes);
+  check_cache_pair(k_src, v_src, kHasV ? "k_cache_src" : "cache_src", "v_cache_src", dtype, row_bytes);
+  check_same_gpu(k_dst, kHasV ? "k_cache_dst" : "cache_dst", idx.device);
+  check_same_gpu(k_src, kHasV ? "k_cache_src" : "cache_src", idx.device);
+  if constexpr (kHasV) {
+    check_same_gpu(*v_dst, "v_cache_dst", idx.device);
+    check_same_gpu(*v_src, "v_cache_src", idx.device);
+  }
+  return idx;
+}
+
+/// \brief The kernel's view of a checked one-layer call: device addresses (host caches through their
+/// device alias) and byte strides, each checked for 16-byte alignment.
+template <bool kHasV>
+inline auto resolve_one_layer(
+    const tvm::ffi::TensorView& k_dst,
+    const tvm::ffi::TensorView* v_dst,
+    const tvm::ffi::TensorView& indices_dst,
+    const tvm::ffi::TensorView& k_src,
+    const tvm::ffi::TensorView* v_src,
+    const tvm::ffi::TensorView& indices_src,
+    const Indices& idx) -> OneLayerParams {
+  auto p = OneLayerParams{};
+  p.length = idx.length;
+  p.indices_dst = indices_dst.data_ptr();
+  p.indices_src = indices_src.data_ptr();
+  const auto elem = static_cast<int64_t>(host::dtype_bytes(k_dst.dtype()));
+  p.k_dst = device_address(k_dst, kHasV ? "k_cache_dst" : "cache_dst", idx.device);
+  p.k_src = device_address(k_src, kHasV ? "k_cache_src" : "cache_src", idx.device);
+  p.k_dst_stride = k_dst.stride(0) * elem;
+  p.k_src_stride = k_src.stride(0) * elem;
+  check_aligned(p.k_dst, p.k_dst_stride, kHasV ? "k_cache_dst" : "cache_dst");
+  check_aligned(p.k_src, p.k_src_stride, kHasV ? "k_cache_src" : "cache_src");
+  if constexpr (kHasV) {
+    p.v_dst = device_address(*v_dst, "v_cache_dst", idx.device);
+    p.v_src = device_address(*v_src, "v_cache_src", idx.device);
+    p.v_dst_stride = v_dst->stride(0) * elem;
+    p.v_src_stride = v_src->stride(0) * elem;
+    check_aligned(p.v_dst, p.v_dst_stride, "v_cache_dst");
+    check_aligned(p.v_src, p.v_src_stride, "v_cache_src");
+  }
+  return p;
+}
+
+/// \brief Checks the pointer tables and strides of an all-layer call; returns its indices and
+/// the number of layers.
+template <bool kHasV>
+inline auto check_all_layer(
+    const tvm::ffi::TensorView& k_ptr_dst,
+    const tvm::ffi::TensorView* v_ptr_dst,
+    const tvm::ffi::TensorView& indices_dst,
+    const tvm::ffi::TensorView& k_ptr_src,
+    const tvm::ffi::TensorView* v_ptr_src,
+    const tvm::ffi::TensorView& indices_src,
+    int64_t src_stride_bytes,
+    int64_t dst_stride_bytes,
+    std::size_t row_bytes) -> std::pair<Indices, int64_t> {
+  using namespace host;
+  const auto idx = check_indices(indices_dst, indices_src);
+  auto layers = SymbolicSize{"num_layers"};
+  auto device = SymbolicDevice{};
+  device.set_value(idx.device);
+  if constexpr (kHasV) {
+    TensorMatcher({layers})  //
+        .with_dtype<uint64_t>()
+        .with_device<kDLCUDA>(device)
+        .verify(k_ptr_dst, "k_ptr_dst")
+        .verify(*v_ptr_dst, "v_ptr_dst")
+        .verify(k_ptr_src, "k_ptr_src")
+        .verify(*v_ptr_src, "v_ptr_src");
+  } else {
+    TensorMatcher({layers})  //
+        .with_dtype<uint64_t>()
+        .with_device<kDLCUDA>(device)
+        .verify(k_ptr_dst, "ptr_dst")
+        .verify(k_ptr_src, "ptr_src");
+  }
+  const auto bytes = static_cast<int64_t>(row_bytes);
+  RuntimeCheck(
+      src_stride_bytes >= bytes && src_stride_bytes % static_cast<int64_t>(kVecBytes) == 0,
+      "hicache: kv_cache_src_stride_bytes must be a multiple of 16 and >= the element size ",
+      row_bytes,
+      ", got ",
+      src_stride_bytes);
+  RuntimeCheck(
+      dst_stride_bytes >= bytes && dst_stride_bytes % static_cast<int64_t>(kVecBytes) == 0,
+      "hicache: kv_cache_dst_stride_bytes must be a multiple of 16 and >= the element size ",
+      row_bytes,
+      ", got ",
+      dst_stride_bytes);
+  return {idx, layers.unwrap()};
+}
+
 template <std::size_t kBytes, std::size_t kUnroll, std::size_t kThreads>
 struct HiCache {
   static_assert(kBytes > 0 && kBytes % kVecBytes == 0, "hicache: element size must be a positive multiple of 16");
@@ -236,25 +384,6 @@ struct HiCache {
 
   static constexpr std::size_t kLanes = device::kWarpThreads / kUnroll;
   static constexpr std::size_t kGroupsPerBlock = kThreads / kLanes;
-
-  /// \brief Validates the two index tensors; returns (length, is_int32, device).
-  struct Indices {
-    int64_t length;
-    bool is_int32;
-    DLDevice device;
-  };
-  static auto check_indices(const tvm::ffi::TensorView& dst, const tvm::ffi::TensorView& src) -> Indices {
-    using namespace host;
-    auto length = SymbolicSize{"num_indices"};
-    auto dtype = SymbolicDType{};
-    auto device = SymbolicDevice{};
-    TensorMatcher({length})  //
-        .with_dtype<int32_t, int64_t>(dtype)
-        .with_device<kDLCUDA>(device)
-        .verify(dst, "indices_dst")
-        .verify(src, "indices_src");
-    return {length.unwrap(), dtype.is_type<int32_t>(), device.unwrap()};
-  }
 
   /// \brief The launch of `work` rows: blocks of kThreads, at most `block_quota` of them. A
   /// transfer that would fill fewer blocks than the quota allows is spread over up to `block_quota`
@@ -276,40 +405,6 @@ struct HiCache {
     return {static_cast<uint32_t>(blocks), static_cast<uint32_t>(div_ceil(lanes, int64_t{32}) * 32)};
   }
 
-  /// \brief Binds the row size of a cache (viewed as [rows, dim]) and checks it is kBytes.
-  static void check_cache_pair(
-      const tvm::ffi::TensorView& k,
-      const tvm::ffi::TensorView* v,
-      std::string_view k_name,
-      std::string_view v_name,
-      host::SymbolicDType& dtype) {
-    using namespace host;
-    auto dim = SymbolicSize{"element_dim"};
-    if (v == nullptr) {
-      TensorMatcher({-1, dim})  //
-          .with_strides({-1, 1})
-          .with_dtype(dtype)
-          .with_device<kDLCUDA, kDLCUDAHost, kDLCPU>()
-          .verify(k, k_name);
-    } else {
-      TensorMatcher({-1, dim})  //
-          .with_strides({-1, 1})
-          .with_dtype(dtype)
-          .with_device<kDLCUDA, kDLCUDAHost, kDLCPU>()
-          .verify(k, k_name)
-          .verify(*v, v_name);
-    }
-    const auto bytes = static_cast<int64_t>(dim.unwrap() * dtype_bytes(dtype.unwrap()));
-    RuntimeCheck(
-        bytes == static_cast<int64_t>(kBytes),
-        "hicache: rows of '",
-        k_name,
-        "' are ",
-        bytes,
-        " bytes but this kernel was built for ",
-        kBytes);
-  }
-
   template <bool kHasV>
   static void launch_one(
       const tvm::ffi::TensorView& k_dst,
@@ -320,40 +415,13 @@ struct HiCache {
       const tvm::ffi::TensorView& indices_src,
       int64_t block_quota) {
     using namespace host;
-    const auto idx = check_indices(indices_dst, indices_src);
-    auto dtype = SymbolicDType{};
-    check_cache_pair(k_dst, v_dst, kHasV ? "k_cache_dst" : "cache_dst", "v_cache_dst", dtype);
-    check_cache_pair(k_src, v_src, kHasV ? "k_cache_src" : "cache_src", "v_cache_src", dtype);
-    check_same_gpu(k_dst, kHasV ? "k_cache_dst" : "cache_dst", idx.device);
-    check_same_gpu(k_src, kHasV ? "k_cache_src" : "cache_src", idx.device);
-    if constexpr (kHasV) {
-      check_same_gpu(*v_dst, "v_cache_dst", idx.device);
-      check_same_gpu(*v_src, "v_cache_src", idx.device);
-    }
+    const auto idx = check_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes);
     const auto shape = launch_shape(idx.length, block_quota);
     // A fake call (torch.compile) stops here, after every check that needs no data and before any
     // CUDA call; so does an empty transfer.
     if (idx.length == 0 || has_no_data(indices_dst)) return;
 
-    auto p = OneLayerParams{};
-    p.length = idx.length;
-    p.indices_dst = indices_dst.data_ptr();
-    p.indices_src = indices_src.data_ptr();
-    const auto elem = static_cast<int64_t>(dtype_bytes(dtype.unwrap()));
-    p.k_dst = device_address(k_dst, kHasV ? "k_cache_dst" : "cache_dst", idx.device);
-    p.k_src = device_address(k_src, kHasV ? "k_cache_src" : "cache_src", idx.device);
-    p.k_dst_stride = k_dst.stride(0) * elem;
-    p.k_src_stride = k_src.stride(0) * elem;
-    check_aligned(p.k_dst, p.k_dst_stride, kHasV ? "k_cache_dst" : "cache_dst");
-    check_aligned(p.k_src, p.k_src_stride, kHasV ? "k_cache_src" : "cache_src");
-    if constexpr (kHasV) {
-      p.v_dst = device_address(*v_dst, "v_cache_dst", idx.device);
-      p.v_src = device_address(*v_src, "v_cache_src", idx.device);
-      p.v_dst_stride = v_dst->stride(0) * elem;
-      p.v_src_stride = v_src->stride(0) * elem;
-      check_aligned(p.v_dst, p.v_dst_stride, "v_cache_dst");
-      check_aligned(p.v_src, p.v_src_stride, "v_cache_src");
-    }
+    const auto p = resolve_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, idx);
     const auto kernel = idx.is_int32 ? one_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
                                      : one_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
     LaunchKernel(shape.blocks, shape.threads, idx.device)
@@ -372,38 +440,16 @@ struct HiCache {
       int64_t dst_stride_bytes,
       int64_t block_quota) {
     using namespace host;
-    const auto idx = check_indices(indices_dst, indices_src);
-    auto layers = SymbolicSize{"num_layers"};
-    auto device = SymbolicDevice{};
-    device.set_value(idx.device);
-    if constexpr (kHasV) {
-      TensorMatcher({layers})  //
-          .with_dtype<uint64_t>()
-          .with_device<kDLCUDA>(device)
-          .verify(k_ptr_dst, "k_ptr_dst")
-          .verify(*v_ptr_dst, "v_ptr_dst")
-          .verify(k_ptr_src, "k_ptr_src")
-          .verify(*v_ptr_src, "v_ptr_src");
-    } else {
-      TensorMatcher({layers})  //
-          .with_dtype<uint64_t>()
-          .with_device<kDLCUDA>(device)
-          .verify(k_ptr_dst, "ptr_dst")
-          .verify(k_ptr_src, "ptr_src");
-    }
-    RuntimeCheck(
-        src_stride_bytes >= static_cast<int64_t>(kBytes) && src_stride_bytes % static_cast<int64_t>(kVecBytes) == 0,
-        "hicache: kv_cache_src_stride_bytes must be a multiple of 16 and >= the element size ",
-        kBytes,
-        ", got ",
-        src_stride_bytes);
-    RuntimeCheck(
-        dst_stride_bytes >= static_cast<int64_t>(kBytes) && dst_stride_bytes % static_cast<int64_t>(kVecBytes) == 0,
-        "hicache: kv_cache_dst_stride_bytes must be a multiple of 16 and >= the element size ",
-        kBytes,
-        ", got ",
-        dst_stride_bytes);
-    const auto num_layers = layers.unwrap();
+    const auto [idx, num_layers] = check_all_layer<kHasV>(
+        k_ptr_dst,
+        v_ptr_dst,
+        indices_dst,
+        k_ptr_src,
+        v_ptr_src,
+        indices_src,
+        src_stride_bytes,
+        dst_stride_bytes,
+        kBytes);
     const auto shape = launch_shape(idx.length * num_layers, block_quota);
     if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
 

@@ -80,13 +80,14 @@ SEED_API: list[tuple[str, str, str, set[str], set[str]]] = [
     ("norm", "is_supported_jit_fused_add_rmsnorm_hidden_size", "hidden_size", set(), set()),
     ("per_tensor_quant_fp8", "per_tensor_quant_fp8", "input, output_q, output_s, is_static=False", set(), set()),
     ("per_tensor_quant_fp8", "per_tensor_absmax_fp8", "input, output_s", set(), set()),
-    ("hicache", "can_use_hicache_jit_kernel", "*, element_size, unroll=None, block_quota=None", set(), set()),
+    # page_size: SGLang 0.5.23's (tests/test_hicache.py checks its later hicache API).
+    ("hicache", "can_use_hicache_jit_kernel", "*, element_size, unroll=None, block_quota=None", {"page_size"}, set()),
     (
         "hicache",
         "transfer_hicache_one_layer",
         "k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, *, element_dim=None, "
         "unroll=None, block_quota=None",
-        set(),
+        {"page_size"},
         set(),
     ),
     (
@@ -94,14 +95,14 @@ SEED_API: list[tuple[str, str, str, set[str], set[str]]] = [
         "transfer_hicache_all_layer",
         "k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, *, kv_cache_src_stride_bytes, "
         "kv_cache_dst_stride_bytes, element_size=None, unroll=None, block_quota=None",
-        set(),
+        {"page_size"},
         set(),
     ),
     (
         "hicache",
         "transfer_hicache_one_layer_mla",
         "cache_dst, indices_dst, cache_src, indices_src, *, element_dim=None, unroll=None, block_quota=None",
-        set(),
+        {"page_size"},
         set(),
     ),
     (
@@ -109,8 +110,26 @@ SEED_API: list[tuple[str, str, str, set[str], set[str]]] = [
         "transfer_hicache_all_layer_mla",
         "ptr_dst, indices_dst, ptr_src, indices_src, *, cache_src_stride_bytes, cache_dst_stride_bytes, "
         "element_size=None, unroll=None, block_quota=None",
-        {"kv_cache_src_stride_bytes", "kv_cache_dst_stride_bytes"},
+        {"kv_cache_src_stride_bytes", "kv_cache_dst_stride_bytes", "page_size"},
         {"cache_src_stride_bytes", "cache_dst_stride_bytes"},
+    ),
+    # 0.5.16's staged write-back
+    ("hicache", "can_use_write_back_jit_kernel", "*, element_size, unroll=None, block_quota=None", set(), set()),
+    (
+        "hicache",
+        "transfer_hicache_all_layer_staged_lf_pf",
+        "k_ptr_src, v_ptr_src, src_indices, dst_indices, staging_k, staging_v, dst_k, dst_v, *, page_size, "
+        "element_size=None, unroll=None, block_quota=None",
+        set(),
+        set(),
+    ),
+    (
+        "hicache",
+        "transfer_hicache_all_layer_mla_staged_lf_pf",
+        "ptr_src, src_indices, dst_indices, staging, dst, *, page_size, element_size=None, unroll=None, "
+        "block_quota=None",
+        set(),
+        set(),
     ),
     ("cuda_wait_value", "stream_wait_value", "flag, value", set(), set()),
     ("cuda_wait_value", "Event", "", {"device"}, set()),
@@ -120,6 +139,13 @@ SEED_API: list[tuple[str, str, str, set[str], set[str]]] = [
     ("benchmark.utils", "get_benchmark_range", "full_range, ci_range", set(), set()),
     ("benchmark.utils", "run_benchmark", "fn, quantiles=(), scale=1.0", {"use_cuda_graph", "rep_ms"}, set()),
     ("benchmark.utils", "run_benchmark_no_cudagraph", "fn, quantiles=(), scale=1.0", set(), set()),
+    (
+        "benchmark.utils",
+        "multigpu_bench_main",
+        "name, file, num_gpus, main_fn, *, pre_launch_fn=None, timeout=None",
+        set(),
+        set(),
+    ),
     (
         "benchmark.utils",
         "create_empty",
@@ -488,7 +514,7 @@ def test_seed_hicache_wrappers(record: Callable[[object, str], _Recorder]) -> No
     a, b, c, d = object(), object(), object(), object()
     transfer_hicache_all_layer_mla(a, b, c, d, cache_src_stride_bytes=1152, cache_dst_stride_bytes=2304)  # type: ignore[arg-type]
     transfer_hicache_all_layer_mla(a, b, c, d, kv_cache_src_stride_bytes=64, kv_cache_dst_stride_bytes=64, unroll=4)  # type: ignore[arg-type]
-    common = {"element_size": None, "block_quota": None}
+    common = {"element_size": None, "block_quota": None, "page_size": None}
     assert op.calls == [
         (
             (a, b, c, d),

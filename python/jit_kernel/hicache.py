@@ -1,9 +1,11 @@
 """``jit_kernel.hicache``: KV-cache row transfers between GPU and pinned host memory (the seed's
-``sglang.jit_kernel.hicache`` names and signatures), and the flag-based stream wait used to order
-them.
+``sglang.jit_kernel.hicache`` names and signatures, and those SGLang added up to 0.5.23: ``page_size=``
+on the row transfers, the staged write-back to page-first and page-unified host layouts, and the
+page-unified load-back), and the flag-based stream wait used to order them.
 
-These are the functions of ``jit_kernel.ops.hicache`` (also exported at the top level), except
-:func:`transfer_hicache_all_layer_mla`, which takes the seed's keywords
+The row transfers are the functions of ``jit_kernel.ops.hicache`` (also exported at the top
+level), and the staged write-back and page-unified load-back those of ``jit_kernel.ops.hicache_staged``,
+except :func:`transfer_hicache_all_layer_mla`, which takes the seed's keywords
 ``cache_src_stride_bytes`` / ``cache_dst_stride_bytes`` (the top-level function spells them
 ``kv_cache_*``, like the non-MLA form; both spellings work here). Differences from the seed
 (docs/coming-from-sglang.md): ``DEFAULT_BLOCK_QUOTA`` is 4 (tuned on H100), 0 for ``element_dim``,
@@ -23,6 +25,17 @@ from jit_kernel.ops.hicache import (
     transfer_hicache_all_layer,
     transfer_hicache_one_layer,
     transfer_hicache_one_layer_mla,
+    uses_bulk_copy_kernel,
+)
+from jit_kernel.ops.hicache_staged import (
+    can_use_page_unified_load_back_jit_kernel,
+    can_use_write_back_jit_kernel,
+    transfer_hicache_all_layer_mla_staged_lf_page_unified,
+    transfer_hicache_all_layer_mla_staged_lf_pf,
+    transfer_hicache_all_layer_staged_lf_page_unified,
+    transfer_hicache_all_layer_staged_lf_pf,
+    transfer_hicache_one_layer_mla_page_unified_lf,
+    transfer_hicache_one_layer_page_unified_lf,
 )
 from jit_kernel.ops.stream_wait import Event, StreamWaitTimeout, stream_wait_value, stream_wait_value_bounded
 
@@ -46,6 +59,7 @@ def transfer_hicache_all_layer_mla(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
     kv_cache_src_stride_bytes: int | None = None,
     kv_cache_dst_stride_bytes: int | None = None,
 ) -> None:
@@ -69,6 +83,7 @@ def transfer_hicache_all_layer_mla(
         element_size=element_size,
         unroll=unroll,
         block_quota=block_quota,
+        page_size=page_size,
     )
 
 
@@ -77,11 +92,20 @@ __all__ = [
     "Event",
     "StreamWaitTimeout",
     "can_use_hicache_jit_kernel",
+    "can_use_page_unified_load_back_jit_kernel",
+    "can_use_write_back_jit_kernel",
     "default_unroll",
     "stream_wait_value",
     "stream_wait_value_bounded",
     "transfer_hicache_all_layer",
     "transfer_hicache_all_layer_mla",
+    "transfer_hicache_all_layer_mla_staged_lf_page_unified",
+    "transfer_hicache_all_layer_mla_staged_lf_pf",
+    "transfer_hicache_all_layer_staged_lf_page_unified",
+    "transfer_hicache_all_layer_staged_lf_pf",
     "transfer_hicache_one_layer",
     "transfer_hicache_one_layer_mla",
+    "transfer_hicache_one_layer_mla_page_unified_lf",
+    "transfer_hicache_one_layer_page_unified_lf",
+    "uses_bulk_copy_kernel",
 ]

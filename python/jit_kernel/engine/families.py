@@ -72,6 +72,63 @@ HICACHE = KernelSpec(
     prebuilt=tuple((size, hicache_default_unroll(size), HICACHE_NUM_THREADS) for size in HICACHE_ROW_SIZES),
 )
 
+# hicache_tma: the same transfers through the bulk-copy engine (csrc/hicache_tma.cuh, sm_90+), for
+# rows that come in page-aligned runs. Config = (element_size, stage_rows): rows per shared-memory
+# stage, the largest power of two up to 128 whose rows fit 32 KiB (hicache_tma_stage_rows; the C++
+# template asserts the same value). The ops take it when the caller's page size is a multiple of
+# stage_rows, so that a page fills whole stages and each stage moves in one bulk copy.
+HICACHE_TMA_STAGE_BYTES = 32 * 1024
+HICACHE_TMA_MAX_ROWS = 128
+HICACHE_TMA_ROWS = tuple(1 << i for i in range(8))  # 1 .. 128
+
+
+def hicache_tma_stage_rows(element_size: int) -> int:
+    """Rows per bulk-copy stage for rows of ``element_size`` bytes; 0 when the row is not a positive
+    multiple of 16 bytes or one row does not fit a stage (such rows take the register kernel)."""
+    if element_size <= 0 or element_size % 16 or element_size > HICACHE_TMA_STAGE_BYTES:
+        return 0
+    rows = 1
+    while rows * 2 <= HICACHE_TMA_MAX_ROWS and rows * 2 * element_size <= HICACHE_TMA_STAGE_BYTES:
+        rows *= 2
+    return rows
+
+
+HICACHE_TMA = KernelSpec(
+    family="hicache_tma",
+    sources=("hicache_tma.cuh",),
+    params=("element_size", "stage_rows"),
+    domains={
+        "element_size": IntRange(16, HICACHE_TMA_STAGE_BYTES, step=16),
+        "stage_rows": OneOf(HICACHE_TMA_ROWS),
+    },
+    exports={
+        "run_one": "jit_kernel::hicache::HiCacheTma<{args}>::run_one",
+        "run_one_mla": "jit_kernel::hicache::HiCacheTma<{args}>::run_one_mla",
+        "run_all": "jit_kernel::hicache::HiCacheTma<{args}>::run_all",
+        "run_all_mla": "jit_kernel::hicache::HiCacheTma<{args}>::run_all_mla",
+    },
+    prebuilt=tuple((size, hicache_tma_stage_rows(size)) for size in HICACHE_ROW_SIZES),
+)
+
+# hicache_staged: write-back from layer-first device pools through a device staging buffer to
+# page-first and page-unified host layouts, and load-back from page-unified host pages
+# (csrc/hicache_staged.cuh). Row sizes are run-time values: one config serves every shape.
+HICACHE_STAGED = KernelSpec(
+    family="hicache_staged",
+    sources=("hicache_staged.cuh",),
+    params=(),
+    domains={},
+    exports={
+        "lf_pf": "jit_kernel::hicache_staged::run_lf_pf",
+        "lf_pf_mla": "jit_kernel::hicache_staged::run_lf_pf_mla",
+        "pu_write": "jit_kernel::hicache_staged::run_pu_write",
+        "pu_write_mla": "jit_kernel::hicache_staged::run_pu_write_mla",
+        "pu_load": "jit_kernel::hicache_staged::run_pu_load",
+        "pu_load_mla": "jit_kernel::hicache_staged::run_pu_load_mla",
+    },
+    prebuilt=((),),
+)
+
 # stream_wait: a stream waits for a device flag, through the driver's stream memory operations
 # (csrc/stream_wait.cuh). No template parameters.
 STREAM_WAIT = KernelSpec(
@@ -313,6 +370,8 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
     ADD_CONSTANT_CUDA,
     HICACHE,
+    HICACHE_TMA,
+    HICACHE_STAGED,
     STREAM_WAIT,
     RMSNORM,
     QKNORM,

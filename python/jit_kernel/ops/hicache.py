@@ -7,8 +7,15 @@ For every ``i``::
 
 One row is one token's slice of one layer, ``element_size`` bytes; the kernel moves bytes, so
 any dtype works. Caches may be CUDA tensors, or CPU tensors in pinned memory (accessed through
-UVA). The kernel is ``csrc/hicache.cuh``; its config is ``(element_size, unroll, num_threads)``
-and the block quota is a run-time argument.
+UVA). The register kernel is ``csrc/hicache.cuh``; its config is ``(element_size, unroll,
+num_threads)`` and the block quota is a run-time argument.
+
+``page_size=`` tells the transfer that its indices come in pages of that many consecutive rows.
+Where the page size is a multiple of the bulk-copy kernel's rows per stage (``csrc/hicache_tma.cuh``,
+``hicache_tma_stage_rows``: 32 rows of 1 KiB, 128 of 256 B) and the GPU is sm_90+, the transfer
+runs on that kernel, which moves each page-aligned run of rows with one bulk copy; otherwise on the
+register kernel. Both move exactly the same bytes for any indices: the page size only picks the
+faster kernel.
 
 Out-of-range indices are not checked (that would cost a reduction and a host sync per call);
 ``JIT_KERNEL_CHECK_INDICES=1`` turns the check on and raises :class:`IndexError` naming the first
@@ -20,10 +27,16 @@ from __future__ import annotations
 
 import torch
 
-from jit_kernel.engine import env
+from jit_kernel.engine import env, target
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.env import CHECK_INDICES_KEY, ENVIRON_DATA
-from jit_kernel.engine.families import HICACHE, HICACHE_NUM_THREADS, HICACHE_UNROLLS
+from jit_kernel.engine.families import (
+    HICACHE,
+    HICACHE_NUM_THREADS,
+    HICACHE_TMA,
+    HICACHE_UNROLLS,
+    hicache_tma_stage_rows,
+)
 from jit_kernel.engine.families import hicache_default_unroll as default_unroll
 from jit_kernel.ops._common import (
     FAST_PATH_MISS,
@@ -36,6 +49,7 @@ from jit_kernel.ops._common import (
 )
 
 _HICACHE = Dispatcher(HICACHE)
+_HICACHE_TMA = Dispatcher(HICACHE_TMA)
 
 #: Blocks of 1024 threads a transfer may occupy by default (H100 has 132 SMs). Chosen from the
 #: quota sweep of ``bench_hicache`` (docs/benchmarks/hicache.md): enough in-flight bytes to keep
@@ -44,21 +58,45 @@ DEFAULT_BLOCK_QUOTA = 4
 _VALID_UNROLLS = HICACHE_UNROLLS
 
 
-def can_use_hicache_jit_kernel(*, element_size: int, unroll: int | None = None, block_quota: int | None = None) -> bool:
-    """Whether rows of ``element_size`` bytes (a positive multiple of 16) can be moved by this kernel,
-    with this ``unroll`` and ``block_quota`` (None: the defaults)."""
+def can_use_hicache_jit_kernel(
+    *,
+    element_size: int,
+    unroll: int | None = None,
+    block_quota: int | None = None,
+    page_size: int | None = None,
+) -> bool:
+    """Whether rows of ``element_size`` bytes (a positive multiple of 16) can be moved by these
+    transfers, with this ``unroll``, ``block_quota`` and ``page_size`` (None: the defaults; see
+    :func:`uses_bulk_copy_kernel` for the kernel a page size picks)."""
     if not isinstance(element_size, int):
         return False
     try:
-        _options("can_use_hicache_jit_kernel", element_size, unroll, block_quota)
+        _options("can_use_hicache_jit_kernel", element_size, unroll, block_quota, page_size)
     except ValueError:
         return False
     return True
 
 
-def _options(fn: str, element_size: int, unroll: int | None, block_quota: int | None) -> tuple[int, int]:
+def uses_bulk_copy_kernel(element_size: int, page_size: int | None, arch_major: int | None = None) -> bool:
+    """Whether a transfer of ``element_size``-byte rows with this ``page_size`` runs on the bulk-copy
+    (TMA) kernel: a page size given that is a multiple of the kernel's rows per stage, so that every
+    stage is one page-aligned run, on an sm_90+ GPU (``arch_major``; default: the current target's).
+    Any other transfer runs on the register kernel."""
+    if page_size is None:
+        return False
+    rows = hicache_tma_stage_rows(element_size)
+    if rows == 0 or page_size % rows != 0:
+        return False
+    return (target.current().arch.major if arch_major is None else arch_major) >= 9
+
+
+def _options(
+    fn: str, element_size: int, unroll: int | None, block_quota: int | None, page_size: int | None = None
+) -> tuple[int, int]:
     if element_size <= 0 or element_size % 16 != 0:
         raise ValueError(f"{fn}: the element size must be a positive multiple of 16 bytes, got {element_size}")
+    if page_size is not None and (type(page_size) is not int or page_size < 1):
+        raise ValueError(f"{fn}: page_size must be a positive int or None, got {page_size!r}")
     if unroll is None:
         unroll = default_unroll(element_size)
     elif type(unroll) is not int or unroll not in _VALID_UNROLLS:
@@ -115,19 +153,28 @@ def _one_layer_config(dtype: torch.dtype, element_dim: int, unroll: int | None =
     return (element_size, default_unroll(element_size) if unroll is None else unroll, HICACHE_NUM_THREADS)
 
 
+def _tma_config(element_size: int) -> tuple[int, int]:
+    return (element_size, hicache_tma_stage_rows(element_size))
+
+
 # Keys (dtype, row width) for the default unroll, which KernelTable.by_dtype files for the eager
 # fast paths (the block quota is a run-time argument), else (dtype, row width, unroll).
 _ONE_LAYER_KERNELS = KernelTable(_HICACHE, "run_one", _one_layer_config)
 _ONE_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_one_mla", _one_layer_config)
 _ALL_LAYER_KERNELS = KernelTable(_HICACHE, "run_all", lambda *config: config)
 _ALL_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_all_mla", lambda *config: config)
+# The bulk-copy kernel, keyed by row bytes.
+_ONE_LAYER_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_one", _tma_config)
+_ONE_LAYER_MLA_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_one_mla", _tma_config)
+_ALL_LAYER_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_all", _tma_config)
+_ALL_LAYER_MLA_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_all_mla", _tma_config)
 _ONE_LAYER_BY_DTYPE = _ONE_LAYER_KERNELS.by_dtype
 _ONE_LAYER_MLA_BY_DTYPE = _ONE_LAYER_MLA_KERNELS.by_dtype
 
 
 def _one_layer(
     fn: str,
-    kernels: KernelTable,
+    kernels: tuple[KernelTable, KernelTable],
     caches_dst: tuple[tuple[str, torch.Tensor], ...],
     indices_dst: torch.Tensor,
     caches_src: tuple[tuple[str, torch.Tensor], ...],
@@ -135,8 +182,10 @@ def _one_layer(
     element_dim: int | None,
     unroll: int | None,
     block_quota: int | None,
+    page_size: int | None,
 ) -> Launch:
-    """The launch of both one-layer forms (two caches a side, or one for MLA)."""
+    """The launch of both one-layer forms (two caches a side, or one for MLA); ``kernels``: the
+    register kernel's table and the bulk-copy kernel's."""
     named = caches_dst + caches_src
     n_dst = len(caches_dst)
     first_name, first = named[0]
@@ -147,16 +196,20 @@ def _one_layer(
     elif type(element_dim) is not int or element_dim <= 0:
         raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
     default = unroll is None
-    unroll, block_quota = _options(fn, element_dim * first.element_size(), unroll, block_quota)
+    element_size = element_dim * first.element_size()
+    unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
     rows = [_rows(fn, name, t, element_dim) for name, t in named]
     args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
-    key = (first.dtype, element_dim) if default else (first.dtype, element_dim, unroll)
+    if uses_bulk_copy_kernel(element_size, page_size):
+        table, key = kernels[1], element_size
+    else:
+        table, key = kernels[0], (first.dtype, element_dim) if default else (first.dtype, element_dim, unroll)
 
     def bounds() -> None:
         _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
         _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
 
-    return Launch(kernels, key, args, bounds=bounds)
+    return Launch(table, key, args, bounds=bounds)
 
 
 @kernel_op("transfer_hicache_one_layer", mutates=("k_cache_dst", "v_cache_dst"))
@@ -170,11 +223,23 @@ def _one_layer_op(
     element_dim: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> Launch:
     dst = (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst))
     src = (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src))
     fn = "transfer_hicache_one_layer"
-    return _one_layer(fn, _ONE_LAYER_KERNELS, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota)
+    return _one_layer(
+        fn,
+        (_ONE_LAYER_KERNELS, _ONE_LAYER_TMA_KERNELS),
+        dst,
+        indices_dst,
+        src,
+        indices_src,
+        element_dim,
+        unroll,
+        block_quota,
+        page_size,
+    )
 
 
 @kernel_op("transfer_hicache_one_layer_mla", mutates=("cache_dst",))
@@ -186,10 +251,22 @@ def _one_layer_mla_op(
     element_dim: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> Launch:
     dst, src = (("cache_dst", cache_dst),), (("cache_src", cache_src),)
     fn = "transfer_hicache_one_layer_mla"
-    return _one_layer(fn, _ONE_LAYER_MLA_KERNELS, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota)
+    return _one_layer(
+        fn,
+        (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS),
+        dst,
+        indices_dst,
+        src,
+        indices_src,
+        element_dim,
+        unroll,
+        block_quota,
+        page_size,
+    )
 
 
 def transfer_hicache_one_layer(
@@ -203,13 +280,16 @@ def transfer_hicache_one_layer(
     element_dim: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> None:
     """``k_cache_dst[indices_dst[i]] = k_cache_src[indices_src[i]]`` (and for V) for one layer.
 
     Caches are viewed as ``[-1, element_dim]`` (``element_dim`` defaults to the last dimension)
     with any row stride and a unit last stride; they live on the indices' GPU or in pinned CPU
     memory. Indices are int32 or int64 CUDA tensors of equal length. ``unroll`` (rows per warp)
-    and ``block_quota`` (most blocks the copy occupies) default to tuned values.
+    and ``block_quota`` (most blocks the copy occupies) default to tuned values. ``page_size``
+    (rows per page of the indices) lets page-aligned transfers take the bulk-copy kernel (module
+    docstring); the register kernel's ``unroll`` does not apply there.
     """
     # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
     # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
@@ -218,6 +298,7 @@ def transfer_hicache_one_layer(
     if (
         element_dim is None
         and unroll is None
+        and page_size is None
         and type(quota) is int
         and quota >= 1
         and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
@@ -231,8 +312,9 @@ def transfer_hicache_one_layer(
         except FAST_PATH_MISS:
             pass
     _one_layer_op(
-        k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota
-    )
+        k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota,
+        page_size,
+    )  # fmt: skip
 
 
 def transfer_hicache_one_layer_mla(
@@ -244,6 +326,7 @@ def transfer_hicache_one_layer_mla(
     element_dim: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
     # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
@@ -253,6 +336,7 @@ def transfer_hicache_one_layer_mla(
     if (
         element_dim is None
         and unroll is None
+        and page_size is None
         and type(quota) is int
         and quota >= 1
         and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
@@ -265,12 +349,12 @@ def transfer_hicache_one_layer_mla(
                 return
         except FAST_PATH_MISS:
             pass
-    _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota)
+    _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota, page_size)
 
 
 def _all_layer(
     fn: str,
-    kernels: KernelTable,
+    kernels: tuple[KernelTable, KernelTable],
     tables_dst: tuple[torch.Tensor, ...],
     indices_dst: torch.Tensor,
     tables_src: tuple[torch.Tensor, ...],
@@ -280,8 +364,10 @@ def _all_layer(
     element_size: int | None,
     unroll: int | None,
     block_quota: int | None,
+    page_size: int | None,
 ) -> Launch:
-    """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA)."""
+    """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA);
+    ``kernels``: the register kernel's table and the bulk-copy kernel's."""
     for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
         if type(value) is not int or value <= 0:
             raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
@@ -293,14 +379,16 @@ def _all_layer(
         element_size = src_stride
     elif type(element_size) is not int:
         raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
-    unroll, block_quota = _options(fn, element_size, unroll, block_quota)
+    unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
     args = (*tables_dst, indices_dst, *tables_src, indices_src, src_stride, dst_stride, block_quota)
 
     def bounds() -> None:
         _check_bounds(fn, "indices_dst", indices_dst, None)
         _check_bounds(fn, "indices_src", indices_src, None)
 
-    return Launch(kernels, (element_size, unroll, HICACHE_NUM_THREADS), args, bounds=bounds)
+    if uses_bulk_copy_kernel(element_size, page_size):
+        return Launch(kernels[1], element_size, args, bounds=bounds)
+    return Launch(kernels[0], (element_size, unroll, HICACHE_NUM_THREADS), args, bounds=bounds)
 
 
 @kernel_op("transfer_hicache_all_layer", register=False)
@@ -316,10 +404,12 @@ def _all_layer_op(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> Launch:
     return _all_layer(
-        "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst), indices_dst, (k_ptr_src, v_ptr_src),
-        indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size, unroll, block_quota,
+        "transfer_hicache_all_layer", (_ALL_LAYER_KERNELS, _ALL_LAYER_TMA_KERNELS), (k_ptr_dst, v_ptr_dst),
+        indices_dst, (k_ptr_src, v_ptr_src), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
+        element_size, unroll, block_quota, page_size,
     )  # fmt: skip
 
 
@@ -334,10 +424,12 @@ def _all_layer_mla_op(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> Launch:
     return _all_layer(
-        "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,), indices_dst, (ptr_src,), indices_src,
-        kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size, unroll, block_quota,
+        "transfer_hicache_all_layer_mla", (_ALL_LAYER_MLA_KERNELS, _ALL_LAYER_MLA_TMA_KERNELS), (ptr_dst,),
+        indices_dst, (ptr_src,), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size,
+        unroll, block_quota, page_size,
     )  # fmt: skip
 
 
@@ -354,6 +446,7 @@ def transfer_hicache_all_layer(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> None:
     """Every layer in one launch. ``*_ptr_*`` are uint64 CUDA tensors ``[num_layers]`` holding each
     layer's base address (a CUDA address, or a pinned host buffer's; ``tensor.data_ptr()`` of a
@@ -362,10 +455,11 @@ def transfer_hicache_all_layer(
 
     The addresses cannot be checked: they must be valid for every index, and host buffers pinned.
     Not a ``torch.ops`` op: what it writes lies behind raw addresses that torch.compile cannot see.
+    ``page_size`` picks the bulk-copy kernel for page-aligned transfers, as in the one-layer form.
     """
     _all_layer_op(
         k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, kv_cache_src_stride_bytes,
-        kv_cache_dst_stride_bytes, element_size, unroll, block_quota,
+        kv_cache_dst_stride_bytes, element_size, unroll, block_quota, page_size,
     )  # fmt: skip
 
 
@@ -380,11 +474,12 @@ def transfer_hicache_all_layer_mla(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    page_size: int | None = None,
 ) -> None:
     """The MLA form of :func:`transfer_hicache_all_layer`: one cache per layer, no V."""
     _all_layer_mla_op(
         ptr_dst, indices_dst, ptr_src, indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
-        element_size, unroll, block_quota,
+        element_size, unroll, block_quota, page_size,
     )  # fmt: skip
 
 
@@ -396,4 +491,5 @@ __all__ = [
     "transfer_hicache_all_layer_mla",
     "transfer_hicache_one_layer",
     "transfer_hicache_one_layer_mla",
+    "uses_bulk_copy_kernel",
 ]

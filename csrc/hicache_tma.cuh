@@ -1,0 +1,465 @@
+// hicache through the bulk-copy engine (cp.async.bulk, sm_90+): the same transfers as
+// hicache.cuh, for rows that come in page-aligned runs.
+//
+//   for every i:  k_dst[indices_dst[i]] = k_src[indices_src[i]]   (and the same for v)
+//
+// Work is cut into chunks of kRows consecutive index positions (of one layer, K or V); kRows is the
+// largest power of two whose rows fit a 32 KiB stage. Each block owns a ring of shared-memory
+// stages. Warp 0 loads: for a chunk whose source rows are one contiguous run (a page, when the
+// caller's page size is a multiple of kRows) one bulk copy brings the whole chunk; otherwise each
+// row is its own bulk copy. Warps 1..kStoreWarps store: a chunk whose destination rows are one
+// contiguous run leaves in one bulk copy, any other is written row by row with 16-byte stores.
+// Either way the result is the same bytes as the register kernel's; the runs only decide how
+// many copies the engine issues, so any index list is moved correctly.
+//
+// Exports (one config = (row bytes, rows per stage); int32 and int64 indices), with the register
+// kernel's arguments:
+//   run_one      (k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
+//   run_one_mla  (dst, indices_dst, src, indices_src, block_quota)
+//   run_all      (k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src,
+//                 src_stride_bytes, dst_stride_bytes, block_quota)
+//   run_all_mla  (ptr_dst, indices_dst, ptr_src, indices_src, src_stride_bytes, dst_stride_bytes,
+//                 block_quota)
+#pragma once
+
+#include "hicache.cuh"
+
+#include <sgl_kernel/mbarrier.cuh>
+#include <sgl_kernel/runtime.cuh>
+#include <sgl_kernel/utils.cuh>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace jit_kernel::hicache::tma {
+
+inline constexpr uint32_t kMaxStageBytes = 32 * 1024;
+inline constexpr uint32_t kMaxRows = 128;  // 4 index pairs per loader lane
+inline constexpr uint32_t kStoreWarps = 4;
+inline constexpr uint32_t kThreads = (1 + kStoreWarps) * device::kWarpThreads;
+inline constexpr uint32_t kMaxStages = 8;
+// The ring takes at most this much shared memory, whatever the device allows: six 32 KiB stages
+// keep enough bytes in flight per SM, and leave room for an L1 share.
+inline constexpr std::size_t kMaxRingBytes = 192 * 1024;
+
+/// \brief Rows per stage for rows of `row_bytes`: the largest power of two up to kMaxRows whose
+/// rows fit kMaxStageBytes; 0 when one row does not fit (those rows take the register kernel).
+/// `hicache_tma_stage_rows` in python/jit_kernel/engine/families.py computes the same.
+inline constexpr auto stage_rows(std::size_t row_bytes) -> uint32_t {
+  if (row_bytes == 0 || row_bytes > kMaxStageBytes) return 0;
+  uint32_t rows = 1;
+  while (rows * 2 <= kMaxRows && rows * 2 * row_bytes <= kMaxStageBytes) rows *= 2;
+  return rows;
+}
+
+/// \brief A transfer as the kernel sees it. `k_*` / `v_*` are base addresses, or (all-layer) device
+/// arrays of `num_layers` base addresses. Strides are bytes between rows, per tensor (K then V).
+struct Params {
+  const void* src[2];
+  void* dst[2];
+  const void* indices_src;
+  const void* indices_dst;
+  int64_t length;
+  int64_t num_layers;
+  int64_t src_stride[2];
+  int64_t dst_stride[2];
+  uint32_t num_stages;
+};
+
+/// \brief The shared-memory layout of one block: the stages (128-byte aligned), then per stage the
+/// destination rows of its chunk and whether they are one run, then the barriers.
+template <uint32_t kBytes, uint32_t kRows>
+struct Ring {
+  static constexpr uint32_t kStageBytes = (kRows * kBytes + 127) / 128 * 128;
+  static constexpr std::size_t kPerStage =
+      kStageBytes + kRows * sizeof(int64_t) + sizeof(uint32_t) + 2 * sizeof(uint64_t);
+
+  static constexpr auto bytes(uint32_t stages) -> std::size_t {
+    return std::size_t{stages} * (kStageBytes + kRows * sizeof(int64_t)) + 2 * std::size_t{stages} * sizeof(uint64_t) +
+           std::size_t{stages} * sizeof(uint32_t);
+  }
+
+  uint8_t* base;
+  uint32_t stages;
+
+  SGL_DEVICE auto stage(uint32_t s) const -> uint8_t* {
+    return base + std::size_t{s} * kStageBytes;
+  }
+  SGL_DEVICE auto dst_rows(uint32_t s) const -> int64_t* {
+    return reinterpret_cast<int64_t*>(base + std::size_t{stages} * kStageBytes) + std::size_t{s} * kRows;
+  }
+  SGL_DEVICE auto full(uint32_t s) const -> uint64_t* {
+    return reinterpret_cast<uint64_t*>(base + std::size_t{stages} * (kStageBytes + kRows * sizeof(int64_t))) + s;
+  }
+  SGL_DEVICE auto empty(uint32_t s) const -> uint64_t* {
+    return full(0) + stages + s;
+  }
+  SGL_DEVICE auto dst_is_run(uint32_t s) const -> uint32_t* {
+    return reinterpret_cast<uint32_t*>(full(0) + 2 * stages) + s;
+  }
+};
+
+/// \brief Chunk `c` of a transfer: `kRows` index positions from `first` (`rows` of them in the last
+/// chunk of a layer), of `layer`, of tensor `which` (0: K, 1: V).
+struct Chunk {
+  int64_t first;
+  uint32_t rows;
+  uint32_t which;
+  int64_t layer;
+};
+
+template <uint32_t kRows>
+SGL_DEVICE auto describe(int64_t c, int64_t chunks_per_layer, const Params& p) -> Chunk {
+  const int64_t in_layer = c % chunks_per_layer;
+  const int64_t rest = c / chunks_per_layer;
+  const int64_t first = in_layer * kRows;
+  const int64_t left = p.length - first;
+  return {
+      first,
+      static_cast<uint32_t>(left < kRows ? left : kRows),
+      static_cast<uint32_t>(rest / p.num_layers),
+      rest % p.num_layers};
+}
+
+template <bool kTables>
+SGL_DEVICE auto base_of(const void* direct_or_table, int64_t layer) -> uint8_t* {
+  if constexpr (kTables) {
+    return reinterpret_cast<uint8_t*>(__ldg(static_cast<const unsigned long long*>(direct_or_table) + layer));
+  } else {
+    return static_cast<uint8_t*>(const_cast<void*>(direct_or_table));
+  }
+}
+
+template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV, bool kTables>
+__global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using namespace device;
+  static_assert(kBytes % 16 == 0 && kRows >= 1 && kRows <= kMaxRows && (kRows & (kRows - 1)) == 0);
+  static_assert(kRows * kBytes <= kMaxStageBytes);
+  constexpr uint32_t kPerLane = (kRows + kWarpThreads - 1) / kWarpThreads;
+  constexpr uint32_t kUnits = kBytes / 16;  // 16-byte units per row
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Ring<kBytes, kRows> ring{smem, p.num_stages};
+  const uint32_t warp = threadIdx.x / kWarpThreads;
+  const uint32_t lane = threadIdx.x % kWarpThreads;
+
+  if (threadIdx.x == 0) {
+    for (uint32_t s = 0; s < ring.stages; ++s) {
+      ptx::mbar_init(ring.full(s), 1);
+      ptx::mbar_init(ring.empty(s), kStoreWarps);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  PDLWaitPrimary();  // the indices and caches may come from the previous kernel
+  PDLTriggerSecondary();
+
+  const int64_t chunks_per_layer = div_ceil(p.length, static_cast<int64_t>(kRows));
+  const int64_t num_chunks = chunks_per_layer * p.num_layers * (kHasV ? 2 : 1);
+  const auto* indices_src = static_cast<const Index*>(p.indices_src);
+  const auto* indices_dst = static_cast<const Index*>(p.indices_dst);
+
+  if (warp == 0) {
+    // ---- loader: each lane holds the index pairs of rows lane, lane + 32, ... of the chunk
+    uint32_t it = 0;
+    for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x, ++it) {
+      const Chunk chunk = describe<kRows>(c, chunks_per_layer, p);
+      int64_t src[kPerLane];
+      int64_t dst[kPerLane];
+#pragma unroll
+      for (uint32_t j = 0; j < kPerLane; ++j) {
+        const uint32_t r = lane + j * kWarpThreads;
+        src[j] = r < chunk.rows ? static_cast<int64_t>(__ldg(indices_src + chunk.first + r)) : 0;
+        dst[j] = r < chunk.rows ? static_cast<int64_t>(__ldg(indices_dst + chunk.first + r)) : 0;
+      }
+      // A run: row r of the chunk is row first + r, on that side.
+      const int64_t src0 = __shfl_sync(kFullMask, src[0], 0);
+      const int64_t dst0 = __shfl_sync(kFullMask, dst[0], 0);
+      bool src_run = true, dst_run = true;
+#pragma unroll
+      for (uint32_t j = 0; j < kPerLane; ++j) {
+        const uint32_t r = lane + j * kWarpThreads;
+        src_run &= r >= chunk.rows || src[j] == src0 + r;
+        dst_run &= r >= chunk.rows || dst[j] == dst0 + r;
+      }
+      const bool src_whole = __all_sync(kFullMask, src_run) && p.src_stride[chunk.which] == kBytes;
+      const bool dst_whole = __all_sync(kFullMask, dst_run) && p.dst_stride[chunk.which] == kBytes;
+
+      const uint32_t s = it % ring.stages;
+      ptx::mbar_wait_parity(ring.empty(s), ((it / ring.stages) & 1) ^ 1);  // a fresh stage passes at once
+      int64_t* const rows = ring.dst_rows(s);
+#pragma unroll
+      for (uint32_t j = 0; j < kPerLane; ++j) {
+        const uint32_t r = lane + j * kWarpThreads;
+        if (r < chunk.rows) rows[r] = dst[j];
+      }
+      if (lane == 0) *ring.dst_is_run(s) = dst_whole;
+      __syncwarp();  // the lanes' smem writes, before lane 0's arrival releases them
+      if (lane == 0) ptx::mbar_arrive_expect_tx(ring.full(s), chunk.rows * kBytes);
+      __syncwarp();  // the expected bytes are counted before any copy can complete
+
+      const uint8_t* const base = base_of<kTables>(p.src[chunk.which], chunk.layer);
+      const int64_t stride = p.src_stride[chunk.which];
+      uint8_t* const stage = ring.stage(s);
+      if (src_whole) {
+        if (lane == 0) ptx::bulk_g2s(stage, base + src0 * stride, chunk.rows * kBytes, ring.full(s));
+      } else {
+#pragma unroll
+        for (uint32_t j = 0; j < kPerLane; ++j) {
+          const uint32_t r = lane + j * kWarpThreads;
+          if (r < chunk.rows) ptx::bulk_g2s(stage + r * kBytes, base + src[j] * stride, kBytes, ring.full(s));
+        }
+      }
+    }
+  } else {
+    // ---- storers
+    constexpr uint32_t kStoreThreads = kStoreWarps * kWarpThreads;
+    constexpr uint32_t kUnroll = 4;
+    constexpr uint32_t kNone = ~0u;
+    const uint32_t tid = threadIdx.x - kWarpThreads;
+    uint32_t released_later = kNone;  // thread 0 only: the stage of its last bulk store, still being read
+    uint32_t it = 0;
+    for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x, ++it) {
+      const Chunk chunk = describe<kRows>(c, chunks_per_layer, p);
+      const uint32_t s = it % ring.stages;
+      ptx::mbar_wait_parity(ring.full(s), (it / ring.stages) & 1);
+      uint8_t* const base = base_of<kTables>(p.dst[chunk.which], chunk.layer);
+      const int64_t stride = p.dst_stride[chunk.which];
+      const int64_t* const rows = ring.dst_rows(s);
+      const uint8_t* const stage = ring.stage(s);
+
+      if (*ring.dst_is_run(s)) {
+        // One bulk store. Thread 0 releases the stage once the engine has read it, one chunk later,
+        // so that two stores are in flight; the other warps have nothing to do and release it now.
+        if (tid == 0) {
+          ptx::bulk_s2g(base + rows[0] * stride, stage, chunk.rows * kBytes);
+          ptx::bulk_commit_group();
+          if (released_later != kNone) {
+            ptx::bulk_wait_group_read<1>();
+            ptx::mbar_arrive(ring.empty(released_later));
+          }
+          released_later = s;
+        } else if (lane == 0 && tid >= kWarpThreads) {
+          ptx::mbar_arrive(ring.empty(s));
+        }
+        continue;
+      }
+      if (tid == 0 && released_later != kNone) {
+        ptx::bulk_wait_group_read<0>();
+        ptx::mbar_arrive(ring.empty(released_later));
+        released_later = kNone;
+      }
+      // Row by row: unit u of the chunk is 16-byte unit u % kUnits of row u / kUnits.
+      const uint32_t units = chunk.rows * kUnits;
+      const auto* from = reinterpret_cast<const uint4*>(stage);
+      uint32_t u = tid;
+      for (; u + (kUnroll - 1) * kStoreThreads < units; u += kUnroll * kStoreThreads) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (uint32_t k = 0; k < kUnroll; ++k) v[k] = from[u + k * kStoreThreads];
+#pragma unroll
+        for (uint32_t k = 0; k < kUnroll; ++k) {
+          const uint32_t unit = u + k * kStoreThreads;
+          auto* to = reinterpret_cast<uint4*>(base + rows[unit / kUnits] * stride) + unit % kUnits;
+          warp::details::store_cs(to, v[k]);
+        }
+      }
+      for (; u < units; u += kStoreThreads) {
+        auto* to = reinterpret_cast<uint4*>(base + rows[u / kUnits] * stride) + u % kUnits;
+        warp::details::store_cs(to, from[u]);
+      }
+      __syncwarp();  // every lane has read the stage
+      if (lane == 0) ptx::mbar_arrive(ring.empty(s));
+    }
+    if (tid == 0) ptx::bulk_wait_group<0>();  // the bulk stores land before the grid completes
+  }
+#else
+  (void)p;
+  __trap();  // not reached: the launcher refuses GPUs older than sm_90
+#endif
+}
+
+/// \brief Whether the device runs bulk copies (sm_90+, as clusters); cached per device.
+inline auto has_bulk_copy(int device_id) -> bool {
+  return host::runtime::has_clusters(device_id);
+}
+
+/// \brief Stages of the ring on this device: as many as fit its shared memory, at most kMaxStages
+/// and kMaxRingBytes. Refuses a device that has no bulk copies or no room for two stages.
+template <uint32_t kBytes, uint32_t kRows>
+inline auto ring_stages(int device_id) -> uint32_t {
+  using namespace host;
+  using R = Ring<kBytes, kRows>;
+  RuntimeCheck(
+      has_bulk_copy(device_id),
+      "hicache: the bulk-copy (TMA) kernel needs an sm_90+ GPU; cuda:",
+      device_id,
+      " is older (pass page_size=None to use the register kernel)");
+  const auto by_ring = static_cast<uint32_t>(kMaxRingBytes / R::kStageBytes);
+  const auto by_device = static_cast<uint32_t>(runtime::get_max_smem_per_block(device_id) / R::kPerStage);
+  const auto stages = std::min({kMaxStages, by_ring, by_device});
+  RuntimeCheck(stages >= 2, "hicache: cuda:", device_id, " has too little shared memory for the bulk-copy ring");
+  return stages;
+}
+
+template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV, bool kTables>
+inline void launch(Params p, int64_t block_quota, DLDevice device) {
+  using namespace host;
+  p.num_stages = ring_stages<kBytes, kRows>(device.device_id);
+  const int64_t chunks = div_ceil(p.length, static_cast<int64_t>(kRows)) * p.num_layers * (kHasV ? 2 : 1);
+  const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(chunks, 1, std::min<int64_t>(block_quota, 1 << 30)));
+  const auto smem = Ring<kBytes, kRows>::bytes(p.num_stages);
+  constexpr auto kernel = transfer_kernel<Index, kBytes, kRows, kHasV, kTables>;
+  LaunchKernel(blocks, kThreads, device, smem).enable_pdl(runtime::supports_pdl(device.device_id))(kernel, p);
+}
+
+}  // namespace jit_kernel::hicache::tma
+
+namespace jit_kernel::hicache {
+
+/// \brief The bulk-copy transfers for rows of kBytes, kRows rows per stage (`tma::stage_rows`).
+template <std::size_t kBytes, std::size_t kRows>
+struct HiCacheTma {
+  static_assert(kBytes > 0 && kBytes % kVecBytes == 0, "hicache: element size must be a positive multiple of 16");
+  static_assert(kRows == tma::stage_rows(kBytes), "hicache: stage_rows must be tma::stage_rows(element_size)");
+  static constexpr auto kB = static_cast<uint32_t>(kBytes);
+  static constexpr auto kR = static_cast<uint32_t>(kRows);
+
+  template <bool kHasV>
+  static void launch_one(
+      const tvm::ffi::TensorView& k_dst,
+      const tvm::ffi::TensorView* v_dst,
+      const tvm::ffi::TensorView& indices_dst,
+      const tvm::ffi::TensorView& k_src,
+      const tvm::ffi::TensorView* v_src,
+      const tvm::ffi::TensorView& indices_src,
+      int64_t block_quota) {
+    using namespace host;
+    const auto idx = check_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes);
+    RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
+    if (idx.length == 0 || has_no_data(indices_dst)) return;
+
+    const auto r = resolve_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, idx);
+    auto p = tma::Params{};
+    p.src[0] = r.k_src;
+    p.src[1] = r.v_src;
+    p.dst[0] = r.k_dst;
+    p.dst[1] = r.v_dst;
+    p.src_stride[0] = r.k_src_stride;
+    p.src_stride[1] = r.v_src_stride;
+    p.dst_stride[0] = r.k_dst_stride;
+    p.dst_stride[1] = r.v_dst_stride;
+    p.indices_src = r.indices_src;
+    p.indices_dst = r.indices_dst;
+    p.length = r.length;
+    p.num_layers = 1;
+    if (idx.is_int32) {
+      tma::launch<int32_t, kB, kR, kHasV, false>(p, block_quota, idx.device);
+    } else {
+      tma::launch<int64_t, kB, kR, kHasV, false>(p, block_quota, idx.device);
+    }
+  }
+
+  template <bool kHasV>
+  static void launch_all(
+      const tvm::ffi::TensorView& k_ptr_dst,
+      const tvm::ffi::TensorView* v_ptr_dst,
+      const tvm::ffi::TensorView& indices_dst,
+      const tvm::ffi::TensorView& k_ptr_src,
+      const tvm::ffi::TensorView* v_ptr_src,
+      const tvm::ffi::TensorView& indices_src,
+      int64_t src_stride_bytes,
+      int64_t dst_stride_bytes,
+      int64_t block_quota) {
+    using namespace host;
+    const auto [idx, num_layers] = check_all_layer<kHasV>(
+        k_ptr_dst,
+        v_ptr_dst,
+        indices_dst,
+        k_ptr_src,
+        v_ptr_src,
+        indices_src,
+        src_stride_bytes,
+        dst_stride_bytes,
+        kBytes);
+    RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
+    if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
+
+    auto p = tma::Params{};
+    p.src[0] = k_ptr_src.data_ptr();
+    p.dst[0] = k_ptr_dst.data_ptr();
+    if constexpr (kHasV) {
+      p.src[1] = v_ptr_src->data_ptr();
+      p.dst[1] = v_ptr_dst->data_ptr();
+    }
+    p.src_stride[0] = p.src_stride[1] = src_stride_bytes;
+    p.dst_stride[0] = p.dst_stride[1] = dst_stride_bytes;
+    p.indices_src = indices_src.data_ptr();
+    p.indices_dst = indices_dst.data_ptr();
+    p.length = idx.length;
+    p.num_layers = num_layers;
+    if (idx.is_int32) {
+      tma::launch<int32_t, kB, kR, kHasV, true>(p, block_quota, idx.device);
+    } else {
+      tma::launch<int64_t, kB, kR, kHasV, true>(p, block_quota, idx.device);
+    }
+  }
+
+  static void run_one(
+      tvm::ffi::TensorView k_cache_dst,
+      tvm::ffi::TensorView v_cache_dst,
+      tvm::ffi::TensorView indices_dst,
+      tvm::ffi::TensorView k_cache_src,
+      tvm::ffi::TensorView v_cache_src,
+      tvm::ffi::TensorView indices_src,
+      int64_t block_quota) {
+    launch_one<true>(k_cache_dst, &v_cache_dst, indices_dst, k_cache_src, &v_cache_src, indices_src, block_quota);
+  }
+
+  static void run_one_mla(
+      tvm::ffi::TensorView cache_dst,
+      tvm::ffi::TensorView indices_dst,
+      tvm::ffi::TensorView cache_src,
+      tvm::ffi::TensorView indices_src,
+      int64_t block_quota) {
+    launch_one<false>(cache_dst, nullptr, indices_dst, cache_src, nullptr, indices_src, block_quota);
+  }
+
+  static void run_all(
+      tvm::ffi::TensorView k_ptr_dst,
+      tvm::ffi::TensorView v_ptr_dst,
+      tvm::ffi::TensorView indices_dst,
+      tvm::ffi::TensorView k_ptr_src,
+      tvm::ffi::TensorView v_ptr_src,
+      tvm::ffi::TensorView indices_src,
+      int64_t src_stride_bytes,
+      int64_t dst_stride_bytes,
+      int64_t block_quota) {
+    launch_all<true>(
+        k_ptr_dst,
+        &v_ptr_dst,
+        indices_dst,
+        k_ptr_src,
+        &v_ptr_src,
+        indices_src,
+        src_stride_bytes,
+        dst_stride_bytes,
+        block_quota);
+  }
+
+  static void run_all_mla(
+      tvm::ffi::TensorView ptr_dst,
+      tvm::ffi::TensorView indices_dst,
+      tvm::ffi::TensorView ptr_src,
+      tvm::ffi::TensorView indices_src,
+      int64_t src_stride_bytes,
+      int64_t dst_stride_bytes,
+      int64_t block_quota) {
+    launch_all<false>(
+        ptr_dst, nullptr, indices_dst, ptr_src, nullptr, indices_src, src_stride_bytes, dst_stride_bytes, block_quota);
+  }
+};
+
+}  // namespace jit_kernel::hicache
