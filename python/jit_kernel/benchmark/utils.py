@@ -1,7 +1,8 @@
 """Shared benchmark helpers: the seed's ``benchmark/utils.py`` API (``sglang.jit_kernel.benchmark.utils``:
 ``run_benchmark`` returning ``(median_us, max_us, min_us)``, ``run_benchmark_no_cudagraph``,
-``DEFAULT_QUANTILES``, ``create_empty``, ``create_random``, ``get_benchmark_range``, ``is_in_ci``)
-plus this package's report plumbing.
+``DEFAULT_QUANTILES``, ``create_empty``, ``create_random``, ``get_benchmark_range``, ``is_in_ci``,
+and from 0.5.16 ``multigpu_bench_main``, the torchrun entry point of multi-GPU scripts, in
+``multigpu.py``) plus this package's report plumbing.
 
 Kernel benchmarks time with CUDA graphs (``triton.testing.do_bench_cudagraph``) after a warm-up and
 report medians; each compares against the baselines a user would otherwise pick and against the
@@ -23,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from jit_kernel.benchmark.multigpu import multigpu_bench_main as multigpu_bench_main  # the seed's name
 from jit_kernel.engine import env as package_env
 
 T = TypeVar("T")
