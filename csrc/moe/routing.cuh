@@ -207,40 +207,37 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   }
   device::PDLTriggerSecondary();
 
-  // This lane's candidates as (key, expert, weight), sorted best first once (odd-even transposition,
-  // larger key then lower expert first; key 0: not a candidate). A pick then takes the head of the
-  // owner's list and shifts it by one: no rescan on the picks' critical path.
-  uint32_t sk[kVPT];
-  int sj[kVPT];
-  float sw[kVPT];
+  // This lane's candidates as one 64-bit word each, key << 32 | ~expert: a larger word is a larger
+  // key, then a lower expert (word 0: not a candidate). Sorted best first once (odd-even
+  // transposition of max / min, branch-free); a pick then takes the head of the owner's list and
+  // shifts it by one: no rescan on the picks' critical path.
+  uint64_t cand[kVPT];
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
-    sk[j] = (out >> j) & 1u ? 0u : order_key(rank[j]);
-    sj[j] = j * 32 + lane;
-    sw[j] = score[j];
+    const uint32_t key = (out >> j) & 1u ? 0u : order_key(rank[j]);
+    cand[j] = key == 0u ? 0u : (static_cast<uint64_t>(key) << 32) | ~static_cast<uint32_t>(j * 32 + lane);
   }
 #pragma unroll
   for (int round = 0; round < kVPT; ++round) {
 #pragma unroll
     for (int i = round & 1; i + 1 < kVPT; i += 2) {
-      const bool swap = sk[i + 1] > sk[i] || (sk[i + 1] == sk[i] && sj[i + 1] < sj[i]);
-      const uint32_t k = swap ? sk[i + 1] : sk[i];
-      const int e = swap ? sj[i + 1] : sj[i];
-      const float w = swap ? sw[i + 1] : sw[i];
-      sk[i + 1] = swap ? sk[i] : sk[i + 1];
-      sj[i + 1] = swap ? sj[i] : sj[i + 1];
-      sw[i + 1] = swap ? sw[i] : sw[i + 1];
-      sk[i] = k;
-      sj[i] = e;
-      sw[i] = w;
+      const uint64_t hi = cand[i] > cand[i + 1] ? cand[i] : cand[i + 1];
+      const uint64_t lo = cand[i] > cand[i + 1] ? cand[i + 1] : cand[i];
+      cand[i] = hi;
+      cand[i + 1] = lo;
     }
   }
   float chosen_weight = 0.f;  // lane r keeps the r-th choice
   int chosen_id = 0;
   float total = 0.f;
   for (int r = 0; r < p.topk; ++r) {
-    const uint32_t pick = warp_pick(sk[0], sk[0] != 0 ? static_cast<uint32_t>(sj[0]) : 0xffffffffu);
-    const float w = __shfl_sync(kFull, sw[0], pick & 31);
+    const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
+    const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
+    const uint32_t pick = warp_pick(key, key != 0u ? expert : 0xffffffffu);
+    float head_weight = 0.f;  // the weight of this lane's head, expert = slot * 32 + lane
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) head_weight = (expert >> 5) == static_cast<uint32_t>(j) ? score[j] : head_weight;
+    const float w = __shfl_sync(kFull, head_weight, pick & 31);
     total += w;
     if (lane == r) {
       chosen_weight = w;
@@ -248,12 +245,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
     if (static_cast<uint32_t>(lane) == (pick & 31)) {
 #pragma unroll
-      for (int i = 0; i + 1 < kVPT; ++i) {
-        sk[i] = sk[i + 1];
-        sj[i] = sj[i + 1];
-        sw[i] = sw[i + 1];
-      }
-      sk[kVPT - 1] = 0;
+      for (int i = 0; i + 1 < kVPT; ++i) cand[i] = cand[i + 1];
+      cand[kVPT - 1] = 0u;
     }
   }
   const float factor = p.renormalize && total > 0.f ? p.scale / total : p.scale;
