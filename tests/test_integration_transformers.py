@@ -778,7 +778,7 @@ def test_bench_model_arguments() -> None:
 
     args = bench_model.parse_args([])
     assert (args.models, args.layers, args.batches, args.context, args.prefill) == (
-        ["llama", "qwen3"],
+        ["llama", "qwen3", "qwen3_moe"],
         4,
         [1, 8, 32],
         1024,
@@ -808,15 +808,34 @@ def test_bench_model_configs_have_the_8b_shapes(name: str) -> None:
     assert config.rope_parameters["rope_theta"] == {"llama": 500000.0, "qwen3": 1000000.0}[name]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_bench_model_moe_config_has_the_30b_a3b_shape() -> None:
+    from jit_kernel.benchmark import bench_model
+
+    config = bench_model.model_config("qwen3_moe", 4)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (
+        2048,
+        32,
+        4,
+        128,
+    )
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (128, 8, 768)
+    assert config.norm_topk_prob is True and config.num_hidden_layers == 4 and not config.mlp_only_layers
+    assert config.rope_parameters["rope_theta"] == 1000000.0
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe"])
 def test_bench_model_builds_and_checks_tiny_models_on_cpu(name: str) -> None:
     from jit_kernel.benchmark import bench_model
 
     shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    if name == "qwen3_moe":
+        shape.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
     config = bench_model.model_config(name, 2, head_dim=16, **shape)
     models, fp32, missing = bench_model.build_models(config, "cpu", ["unpatched", "jit_kernel"])
     assert not missing and list(models) == ["unpatched", "jit_kernel"]
-    assert list(jt.patched_modules(models["jit_kernel"])) and not list(jt.patched_modules(models["unpatched"]))
+    patched = [module_name for module_name, _ in jt.patched_modules(models["jit_kernel"])]
+    assert patched and not list(jt.patched_modules(models["unpatched"]))
+    assert ("model.layers.1.mlp.gate" in patched) == (name == "qwen3_moe")
     rows = bench_model.correctness(models, fp32, "cpu")
     assert [row[0] for row in rows] == ["unpatched", "jit_kernel"]
     assert float(rows[1][1]) > 0.999 and float(rows[1][2]) > 0.999

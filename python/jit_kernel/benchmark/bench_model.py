@@ -4,16 +4,19 @@ where FlashInfer imports), in eager mode, replayed from a CUDA graph and under
 ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (unpatched and jit_kernel); times are
 medians of CUDA-event pairs around each call after warm-up, in microseconds.
 
-    python -m jit_kernel.benchmark.bench_model                       # Llama-3-8B and Qwen3-8B shapes, 4 layers
+    python -m jit_kernel.benchmark.bench_model                       # the three models, 4 layers
     python -m jit_kernel.benchmark.bench_model --quick               # 1 layer, batch 1: a smoke test
     python -m jit_kernel.benchmark.bench_model --json-dir bench-json # + JSON results (report.py)
 
-Models: Llama-3-8B- and Qwen3-8B-shaped configs written here (no download), ``--layers`` decoder
-layers (default 4), bf16, random weights, sdpa attention. A decode step is one token per sequence
-at batch ``--batches`` (default 1, 8, 32) against a ``StaticCache`` of ``--context`` tokens (default
-1024; the step attends to all of them through a 4D mask given to the model, built once, so the
-mask is no part of the step); the prefill is ``--prefill`` tokens (default 1024) of one sequence,
-eager. Before the timings, a correctness check: logits of a 2 x 128-token prompt from each variant
+Models: Llama-3-8B-, Qwen3-8B- and Qwen3-30B-A3B-shaped configs written here (no download),
+``--layers`` decoder layers (default 4), bf16, random weights, sdpa attention. The mixture of experts
+runs transformers' default experts implementation in every variant (``grouped_mm`` on an H100; the
+tables name it); jit_kernel routes with ``topk_softmax``, FlashInfer's variant keeps transformers'
+router (FlashInfer has no softmax top-k). A decode step is one token per sequence at batch
+``--batches`` (default 1, 8, 32) against a ``StaticCache`` of ``--context`` tokens (default 1024;
+the step attends to all of them through a 4D mask given to the model, built once, so the mask is no
+part of the step); the prefill is ``--prefill`` tokens (default 1024) of one sequence, eager.
+Before the timings, a correctness check: logits of a 2 x 128-token prompt from each variant
 against the unpatched bf16 model and an fp32 copy (cosine similarity, and the argmax on the rows
 whose fp32 top-1 leads its top-2 by more than half the row's standard deviation).
 """
@@ -33,7 +36,7 @@ import torch
 
 from jit_kernel.benchmark import results
 
-MODELS = ("llama", "qwen3")
+MODELS = ("llama", "qwen3", "qwen3_moe")
 # variant -> apply() keywords (None: the model as transformers builds it)
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "unpatched": None,
@@ -54,7 +57,11 @@ MODES = ("eager", "graph", "compile")
 COMPILED_VARIANTS = ("unpatched", "jit_kernel")
 DECISIVE_MARGIN = 0.5  # in standard deviations of the row's fp32 logits
 
-# The shapes of meta-llama/Meta-Llama-3-8B and Qwen/Qwen3-8B (their config.json values).
+# The shapes of meta-llama/Meta-Llama-3-8B, Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (their config.json
+# values). Qwen3-30B-A3B: every layer a mixture of 128 experts (moe_intermediate 768), top-8
+# renormalised. By these shapes, 4 of its 48 layers hold 6.2 GB in bf16 (4.8 GB of experts, 1.2 GB
+# of embedding and head); three variants and the fp32 copy of the correctness check, 31 GB, fit on
+# one H100, where all 48 layers (61 GB in bf16) would not fit twice.
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama": dict(
         model_type="llama",
@@ -88,12 +95,33 @@ CONFIGS: dict[str, dict[str, Any]] = {
         bos_token_id=151643,
         eos_token_id=151645,
     ),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ),
 }
-LABELS = {"llama": "Llama-3-8B", "qwen3": "Qwen3-8B"}
+LABELS = {"llama": "Llama-3-8B", "qwen3": "Qwen3-8B", "qwen3_moe": "Qwen3-30B-A3B"}
 
 
 def model_config(name: str, layers: int, **overrides: Any) -> Any:
-    """The transformers config of ``name`` (``llama`` or ``qwen3``) with ``layers`` decoder layers."""
+    """The transformers config of ``name`` (one of :data:`MODELS`) with ``layers`` decoder layers."""
     from transformers import AutoConfig
 
     values = dict(CONFIGS[name])
@@ -344,6 +372,9 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
     variants = [v for v in variants if v not in missing]
     notes.extend(f"{LABELS[name]}: {why}" for why in missing.values())
     label = f"{LABELS[name]}-shaped, {args.layers} layer{'s' if args.layers != 1 else ''}, bf16"
+    experts = getattr(next(iter(models.values())).config, "_experts_implementation", None)
+    if getattr(config, "num_experts", 0) and experts:
+        label += f", experts: {experts}"
 
     rows = correctness(models, fp32, device)
     del fp32
@@ -407,7 +438,7 @@ def _int_list(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: llama, qwen3")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     parser.add_argument("--batches", type=_int_list, default=[1, 8, 32], help="decode batch sizes (default 1,8,32)")
     parser.add_argument("--context", type=int, default=1024, help="StaticCache length of a decode step")
