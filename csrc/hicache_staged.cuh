@@ -229,6 +229,27 @@ inline void copy_pages_to_host(
   }
 }
 
+/// \brief Makes `device_id` current for its lifetime: the copies are issued on a stream of that GPU.
+class OnDevice {
+ public:
+  explicit OnDevice(int device_id) {
+    host::RuntimeDeviceCheck(cudaGetDevice(&m_previous));
+    if (m_previous == device_id) {
+      m_previous = -1;
+    } else {
+      host::RuntimeDeviceCheck(cudaSetDevice(device_id));
+    }
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+  ~OnDevice() {
+    if (m_previous >= 0) cudaSetDevice(m_previous);
+  }
+
+ private:
+  int m_previous = -1;
+};
+
 /// \brief A host tensor the copy engine writes: page-locked (pinned or registered).
 inline void check_page_locked(const tvm::ffi::TensorView& t, std::string_view name) {
   (void)host::runtime::get_device_accessible_ptr(t, name);
@@ -338,6 +359,7 @@ inline void lf_pf(
 
   const auto gpu = device.unwrap();
   const auto stream = LaunchKernel::resolve_device(gpu);
+  const OnDevice on_gpu{gpu.device_id};
   const int64_t per_chunk = capacity.unwrap() / page_size;
   const int64_t token_bytes = layers.unwrap() * row_bytes;  // a token of every layer, on both sides
   const auto run_chunks = [&](auto index_type) {
@@ -477,6 +499,7 @@ inline void pu_write(
 
   const auto gpu = device.unwrap();
   const auto stream = LaunchKernel::resolve_device(gpu);
+  const OnDevice on_gpu{gpu.device_id};
   const int64_t components = kHasV ? 2 : 1;
   const int64_t rows_per_page = groups.unwrap() * layers.unwrap() * components * page_size.unwrap();
   const int64_t page_bytes = rows_per_page * group_bytes;

@@ -230,7 +230,10 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
       const int64_t* const rows = ring.dst_rows(s);
       const uint8_t* const stage = ring.stage(s);
 
-      if (*ring.dst_is_run(s)) {
+      const bool dst_is_run = *ring.dst_is_run(s) != 0;
+      __syncwarp();  // every lane has read the stage's flag before its warp may release the stage
+
+      if (dst_is_run) {
         // One bulk store. Thread 0 releases the stage once the engine has read it, one chunk later,
         // so that two stores are in flight; the other warps have nothing to do and release it now.
         if (tid == 0) {
