@@ -10,6 +10,12 @@ Providers, all measured in the same run on the same buffers:
 - ceilings: a contiguous pinned ``cudaMemcpyAsync`` of the same bytes in the same direction
   (``Tensor.copy_(non_blocking=True)``), and a device-to-device copy (``copy_ceiling_gbps``).
 
+Further tables: page transfers (whole pages, ``page_size=`` given) on the bulk-copy (TMA) kernel
+against the register kernel and the ceiling; the staged write-back of whole pages from layer-first
+device pools to page-first and page-unified pinned host layouts against a pinned copy of the same
+bytes; and the page-unified load-back of one layer against a pinned copy of its bytes and the
+register kernel reading a layer-first host layout.
+
 Bytes: host<->device counts the K and V bytes moved once (``2 * n * element_size``), as the
 pinned copy moves them; device->device counts bytes read plus written (``4 * n * element_size``),
 as the device copy ceiling does. Indices are sorted random rows of a cache twice as large as the
@@ -22,16 +28,22 @@ tables are also written to ``DIR/bench_hicache.json`` for ``python -m jit_kernel
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
 
 from jit_kernel.benchmark import results
 from jit_kernel.benchmark.utils import copy_ceiling_gbps, gbps, get_benchmark_range, median_time_us
+from jit_kernel.engine.families import hicache_tma_stage_rows
 from jit_kernel.hicache import (
     DEFAULT_BLOCK_QUOTA,
     transfer_hicache_all_layer,
+    transfer_hicache_all_layer_staged_lf_page_unified,
+    transfer_hicache_all_layer_staged_lf_pf,
     transfer_hicache_one_layer,
+    transfer_hicache_one_layer_page_unified_lf,
+    uses_bulk_copy_kernel,
 )
 
 DIRECTIONS = {"d2h": ("cuda", "cpu"), "h2d": ("cpu", "cuda"), "d2d": ("cuda", "cuda")}
@@ -73,8 +85,16 @@ def _indices(n: int, rows: int, *, unique: bool) -> torch.Tensor:
     return idx.sort().values.cuda()
 
 
+def _page_indices(n: int, rows: int, page_size: int) -> torch.Tensor:
+    """``n`` rows as whole pages of ``page_size`` rows, in random page order, of ``rows`` rows."""
+    pages = torch.randperm(rows // page_size)[: n // page_size]
+    return (pages[:, None] * page_size + torch.arange(page_size)).flatten().cuda()
+
+
 class Case:
-    def __init__(self, direction: str, element_size: int, n: int, num_layers: int = 1) -> None:
+    def __init__(
+        self, direction: str, element_size: int, n: int, num_layers: int = 1, page_size: int | None = None
+    ) -> None:
         src_where, dst_where = DIRECTIONS[direction]
         self.direction, self.element_size, self.n = direction, element_size, n
         rows = 2 * n
@@ -82,8 +102,12 @@ class Case:
         self.v_src = [_alloc(rows, element_size, src_where) for _ in range(num_layers)]
         self.k_dst = [_alloc(rows, element_size, dst_where) for _ in range(num_layers)]
         self.v_dst = [_alloc(rows, element_size, dst_where) for _ in range(num_layers)]
-        self.idx_src = _indices(n, rows, unique=False)
-        self.idx_dst = _indices(n, rows, unique=True)
+        if page_size is None:
+            self.idx_src = _indices(n, rows, unique=False)
+            self.idx_dst = _indices(n, rows, unique=True)
+        else:
+            self.idx_src = _page_indices(n, rows, page_size)
+            self.idx_dst = _page_indices(n, rows, page_size)
         # torch baseline helpers: CPU copies of the indices and staging buffers
         self.idx_src_cpu, self.idx_dst_cpu = self.idx_src.cpu(), self.idx_dst.cpu()
         self.stage_host = torch.empty(n, element_size, dtype=torch.uint8, pin_memory=True)
@@ -94,12 +118,18 @@ class Case:
         return factor * self.n * self.element_size
 
     def kernel(
-        self, *, unroll: int | None = None, block_quota: int | None = None, layer: int = 0
+        self,
+        *,
+        unroll: int | None = None,
+        block_quota: int | None = None,
+        layer: int = 0,
+        page_size: int | None = None,
     ) -> Callable[[], None]:
         k_dst, v_dst, k_src, v_src = self.k_dst[layer], self.v_dst[layer], self.k_src[layer], self.v_src[layer]
         return lambda: transfer_hicache_one_layer(
-            k_dst, v_dst, self.idx_dst, k_src, v_src, self.idx_src, unroll=unroll, block_quota=block_quota
-        )
+            k_dst, v_dst, self.idx_dst, k_src, v_src, self.idx_src, unroll=unroll, block_quota=block_quota,
+            page_size=page_size,
+        )  # fmt: skip
 
     def all_layers(self, *, block_quota: int | None = None) -> Callable[[], None]:
         def table(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -268,6 +298,121 @@ def all_layer_table(size: int, n: int, layers: int) -> None:
         del case
 
 
+def page_size_for(element_size: int) -> int:
+    """The page size of the page tables: 64 rows, or a stage's rows where a stage holds more."""
+    return max(64, hicache_tma_stage_rows(element_size))
+
+
+def tma_table(sizes: list[int], n: int, num_sms: int) -> None:
+    """Whole pages (random page order) moved with ``page_size`` given: the bulk-copy kernel that picks,
+    the register kernel on the same indices (``page_size=None``), and the ceiling."""
+    table = Table(
+        "pages_tma",
+        f"Page transfers, {n} rows as whole pages: bulk-copy (TMA) kernel against the register kernel; "
+        f"block quota {DEFAULT_BLOCK_QUOTA} host<->device, {num_sms} device->device",
+        ["dir", "element B", "page", "quota", "TMA us", "TMA GB/s", "TMA % ceiling", "register us", "register GB/s",
+         "TMA / register", "ceiling GB/s"],
+    )  # fmt: skip
+    for direction in DIRECTIONS:
+        quota = num_sms if direction == "d2d" else DEFAULT_BLOCK_QUOTA
+        for size in sizes:
+            page = page_size_for(size)
+            if not uses_bulk_copy_kernel(size, page):
+                continue
+            case = Case(direction, size, n, page_size=page)
+            tma_us = _time(case.kernel(block_quota=quota, page_size=page))
+            reg_us = _time(case.kernel(block_quota=quota))
+            moved = case.moved_bytes()
+            ceiling = ceiling_gbps(direction, moved)
+            tma_bw, reg_bw = gbps(moved, tma_us), gbps(moved, reg_us)
+            table.add(
+                direction, size, page, quota, f"{tma_us:.1f}", f"{tma_bw:.1f}", f"{100 * tma_bw / ceiling:.0f}%",
+                f"{reg_us:.1f}", f"{reg_bw:.1f}", f"{reg_us / tma_us:.2f}x", f"{ceiling:.1f}",
+            )  # fmt: skip
+            del case
+
+
+def _layer_pool(layers: int, tokens: int, row_bytes: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    pool = [_alloc(tokens, row_bytes, "cuda") for _ in range(layers)]
+    return pool, torch.tensor([t.data_ptr() for t in pool], dtype=torch.uint64, device="cuda")
+
+
+def write_back_table(pages: int, layers: int, page_size: int, row_bytes: int, staging_pages: int) -> None:
+    """Whole pages of every layer, K and V, from layer-first device pools to pinned host memory: the
+    staged write-back to page-first and to page-unified (one head group) layouts, against one pinned
+    device-to-host copy of the same bytes."""
+    table = Table(
+        "write_back",
+        f"Staged write-back device->host: {pages} pages of {page_size} tokens x {layers} layers x {row_bytes} B "
+        f"rows, K and V; staging {staging_pages} pages",
+        ["layout", "MiB", "us", "GB/s", "% pinned copy", "pinned copy GB/s"],
+    )
+    tokens = 2 * pages * page_size
+    k_pool, k_table = _layer_pool(layers, tokens, row_bytes)  # the pools live as long as their tables
+    v_pool, v_table = _layer_pool(layers, tokens, row_bytes)
+    src_tok = _page_indices(pages * page_size, tokens, page_size)
+    host_pages = torch.randperm(2 * pages)[:pages]
+    dst_tok = (host_pages[:, None] * page_size + torch.arange(page_size)).flatten()
+    moved = 2 * pages * page_size * layers * row_bytes
+    pinned = pinned_ceiling_gbps("d2h", moved)
+
+    def page_first() -> Callable[[], None]:
+        host_k, host_v = (
+            torch.empty(2 * pages * page_size, layers, row_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)
+        )
+        staging_k, staging_v = (
+            torch.empty(staging_pages * page_size, layers, row_bytes, dtype=torch.uint8, device="cuda")
+            for _ in range(2)
+        )
+        args = (k_table, v_table, src_tok, dst_tok, staging_k, staging_v, host_k, host_v)
+        return functools.partial(transfer_hicache_all_layer_staged_lf_pf, *args, page_size=page_size)
+
+    def page_unified() -> Callable[[], None]:
+        page_shape = (1, layers, 2, page_size, 1, row_bytes)  # one head group holding the whole row
+        host = torch.empty(2 * pages, *page_shape, dtype=torch.uint8, pin_memory=True)
+        staging = torch.empty(staging_pages, *page_shape, dtype=torch.uint8, device="cuda")
+        src_pages = torch.randperm(2 * pages)[:pages].cuda()
+        args = (k_table, v_table, src_pages, host_pages, staging, host)
+        return functools.partial(transfer_hicache_all_layer_staged_lf_page_unified, *args)
+
+    for layout, make in (("page-first", page_first), ("page-unified", page_unified)):
+        us = _time(make(), graph=False)  # host-side copies, one per run of host pages: events, not graphs
+        bw = gbps(moved, us)
+        table.add(
+            layout, f"{moved / 2**20:.0f}", f"{us:.1f}", f"{bw:.1f}", f"{100 * bw / pinned:.0f}%", f"{pinned:.1f}"
+        )
+    del k_pool, v_pool
+
+
+def load_back_table(tokens: int, layers: int, page_size: int, group_bytes: list[int], groups: int) -> None:
+    """One layer of page-unified host pages into the device pool (K and V), against a pinned
+    host-to-device copy of the same bytes and the register kernel loading the same rows from a
+    layer-first host layout (``transfer_hicache_one_layer``, default quota)."""
+    table = Table(
+        "load_back",
+        f"Page-unified load-back host->device: one layer of {tokens} tokens ({layers} layers, pages of "
+        f"{page_size}, {groups} head groups), K and V, default block quota {DEFAULT_BLOCK_QUOTA}",
+        ["group B", "row B", "us", "GB/s", "% pinned copy", "register kernel GB/s", "pinned copy GB/s"],
+    )
+
+    def load(gb: int) -> Callable[[], None]:
+        pages = 2 * tokens // page_size
+        host = torch.empty(pages, groups, layers, 2, page_size, 1, gb, dtype=torch.uint8, pin_memory=True)
+        k_dst, v_dst = (torch.empty(2 * tokens, groups * gb, dtype=torch.uint8, device="cuda") for _ in range(2))
+        src_tok = _page_indices(tokens, pages * page_size, page_size)
+        dst_tok = _page_indices(tokens, 2 * tokens, page_size)
+        return functools.partial(transfer_hicache_one_layer_page_unified_lf, k_dst, v_dst, host, src_tok, dst_tok, 1)
+
+    for gb in group_bytes:
+        row = groups * gb
+        moved = 2 * tokens * row
+        us = _time(load(gb))
+        bw = gbps(moved, us)
+        reg = gbps(moved, _time(Case("h2d", row, tokens).kernel()))
+        pinned = pinned_ceiling_gbps("h2d", moved)
+        table.add(gb, row, f"{us:.1f}", f"{bw:.1f}", f"{100 * bw / pinned:.0f}%", f"{reg:.1f}", f"{pinned:.1f}")
+
+
 def host_overhead() -> None:
     """Host time of one call (validation + dispatch + launch) on a 1-row transfer, against the
     tvm-ffi function called directly (no Python checks) and an empty kernel launch by torch."""
@@ -337,6 +482,9 @@ def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     sweep = quota_sweep(sweep_sizes, get_benchmark_range([16384], [4096])[0], quotas)
     alternatives(get_benchmark_range([(256, 2), (1024, 1), (1024, 4), (4096, 2)], [(1024, 1)]), 16384, num_sms)
     all_layer_table(1024, get_benchmark_range([4096], [1024])[0], 8)
+    tma_table(get_benchmark_range([256, 512, 576, 1024, 1152, 2048, 4096], [1024]), 16384, num_sms)
+    write_back_table(get_benchmark_range(64, 8), get_benchmark_range(16, 4), 64, 1024, 16)
+    load_back_table(get_benchmark_range(16384, 4096), 8, 64, get_benchmark_range([256, 512, 1024], [512]), 2)
     if args.plot:
         plot_quota_sweep(sweep, quotas, props.name, args.plot)
         print(f"plot: {args.plot}")
