@@ -45,9 +45,9 @@ inline constexpr unsigned kFull = 0xffffffffu;
 // A float as an unsigned integer of the same order (-inf < ... < 0 < ... < +inf < NaN; the two zeros and
 // all NaNs are equal); 0 is below every float and marks "no candidate".
 SGL_DEVICE uint32_t order_key(float v) {
-  if (v != v) return 0xffffffffu;
   const uint32_t b = __float_as_uint(v + 0.f);  // -0 + 0 is +0: the two zeros tie
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  const uint32_t key = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return v != v ? 0xffffffffu : key;  // selects, not branches: this runs per candidate
 }
 
 // The float of an order key (NaN for the key of NaN).
@@ -209,22 +209,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
 
   // This lane's candidates as one 64-bit word each, key << 32 | ~expert: a larger word is a larger
   // key, then a lower expert (word 0: not a candidate). Sorted best first once (odd-even
-  // transposition of max / min, branch-free); a pick then takes the head of the owner's list and
+  // transposition, one 64-bit compare per exchange: branch-free); a pick then takes the head of the owner's list and
   // shifts it by one: no rescan on the picks' critical path.
   uint64_t cand[kVPT];
+  float weight[kVPT];  // cand's weights, moved with them
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
-    const uint32_t key = (out >> j) & 1u ? 0u : order_key(rank[j]);
-    cand[j] = key == 0u ? 0u : (static_cast<uint64_t>(key) << 32) | ~static_cast<uint32_t>(j * 32 + lane);
+    weight[j] = score[j];
+    const uint64_t word = (static_cast<uint64_t>(order_key(rank[j])) << 32) | ~static_cast<uint32_t>(j * 32 + lane);
+    cand[j] = (out >> j) & 1u ? 0u : word;  // order keys are never 0
   }
 #pragma unroll
   for (int round = 0; round < kVPT; ++round) {
 #pragma unroll
     for (int i = round & 1; i + 1 < kVPT; i += 2) {
-      const uint64_t hi = cand[i] > cand[i + 1] ? cand[i] : cand[i + 1];
-      const uint64_t lo = cand[i] > cand[i + 1] ? cand[i + 1] : cand[i];
+      const bool keep = cand[i] > cand[i + 1];
+      const uint64_t hi = keep ? cand[i] : cand[i + 1];
+      const uint64_t lo = keep ? cand[i + 1] : cand[i];
+      const float whi = keep ? weight[i] : weight[i + 1];
+      const float wlo = keep ? weight[i + 1] : weight[i];
       cand[i] = hi;
       cand[i + 1] = lo;
+      weight[i] = whi;
+      weight[i + 1] = wlo;
     }
   }
   float chosen_weight = 0.f;  // lane r keeps the r-th choice
@@ -234,10 +241,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
     const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
     const uint32_t pick = warp_pick(key, key != 0u ? expert : 0xffffffffu);
-    float head_weight = 0.f;  // the weight of this lane's head, expert = slot * 32 + lane
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) head_weight = (expert >> 5) == static_cast<uint32_t>(j) ? score[j] : head_weight;
-    const float w = __shfl_sync(kFull, head_weight, pick & 31);
+    const float w = __shfl_sync(kFull, weight[0], pick & 31);
     total += w;
     if (lane == r) {
       chosen_weight = w;
@@ -245,7 +249,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
     if (static_cast<uint32_t>(lane) == (pick & 31)) {
 #pragma unroll
-      for (int i = 0; i + 1 < kVPT; ++i) cand[i] = cand[i + 1];
+      for (int i = 0; i + 1 < kVPT; ++i) {
+        cand[i] = cand[i + 1];
+        weight[i] = weight[i + 1];
+      }
       cand[kVPT - 1] = 0u;
     }
   }
