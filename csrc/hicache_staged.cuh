@@ -197,10 +197,17 @@ inline auto lanes_per_row(int64_t units) -> uint32_t {
 }
 
 /// \brief Launches copy_rows_kernel over `num_rows` rows in blocks of `threads`: enough blocks for
-/// every row group, at most `max_blocks` (a block quota) or, when it is 0, two per SM.
+/// every row group, at most `max_blocks` (a block quota) or, when it is 0, two per SM. `pdl`: may
+/// overlap the previous kernel's tail (the write-back's gathers follow copies, which it cannot).
 template <typename Rows>
 inline void launch_rows(
-    const Rows& rows, int64_t num_rows, int64_t row_bytes, int64_t max_blocks, uint32_t threads, DLDevice device) {
+    const Rows& rows,
+    int64_t num_rows,
+    int64_t row_bytes,
+    int64_t max_blocks,
+    uint32_t threads,
+    bool pdl,
+    DLDevice device) {
   using namespace host;
   if (num_rows == 0) return;
   const auto units = static_cast<uint32_t>(row_bytes / kVecBytes);
@@ -209,7 +216,7 @@ inline void launch_rows(
   const int64_t cap = max_blocks > 0 ? max_blocks : 2 * static_cast<int64_t>(runtime::sm_count(device.device_id));
   const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(div_ceil(num_rows, groups_per_block), 1, cap));
   LaunchKernel(blocks, threads, device)
-      .enable_pdl(runtime::supports_pdl(device.device_id))(copy_rows_kernel<Rows>, rows, num_rows, units, group);
+      .enable_pdl(pdl && runtime::supports_pdl(device.device_id))(copy_rows_kernel<Rows>, rows, num_rows, units, group);
 }
 
 /// \brief Copies `count` staging pages (`page_bytes` each, consecutive from `staging`) to the host
@@ -380,7 +387,7 @@ inline void lf_pf(
       rows.row_bytes = row_bytes;
       rows.rows_per_tensor = count * page_size * layers.unwrap();
       rows.tensors = kHasV ? 2 : 1;
-      launch_rows(rows, rows.rows_per_tensor * rows.tensors, row_bytes, block_quota, 512, gpu);
+      launch_rows(rows, rows.rows_per_tensor * rows.tensors, row_bytes, block_quota, 512, false, gpu);
       const auto dst_page = [&](int64_t j) { return dst_tokens[(first_page + j) * page_size]; };
       // Host pages as runs of tokens: page j starts at token dst_page(j), page_size tokens long.
       const auto copy = [&](const tvm::ffi::TensorView& staging, const tvm::ffi::TensorView& dst) {
@@ -518,7 +525,7 @@ inline void pu_write(
       rows.page_size = page_size.unwrap();
       rows.group_bytes = group_bytes;
       rows.rows = n * rows_per_page;
-      launch_rows(rows, rows.rows, group_bytes, 0, 512, gpu);
+      launch_rows(rows, rows.rows, group_bytes, 0, 512, false, gpu);
       copy_pages_to_host(
           static_cast<const uint8_t*>(staging.data_ptr()),
           static_cast<uint8_t*>(dst.data_ptr()),
@@ -644,7 +651,7 @@ inline void pu_load(
     rows.dst_tokens = k_cache_dst.size(0);
     rows.dst_stride = dst_stride;
     rows.rows = rows.items * rows.groups * rows.components;
-    launch_rows(rows, rows.rows, group_bytes, block_quota, 1024, gpu);
+    launch_rows(rows, rows.rows, group_bytes, block_quota, 1024, true, gpu);
   };
   if (is_int32) {
     fill(int32_t{});

@@ -52,9 +52,16 @@ def make_indices(n: int, rows: int, dtype: torch.dtype, *, unique: bool) -> torc
     return idx.sort().values.to(dtype=dtype, device="cuda")
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t`` viewed as bytes (the last dimension in bytes): indexing and assignment on
+    it work for every dtype, fp8 included."""
+    return t.cpu().contiguous().view(torch.uint8)
+
+
 def reference(dst: torch.Tensor, idx_dst: torch.Tensor, src: torch.Tensor, idx_src: torch.Tensor) -> torch.Tensor:
-    expected = dst.cpu().clone()
-    expected[idx_dst.cpu().long()] = src.cpu()[idx_src.cpu().long()]
+    """``dst`` after ``dst[idx_dst[i]] = src[idx_src[i]]``, as bytes."""
+    expected = as_bytes(dst).clone()
+    expected[idx_dst.cpu().long()] = as_bytes(src)[idx_src.cpu().long()]
     return expected
 
 
@@ -1066,12 +1073,13 @@ def _host_poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def lf_pf_expected(host: torch.Tensor, pool: list[torch.Tensor], src_tok: torch.Tensor, dst_tok: torch.Tensor, ps: int):
-    """host[dst page start + t, l] = pool[l][src page start + t], page by page (first index of each page)."""
-    out = host.clone()
+    """host[dst page start + t, l] = pool[l][src page start + t], page by page (first index of each
+    page), as bytes."""
+    out = as_bytes(host).clone()
     src_starts, dst_starts = src_tok.cpu()[::ps].long(), dst_tok.cpu()[::ps].long()
     for s, d in zip(src_starts.tolist(), dst_starts.tolist(), strict=True):
         for layer, buf in enumerate(pool):
-            out[d : d + ps, layer] = buf[s : s + ps].cpu()
+            out[d : d + ps, layer] = as_bytes(buf[s : s + ps])
     return out
 
 
@@ -1094,8 +1102,9 @@ def test_staged_lf_pf(
     k_pool = _pool(layers, pool_pages * page_size, row_shape, dtype)
     v_pool = _pool(layers, pool_pages * page_size, row_shape, dtype)
     src_tok = page_indices(num_pages, pool_pages, page_size, index_dtype)
-    dst_pages = torch.randperm(host_pages)[:num_pages]
-    dst_pages[: num_pages // 2] = torch.arange(num_pages // 2) + host_pages - num_pages // 2  # a run at the end
+    run = num_pages // 2  # consecutive host pages at the end (one copy), then distinct random ones
+    rest = torch.randperm(host_pages - run)[: num_pages - run]
+    dst_pages = torch.cat([torch.arange(host_pages - run, host_pages), rest])
     dst_tok = (dst_pages[:, None] * page_size + torch.arange(page_size)).flatten()
     shape = (host_pages * page_size, layers, *row_shape)
     host_k, host_v = _host_poison(shape, dtype), _host_poison(shape, dtype)
@@ -1113,9 +1122,9 @@ def test_staged_lf_pf(
             page_size=page_size,
         )  # fmt: skip
     torch.cuda.synchronize()
-    assert_same_bytes(host_k.view(host_k.shape[0], -1), want_k.view(want_k.shape[0], -1))
+    assert_same_bytes(host_k.reshape(host_k.shape[0], -1), want_k.reshape(want_k.shape[0], -1))
     if not mla:
-        assert_same_bytes(host_v.view(host_v.shape[0], -1), want_v.view(want_v.shape[0], -1))
+        assert_same_bytes(host_v.reshape(host_v.shape[0], -1), want_v.reshape(want_v.shape[0], -1))
 
 
 @pytest.mark.gpu
@@ -1144,12 +1153,12 @@ def test_staged_lf_pf_refuses_host_pages_out_of_range_before_writing() -> None:
 
 
 def pu_expected_pages(k_pool, v_pool, src_pages, groups, heads, ps) -> torch.Tensor:
-    """The page-unified pages of ``src_pages``: (page, group, layer, kv, t, head, dim)."""
+    """The page-unified pages of ``src_pages``, as bytes: (page, group, layer, kv, t, head, dim bytes)."""
     pages = []
     for p in src_pages.cpu().long().tolist():
         per_layer = []
         for k, v in zip(k_pool, v_pool, strict=True):
-            kv = torch.stack([k[p * ps : (p + 1) * ps].cpu(), v[p * ps : (p + 1) * ps].cpu()])  # (2, t, H, D)
+            kv = torch.stack([as_bytes(k[p * ps : (p + 1) * ps]), as_bytes(v[p * ps : (p + 1) * ps])])  # (2, t, H, D)
             kv = kv.view(2, ps, groups, heads, -1).permute(2, 0, 1, 3, 4)  # (g, 2, t, h, d)
             per_layer.append(kv)
         pages.append(torch.stack(per_layer, dim=1))  # (g, l, 2, t, h, d)
@@ -1172,13 +1181,13 @@ def test_page_unified_write_back_and_load_back(dtype: torch.dtype, dim: int, ind
     page_shape = (groups, layers, 2, ps, heads, dim)
     host = _host_poison((host_pages, *page_shape), dtype)
     staging = torch.empty(3, *page_shape, dtype=dtype, device="cuda")
-    want = host.clone()
+    want = as_bytes(host).clone()
     want[dst_pages] = pu_expected_pages(k_pool, v_pool, src_pages, groups, heads, ps)
     seed_hicache.transfer_hicache_all_layer_staged_lf_page_unified(
         _table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host
     )
     torch.cuda.synchronize()
-    assert_same_bytes(host.view(host_pages, -1), want.view(host_pages, -1))
+    assert_same_bytes(host.reshape(host_pages, -1), want.reshape(host_pages, -1))
 
     # load-back: host tokens of the written pages, in random order, into random device rows
     host_tok = (dst_pages[:, None] * ps + torch.arange(ps)).flatten()
@@ -1189,17 +1198,17 @@ def test_page_unified_write_back_and_load_back(dtype: torch.dtype, dim: int, ind
         k_dst = make_cache(pool_pages * ps, H * dim * k_pool[0].element_size(), "cuda", dtype, poison=True)
         v_dst = make_cache(pool_pages * ps, H * dim * k_pool[0].element_size(), "cuda", dtype, poison=True)
         k_dst, v_dst = k_dst.view(-1, H, dim), v_dst.view(-1, H, dim)
-        want_k, want_v = k_dst.cpu().clone(), v_dst.cpu().clone()
+        want_k, want_v = as_bytes(k_dst).clone(), as_bytes(v_dst).clone()
         for s, d in zip(host_tok.tolist(), dev_tok.tolist(), strict=True):
             pool_token = written[s // ps] * ps + s % ps
-            want_k[d], want_v[d] = k_pool[layer][pool_token].cpu(), v_pool[layer][pool_token].cpu()
+            want_k[d], want_v[d] = as_bytes(k_pool[layer][pool_token]), as_bytes(v_pool[layer][pool_token])
         seed_hicache.transfer_hicache_one_layer_page_unified_lf(
             k_dst, v_dst, host, host_tok.to(dtype=index_dtype, device="cuda"),
             dev_tok.to(dtype=index_dtype, device="cuda"), layer,
         )  # fmt: skip
         torch.cuda.synchronize()
-        assert_same_bytes(k_dst.view(k_dst.shape[0], -1), want_k.view(want_k.shape[0], -1))
-        assert_same_bytes(v_dst.view(v_dst.shape[0], -1), want_v.view(want_v.shape[0], -1))
+        assert_same_bytes(k_dst.reshape(k_dst.shape[0], -1), want_k.reshape(want_k.shape[0], -1))
+        assert_same_bytes(v_dst.reshape(v_dst.shape[0], -1), want_v.reshape(want_v.shape[0], -1))
 
 
 @pytest.mark.gpu
@@ -1213,27 +1222,27 @@ def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype) -> None:
     dst_pages = torch.randperm(host_pages)[:5]
     host = _host_poison((host_pages, layers, ps, dim), dtype)
     staging = torch.empty(2, layers, ps, dim, dtype=dtype, device="cuda")
-    want = host.clone()
+    want = as_bytes(host).clone()
     for sp, dp in zip(src_pages.tolist(), dst_pages.tolist(), strict=True):
-        want[dp] = torch.stack([buf[sp * ps : (sp + 1) * ps].cpu() for buf in pool])
+        want[dp] = torch.stack([as_bytes(buf[sp * ps : (sp + 1) * ps]) for buf in pool])
     seed_hicache.transfer_hicache_all_layer_mla_staged_lf_page_unified(
         _table(pool), src_pages, dst_pages, staging, host
     )
     torch.cuda.synchronize()
-    assert_same_bytes(host.view(host_pages, -1), want.view(host_pages, -1))
+    assert_same_bytes(host.reshape(host_pages, -1), want.reshape(host_pages, -1))
     host_tok = (dst_pages[:, None] * ps + torch.arange(ps)).flatten()[:77]
     dev_tok = torch.randperm(pool_pages * ps)[:77]
     written = dict(zip(dst_pages.tolist(), src_pages.tolist(), strict=True))
     for layer in range(layers):
         dst = make_cache(pool_pages * ps, dim * pool[0].element_size(), "cuda", dtype, poison=True).view(-1, 1, dim)
-        expected = dst.cpu().clone()
+        expected = as_bytes(dst).clone()
         for s, d in zip(host_tok.tolist(), dev_tok.tolist(), strict=True):
-            expected[d, 0] = pool[layer][written[s // ps] * ps + s % ps].cpu()
+            expected[d, 0] = as_bytes(pool[layer][written[s // ps] * ps + s % ps])
         seed_hicache.transfer_hicache_one_layer_mla_page_unified_lf(
             dst, host, host_tok.cuda(), dev_tok.cuda(), layer, block_quota=1
         )
         torch.cuda.synchronize()
-        assert_same_bytes(dst.view(dst.shape[0], -1), expected.view(expected.shape[0], -1))
+        assert_same_bytes(dst.reshape(dst.shape[0], -1), expected.reshape(expected.shape[0], -1))
 
 
 @pytest.mark.gpu
