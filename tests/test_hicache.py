@@ -712,6 +712,27 @@ def test_bulk_copy_path_refuses_what_the_register_path_refuses() -> None:
         )  # fmt: skip
 
 
+def test_paged_calls_take_the_fast_path_of_the_kernel_their_page_size_picked() -> None:
+    """After one full-path call with a page size, later calls with it launch the kernel it took
+    directly (bulk-copy for pages of 64 rows of 1 KiB, register for 16); a page size the full path
+    refuses is still refused."""
+    ops_hicache._ONE_LAYER_PAGED.clear()
+    with fake_cuda():
+        k, idx = _cuda(64, 512), _idx()
+        for page_size in (64, 16):
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=page_size)
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=page_size)  # the fast path
+        transfer_hicache_one_layer_mla(k, idx, k, idx, page_size=64)
+        with pytest.raises(ValueError, match="page_size must be a positive int"):
+            transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=64.0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"(?s)'indices_src'.*expected 8 but got 7"):
+            transfer_hicache_one_layer(k, k, idx, k, k, _idx(7), page_size=64)  # the fast path's miss explains
+    paged = ops_hicache._ONE_LAYER_PAGED
+    assert paged[(torch.bfloat16, 512, 64)] is ops_hicache._ONE_LAYER_TMA_KERNELS[1024]
+    assert paged[(torch.bfloat16, 512, 16)] is ops_hicache._ONE_LAYER_KERNELS[(torch.bfloat16, 512)]
+    assert ops_hicache._ONE_LAYER_MLA_PAGED[(torch.bfloat16, 512, 64)] is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS[1024]
+
+
 def test_write_back_and_load_back_capability_queries() -> None:
     can_write = seed_hicache.can_use_write_back_jit_kernel
     can_load = seed_hicache.can_use_page_unified_load_back_jit_kernel

@@ -25,6 +25,8 @@ detected.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from jit_kernel.engine import env, target
@@ -170,6 +172,27 @@ _ALL_LAYER_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_all", _tma_config)
 _ALL_LAYER_MLA_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_all_mla", _tma_config)
 _ONE_LAYER_BY_DTYPE = _ONE_LAYER_KERNELS.by_dtype
 _ONE_LAYER_MLA_BY_DTYPE = _ONE_LAYER_MLA_KERNELS.by_dtype
+# The eager fast paths of calls with a page size: (dtype, row width, page size) -> the kernel the full
+# path took for it (bulk-copy or register), filed after that call where the kernel tables keep one
+# function for every device.
+_ONE_LAYER_PAGED: dict[tuple[torch.dtype, int, int], Any] = {}
+_ONE_LAYER_MLA_PAGED: dict[tuple[torch.dtype, int, int], Any] = {}
+
+
+def _remember_paged(
+    paged: dict[tuple[torch.dtype, int, int], Any],
+    kernels: tuple[KernelTable, KernelTable],
+    dtype: torch.dtype,
+    dim: int,
+    page_size: int,
+) -> None:
+    element_size = dim * dtype.itemsize
+    if uses_bulk_copy_kernel(element_size, page_size):
+        kernel = kernels[1].get(element_size)
+    else:
+        kernel = kernels[0].get((dtype, dim))
+    if kernel is not None:
+        paged[(dtype, dim, page_size)] = kernel
 
 
 def _one_layer(
@@ -293,19 +316,25 @@ def transfer_hicache_one_layer(
     """
     # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
     # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
-    # no index checking (the full path does it; env.check_indices, inlined).
+    # no index checking (the full path does it; env.check_indices, inlined); with a page size, the
+    # kernel an earlier full-path call of that page size took.
     quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    if (
+    eager = (
         element_dim is None
         and unroll is None
-        and page_size is None
         and type(quota) is int
         and quota >= 1
         and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
         and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
-    ):
+    )
+    if eager:
         try:
-            kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
+            if page_size is None:
+                kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
+            elif type(page_size) is int:  # not a float or bool equal to an int: the full path refuses those
+                kernel = _ONE_LAYER_PAGED.get((k_cache_dst.dtype, k_cache_dst.shape[-1], page_size))
+            else:
+                kernel = None
             if kernel is not None:
                 kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
                 return
@@ -315,6 +344,9 @@ def transfer_hicache_one_layer(
         k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota,
         page_size,
     )  # fmt: skip
+    if eager and type(page_size) is int:
+        kernels = (_ONE_LAYER_KERNELS, _ONE_LAYER_TMA_KERNELS)
+        _remember_paged(_ONE_LAYER_PAGED, kernels, k_cache_dst.dtype, k_cache_dst.shape[-1], page_size)
 
 
 def transfer_hicache_one_layer_mla(
@@ -333,23 +365,31 @@ def transfer_hicache_one_layer_mla(
     # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
     # no index checking (the full path does it; env.check_indices, inlined).
     quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    if (
+    eager = (
         element_dim is None
         and unroll is None
-        and page_size is None
         and type(quota) is int
         and quota >= 1
         and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
         and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
-    ):
+    )
+    if eager:
         try:
-            kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
+            if page_size is None:
+                kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
+            elif type(page_size) is int:  # not a float or bool equal to an int: the full path refuses those
+                kernel = _ONE_LAYER_MLA_PAGED.get((cache_dst.dtype, cache_dst.shape[-1], page_size))
+            else:
+                kernel = None
             if kernel is not None:
                 kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
                 return
         except FAST_PATH_MISS:
             pass
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota, page_size)
+    if eager and type(page_size) is int:
+        kernels = (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS)
+        _remember_paged(_ONE_LAYER_MLA_PAGED, kernels, cache_dst.dtype, cache_dst.shape[-1], page_size)
 
 
 def _all_layer(
