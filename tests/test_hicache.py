@@ -876,6 +876,23 @@ def test_bad_page_unified_load_back_inputs() -> None:
             mla(k, src, idx, idx, 0)
 
 
+def test_load_back_ops_are_registered_with_fakes() -> None:
+    """torch.ops.jit_kernel.transfer_hicache_one_layer(_mla)_page_unified_lf declare the caches they
+    write, and their fake implementations run the launcher's checks."""
+    for name, written in (
+        ("transfer_hicache_one_layer_page_unified_lf", ["k_cache_dst", "v_cache_dst"]),
+        ("transfer_hicache_one_layer_mla_page_unified_lf", ["cache_dst"]),
+    ):
+        schema = getattr(torch.ops.jit_kernel, name).default._schema
+        assert [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write] == written
+    op = torch.ops.jit_kernel.transfer_hicache_one_layer_page_unified_lf
+    with fake_cuda():
+        k, v, src, idx = _cuda(100, 4, 64), _cuda(100, 4, 64), _host(10, 2, 3, 2, 16, 2, 64), _idx(8)
+        op(k, v, src, idx, idx, 1)
+        with pytest.raises(ValueError, match=r"layer_id=3 is out of range"):
+            op(k, v, src, idx, idx, 3)
+
+
 def test_bulk_copy_and_staged_families_compile_without_a_gpu() -> None:
     """A bulk-copy config (all four exports, int32 and int64, one-layer and table forms) and the
     staged family build for sm_90a and expose every symbol."""
