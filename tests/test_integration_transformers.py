@@ -417,10 +417,16 @@ def router_outputs(model: Any) -> list[tuple[torch.Tensor, ...]]:
 
 def assert_router_outputs_equal(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> None:
     """The same first output and ids (dtypes included); weights of the same dtype, equal to within
-    one rounding of fp32 values to that dtype."""
+    one rounding of fp32 values to that dtype. Among experts whose logits tie (common with bf16
+    logits), torch.topk's choice is unspecified (ours: the lowest index): there the ids must pick
+    logits of the same values, in the same order."""
     assert [t.dtype for t in got] == [t.dtype for t in expected]
-    assert torch.equal(got[0], expected[0])
-    assert torch.equal(got[2], expected[2]) and got[2].dtype == torch.int64
+    assert torch.equal(got[0], expected[0]) and got[2].dtype == torch.int64
+    logits = expected[0].float()
+    chosen, reference = logits.gather(1, got[2]), logits.gather(1, expected[2])
+    assert torch.equal(chosen, reference)
+    unique = (logits.unsqueeze(1) == reference.unsqueeze(2)).sum(-1) == 1
+    assert torch.equal(got[2][unique], expected[2][unique])
     # fp32: the kernel's expf and division against torch's, within 1e-6; a lower precision: the
     # fp32 values rounded to it, one unit apart at most.
     rtol = max(torch.finfo(expected[1].dtype).eps, 1e-6)
