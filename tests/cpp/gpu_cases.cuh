@@ -450,11 +450,9 @@ __global__ void bulk_ring_kernel(const uint8_t* src, uint8_t* dst, uint32_t byte
 inline void bulk_ring(TensorView dst, TensorView src, int64_t device_id) {
   using namespace host;
   auto n = SymbolicSize{"bytes"};
-  TensorMatcher({n})
-      .with_dtype<uint8_t>()
-      .with_device<kDLCUDA, kDLCPU, kDLCUDAHost>()
-      .verify(dst, "dst")
-      .verify(src, "src");
+  // One matcher each: the two may live on different devices (GPU and pinned host).
+  TensorMatcher({n}).with_dtype<uint8_t>().with_device<kDLCUDA, kDLCPU, kDLCUDAHost>().verify(dst, "dst");
+  TensorMatcher({n}).with_dtype<uint8_t>().with_device<kDLCUDA, kDLCPU, kDLCUDAHost>().verify(src, "src");
   RuntimeCheck(n.unwrap() % 16 == 0, "bulk_ring: a multiple of 16 bytes, got ", n.unwrap());
   auto* to = static_cast<uint8_t*>(runtime::get_device_accessible_ptr(dst, "dst"));
   const auto* from = static_cast<const uint8_t*>(runtime::get_device_accessible_ptr(src, "src"));
