@@ -57,7 +57,10 @@ inline constexpr int64_t kVecElems = 16 / static_cast<int64_t>(sizeof(T));
 // What normalize_row does with each normalised vector y (T, rounded once): an epilogue policy,
 // called as epilogue(out, y, v, k) for the row's vector number v, held in slot k < kPer (a
 // constant once the loop is unrolled). The default stores y to `out`; other policies (norm_quant.cuh)
-// quantise it, or keep it for a reduction they run after normalize_row returns. kWeightPlusOne: the
+// quantise it, or keep it for a reduction they run after normalize_row returns; a policy with a
+// load_with_row() has it called under the row's own predicate just before the row's loads, so
+// ptxas issues that load with them (a load of its own is scheduled after the first use of the row,
+// a second memory round trip per launch). kWeightPlusOne: the
 // weight multiplies as (1 + float(w)) in fp32 (Gemma's RMSNorm: x * rrms * (1 + w), one rounding).
 struct StoreRow {
   static constexpr bool kWeightPlusOne = false;
@@ -114,13 +117,29 @@ SGL_DEVICE void normalize_row(
   constexpr int kN = static_cast<int>(kVecElems<T>);
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
   float s[kCast ? kPer : 1][kCast ? kN : 1];  // kCast: the unrounded sums
+  {
+    // The loads go to 32-bit words and are unpacked to T only once all are issued: unpacked at
+    // each load, ptxas may recycle a loaded register for the next load's address, and that load
+    // then waits for the first one's data (a second round trip before the reduction).
+    using Raw = device::AlignedVector<uint32_t, sizeof(Vec) / sizeof(uint32_t)>;
+    Raw xr[kPer], wr[kPer], rr[kFused ? kPer : 1];
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t v = lane + k * group;
-    if (exact || v < nvec) {
-      x[k].load(in, v);
-      if constexpr (kFused) r[k].load(res, v);
-      if constexpr (kEarlyWeight) w[k].load(weight, v);
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t v = lane + k * group;
+      if (exact || v < nvec) {
+        if constexpr (requires { epilogue.load_with_row(); }) {
+          if (k == 0) epilogue.load_with_row();
+        }
+        if constexpr (kEarlyWeight) wr[k].load(weight, v);
+        xr[k].load(in, v);
+        if constexpr (kFused) rr[k].load(res, v);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      __builtin_memcpy(&x[k], &xr[k], sizeof(Vec));
+      if constexpr (kEarlyWeight) __builtin_memcpy(&w[k], &wr[k], sizeof(Vec));
+      if constexpr (kFused) __builtin_memcpy(&r[k], &rr[k], sizeof(Vec));
     }
   }
   float sum = 0.f;

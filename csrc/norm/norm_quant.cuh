@@ -182,10 +182,13 @@ struct Policy<Epi::kTensor, T, kPer> {
   static constexpr bool kWeightPlusOne = false;
   const EpiArgs& a;
   uint8_t* q;
-  float scale;  // loaded here, inverted at first use: the inverse branches on the value, which
-                // would hold the row's loads behind this one (a second memory latency per launch)
+  float scale;  // loaded with the row, inverted at first use: the inverse branches on the value,
+                // which would hold the row's loads behind this one
   SGL_DEVICE Policy(const EpiArgs& args, int64_t row, int64_t dim, uint32_t)
-      : a(args), q(args.q + row * dim), scale(args.scale != nullptr ? *args.scale : args.scale_value) {}
+      : a(args), q(args.q + row * dim), scale(args.scale_value) {}
+  SGL_DEVICE void load_with_row() {
+    if (a.scale != nullptr) scale = *a.scale;
+  }
   template <typename Vec>
   SGL_DEVICE void operator()(T* out, const Vec& y, int64_t v, int) const {
     store_normed(out, v, y, a.normed_aligned);
