@@ -478,7 +478,7 @@ def staged_tables() -> None:
     """The write-back (4 MiB and 64 MiB a call; CI: 4 MiB) and page-unified load-back tables."""
     small: WriteBackSize = ("small", 8, 4, 64, 1024, 16)
     large: WriteBackSize = ("large", 64, 8, 64, 1024, 16)
-    write_back_table(get_benchmark_range([small, large], [small]))
+    write_back_table([small, large])  # both sizes in every grid: the large one is the realistic call
     load_back_table(get_benchmark_range(16384, 4096), 8, 64, get_benchmark_range([256, 512, 1024], [512]), 2)
 
 
