@@ -4,6 +4,13 @@ and the seeds' tutorial kernels unchanged. Compile only: nothing here needs a GP
 All translation units are compiled once, in parallel, by a module fixture; each test then checks
 one result. Warnings count as failures (`-Wall -Wextra`, and nvcc's own), except in the seed
 fixtures, whose own code we do not police: there only warnings from `sgl_kernel/` fail.
+
+Most of a unit's time is parsing what every header pulls in (tvm-ffi's tensor.h, the CUDA headers),
+so the nvcc units of a `Group` are proven together: each one's device pass alone (`nvcc -cubin`:
+the front end parses and instantiates its host and device code, so a header that uses what it does
+not include still fails, named; then ptxas), and one full compile of all of them in one translation
+unit (the host pass: cudafe++ and g++ with their warnings). A unit whose proof fails is compiled
+alone, exactly as listed, and its test reports that result.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -59,7 +67,7 @@ def export(name: str, expression: str) -> str:
     return f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, ({expression}));\n"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Unit:
     """One translation unit to compile and how to judge it."""
 
@@ -68,6 +76,27 @@ class Unit:
     source: str
     strict: bool = True  # any warning fails; otherwise only warnings from sgl_kernel/ fail
     extra_flags: tuple[str, ...] = ()
+    device_only: bool = False  # nvcc -cubin: preprocessing, the front end (host and device code), ptxas
+
+
+@dataclass(frozen=True)
+class Group:
+    """nvcc units of the same flags, proven by their device passes alone and one full compile of all."""
+
+    name: str
+    units: tuple[Unit, ...]
+
+    def together(self) -> Unit:
+        """One translation unit holding every unit's source in turn (their names must not clash)."""
+        first = self.units[0]
+        flags = {(u.compiler, u.strict, u.extra_flags, u.device_only) for u in self.units}
+        assert len(flags) == 1, f"{self.name}: its units are compiled with different flags"
+        return replace(first, name=self.name, source="".join(u.source for u in self.units))
+
+
+def header_source(stem: str) -> str:
+    """The compile test of one header (tests/cpp/headers/<stem>.cu), which includes that header first."""
+    return f'#include "{CPP / "headers" / f"{stem}.cu"}"\n'
 
 
 def header_units() -> list[Unit]:
@@ -86,15 +115,16 @@ def header_units() -> list[Unit]:
             extra_flags=("-O2",),
         ),
     ]
-    for header in sorted(HEADERS.glob("*.cuh")):
-        units.append(Unit(f"cuda/{header.name}", "nvcc", (CPP / "headers" / f"{header.stem}.cu").read_text()))
-    # The PDL helpers and LaunchKernel also below sm_90, where griddepcontrol does not exist.
+    units += header_group().units
+    # The PDL helpers and LaunchKernel also below sm_90, where griddepcontrol does not exist. Device code
+    # only: the host pass is the same text for every arch (SGL_CUDA_ARCH 800 and 900 agree on the host).
     units.append(
         Unit(
             "cuda/utils.cuh@sm_80",
             "nvcc",
-            (CPP / "headers" / "utils.cu").read_text(),
+            header_source("utils"),
             extra_flags=("-gencode=arch=compute_80,code=sm_80",),
+            device_only=True,
         )
     )
     # A kernel that guards its mbarrier / bulk-copy code builds below sm_90, where they are deleted.
@@ -102,14 +132,25 @@ def header_units() -> list[Unit]:
         Unit(
             "cuda/mbarrier.cuh@sm_80",
             "nvcc",
-            (CPP / "headers" / "mbarrier.cu").read_text(),
+            header_source("mbarrier"),
             extra_flags=("-gencode=arch=compute_80,code=sm_80",),
+            device_only=True,
         )
     )
     return units
 
 
+def header_group() -> Group:
+    """One nvcc unit per .cuh header: its compile test, which includes it first."""
+    units = tuple(Unit(f"cuda/{h.name}", "nvcc", header_source(h.stem)) for h in sorted(HEADERS.glob("*.cuh")))
+    return Group("cuda/*.cuh", units)
+
+
 def seed_units() -> list[Unit]:
+    return list(seed_group().units)
+
+
+def seed_group() -> Group:
     """The seeds' kernels as load_jit would build them: the file, then export wrappers."""
     seeds = CPP / "seeds"
     wrappers = {
@@ -129,7 +170,7 @@ def seed_units() -> list[Unit]:
             ("guide_tensor", "guide_tensor::test"),
         ],
     }
-    return [
+    units = tuple(
         Unit(
             f"seed/{name}",
             "nvcc",
@@ -137,7 +178,8 @@ def seed_units() -> list[Unit]:
             strict=False,
         )
         for name, exports in wrappers.items()
-    ]
+    )
+    return Group("seed/*", units)
 
 
 @dataclass
@@ -148,7 +190,7 @@ class Result:
 
 
 def compile_unit(unit: Unit, workdir: Path, nvcc: str | None) -> Result:
-    stem = unit.name.replace("/", "_").replace("@", "_")
+    stem = re.sub(r"[^\w.]", "_", unit.name) + ("_device" if unit.device_only else "")
     suffix = ".cc" if unit.compiler == "g++" else ".cu"
     source = workdir / f"{stem}{suffix}"
     source.write_text(unit.source)
@@ -160,11 +202,13 @@ def compile_unit(unit: Unit, workdir: Path, nvcc: str | None) -> Result:
     else:
         assert nvcc is not None
         arch = [] if any(f.startswith("-gencode") for f in unit.extra_flags) else ["-arch=sm_90"]
-        command = [nvcc, "-std=c++20", *arch, "-Xcompiler", "-fPIC,-Wall,-Wextra", *includes, "-x", "cu", "-c"]
+        mode = "-cubin" if unit.device_only else "-c"
+        command = [nvcc, "-std=c++20", *arch, "-Xcompiler", "-fPIC,-Wall,-Wextra", *includes, "-x", "cu", mode]
         if unit.strict:
             command += ["-Werror", "all-warnings", "-Xcompiler", "-Werror"]
         command.append(str(source))
-    command += [*unit.extra_flags, "-o", str(source.with_suffix(".o"))]
+    output = source.with_suffix(".cubin" if unit.device_only else ".o")
+    command += [*unit.extra_flags, "-o", str(output)]
     start = time.perf_counter()
     process = subprocess.run(command, capture_output=True, text=True, cwd=workdir, check=False)
     output = " ".join(command) + "\n" + process.stdout + process.stderr
@@ -172,20 +216,56 @@ def compile_unit(unit: Unit, workdir: Path, nvcc: str | None) -> Result:
 
 
 UNITS = header_units() + seed_units()
+GROUPS = [header_group(), seed_group()]
+
+
+def header_warnings(result: Result) -> list[str]:
+    return [line for line in result.output.splitlines() if "warning" in line.lower() and "sgl_kernel/" in line]
+
+
+def passed(unit: Unit, result: Result) -> bool:
+    return result.returncode == 0 and (unit.strict or not header_warnings(result))
+
+
+def compile_all(units: Iterable[Unit], groups: Iterable[Group], workdir: Path) -> dict[str, Result]:
+    """Every unit's result by name, and each group's own (the units compiled as one), in parallel.
+
+    A unit of a group is proven by its device pass alone and the group's full compile; where either
+    fails it is compiled alone as listed, so its result is its own. Units of a missing compiler are left out.
+    """
+    nvcc = find_nvcc()
+    have = {"nvcc": nvcc is not None, "g++": shutil.which("g++") is not None}
+    groups = [g for g in groups if have["nvcc"]]
+    grouped = {u.name for g in groups for u in g.units}
+    single = [u for u in units if u.name not in grouped and have[u.compiler]]
+    jobs = {u.name: u for u in single} | {g.name: g.together() for g in groups}
+    jobs |= {f"{u.name}#device": replace(u, device_only=True) for g in groups for u in g.units}
+    done = _compile_jobs(jobs, workdir, nvcc)
+    results = {name: done[name] for name in [*(u.name for u in single), *(g.name for g in groups)]}
+    alone = {}
+    for group in groups:
+        together = done[group.name]
+        for unit in group.units:
+            device = done[f"{unit.name}#device"]
+            if passed(unit, device) and passed(unit, together):
+                output = f"{device.output}\n(host pass: compiled in '{group.name}')\n{together.output}"
+                results[unit.name] = Result(0, output, device.seconds)
+            else:
+                alone[unit.name] = unit
+    return results | _compile_jobs(alone, workdir, nvcc)
+
+
+def _compile_jobs(jobs: dict[str, Unit], workdir: Path, nvcc: str | None) -> dict[str, Result]:
+    # Slowest first (full nvcc compiles, then device passes, then g++), so the pool does not end on a long one.
+    order = sorted(jobs, key=lambda n: (jobs[n].compiler != "nvcc", jobs[n].device_only, -len(jobs[n].source)))
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = {name: pool.submit(compile_unit, jobs[name], workdir, nvcc) for name in order}
+        return {name: future.result() for name, future in futures.items()}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
-    nvcc = find_nvcc()
-    units = [u for u in UNITS if u.compiler == "g++" or nvcc is not None]
-    if shutil.which("g++") is None:
-        units = [u for u in units if u.compiler != "g++"]
-    workdir = tmp_path_factory.mktemp("headers")
-    # Slowest (nvcc) first, so the pool does not end on one long compile.
-    units.sort(key=lambda u: u.compiler != "nvcc")
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        futures = {u.name: pool.submit(compile_unit, u, workdir, nvcc) for u in units}
-        return {name: future.result() for name, future in futures.items()}
+    return compile_all(UNITS, GROUPS, tmp_path_factory.mktemp("headers"))
 
 
 def check(results: dict[str, Result], unit: Unit) -> None:
@@ -194,8 +274,19 @@ def check(results: dict[str, Result], unit: Unit) -> None:
     result = results[unit.name]
     assert result.returncode == 0, f"{unit.name} failed to compile:\n{result.output}"
     if not unit.strict:
-        ours = [line for line in result.output.splitlines() if "warning" in line.lower() and "sgl_kernel/" in line]
+        ours = header_warnings(result)
         assert not ours, f"{unit.name}: warnings from the headers:\n" + "\n".join(ours)
+
+
+def check_group(results: dict[str, Result], group: Group) -> None:
+    """The group's units compile as one translation unit: what keeps their proof to one host compile."""
+    if group.name not in results:
+        pytest.skip("nvcc not found")
+    unit, result = group.together(), results[group.name]
+    assert passed(unit, result), (
+        f"{group.name}: {', '.join(u.name for u in group.units)} compiled as one translation unit failed "
+        f"(each unit's own test says whether it compiles alone; names must not clash between them):\n{result.output}"
+    )
 
 
 @pytest.mark.parametrize("unit", header_units(), ids=lambda u: u.name)
@@ -206,6 +297,11 @@ def test_header_compiles(results, unit):
 @pytest.mark.parametrize("unit", seed_units(), ids=lambda u: u.name)
 def test_seed_kernel_compiles_unchanged(results, unit):
     check(results, unit)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.name)
+def test_units_compile_together(results, group):
+    check_group(results, group)
 
 
 def test_every_header_has_a_compile_test():
