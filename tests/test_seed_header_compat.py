@@ -4,23 +4,21 @@ The fixtures under tests/cpp/compat/ are our own kernels written the way sglang'
 library: its aliases (`device::kMaxVecBytes`, `kDLGPU`, `warp::kFullMask`, width-first
 `warp::reduce_sum<16>`, `SGL_ARCH_*`, `host::Error` / `SGL_PANIC` / `CHECK_HOST`, ...), the
 `namespace sglang` layout of 0.5.23, and the two real capabilities `impl/norm.cuh` and `ffi.h`.
-Every unit is compiled once, in parallel, by a module fixture (as in test_headers.py); the `gpu`
+Every unit is compiled once, in parallel, by a module fixture (as in test_headers.py, whose `Group`
+proves the sm_90 units by each one's device pass alone and one full compile of them all); the `gpu`
 tests run the norm and ffi fixtures. tools/check_seed_headers.py does the same for whole releases.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
 import jit_kernel
-from test_headers import TVM_FFI_INCLUDES, Result, Unit, compile_unit, export, find_nvcc
+from test_headers import TVM_FFI_INCLUDES, Group, Result, Unit, check_group, compile_all, export
 
 COMPAT = Path(__file__).resolve().parent / "cpp" / "compat"
 
@@ -67,11 +65,35 @@ CAPS_FUNCS = [
     ("smem_copy", "compat_caps::smem_copy"),
 ]
 
+# The sm_90 units as load_jit builds them, proven together (see test_headers.Group).
+GROUP = Group(
+    "sm_90 units",
+    (
+        # Every alias, as our load_jit builds it (no -DSGL_CUDA_ARCH: the headers derive it).
+        Unit("aliases", "nvcc", ALIASES),
+        Unit(
+            "sglang_namespace",
+            "nvcc",
+            include("sglang_namespace.cuh")
+            + in_sglang(export("scale_f16", "ScaleRows<fp16_t>::run") + export("scale_bf16", "ScaleRows<bf16_t>::run")),
+        ),
+        Unit(
+            "impl/norm.cuh",
+            "nvcc",
+            include("norm.cuh")
+            + "".join(export(f"rmsnorm_{t}_{d}", f"compat_norm::rmsnorm<{t}, {d}>") for t, d in NORM_CONFIGS),
+        ),
+        # The capabilities of 0.5.23 beyond renames (warp scans, fast_mod_div_u32_t, ensure_alignment, ...).
+        Unit("capabilities", "nvcc", include("capabilities.cuh") + "".join(export(n, f) for n, f in CAPS_FUNCS)),
+        Unit("ffi.h", "nvcc", include("ffi.cuh") + "".join(export(f, f"compat_ffi::{f}") for f in FFI_FUNCS)),
+    ),
+)
+
 UNITS = [
-    # Every alias, as our load_jit builds it (no -DSGL_CUDA_ARCH: the headers derive it).
-    Unit("aliases", "nvcc", ALIASES),
-    # ... and as sglang's load_jit builds it: it passes -DSGL_CUDA_ARCH itself.
-    Unit("aliases@SGL_CUDA_ARCH", "nvcc", ALIASES, extra_flags=("-DSGL_CUDA_ARCH=900",)),
+    *GROUP.units,
+    # ... and as sglang's load_jit builds it: it passes -DSGL_CUDA_ARCH itself. The device pass (whose
+    # front end reads the host code too): the host pass is the text of "aliases", SGL_CUDA_ARCH 900 in both.
+    Unit("aliases@SGL_CUDA_ARCH", "nvcc", ALIASES, extra_flags=("-DSGL_CUDA_ARCH=900",), device_only=True),
     # Two archs: SGL_CUDA_ARCH is the lowest in both passes, so host and device agree on kMaxVecBytes.
     Unit(
         "aliases@sm_80+sm_90",
@@ -79,21 +101,6 @@ UNITS = [
         ALIASES + "static_assert(SGL_CUDA_ARCH == 800 && !SGL_ARCH_HOPPER_OR_GREATER);\n",
         extra_flags=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"),
     ),
-    Unit(
-        "sglang_namespace",
-        "nvcc",
-        include("sglang_namespace.cuh")
-        + in_sglang(export("scale_f16", "ScaleRows<fp16_t>::run") + export("scale_bf16", "ScaleRows<bf16_t>::run")),
-    ),
-    Unit(
-        "impl/norm.cuh",
-        "nvcc",
-        include("norm.cuh")
-        + "".join(export(f"rmsnorm_{t}_{d}", f"compat_norm::rmsnorm<{t}, {d}>") for t, d in NORM_CONFIGS),
-    ),
-    # The capabilities of 0.5.23 beyond renames (warp scans, fast_mod_div_u32_t, ensure_alignment, ...).
-    Unit("capabilities", "nvcc", include("capabilities.cuh") + "".join(export(n, f) for n, f in CAPS_FUNCS)),
-    Unit("ffi.h", "nvcc", include("ffi.cuh") + "".join(export(f, f"compat_ffi::{f}") for f in FFI_FUNCS)),
     # ffi.h is host-only: plain g++ too (test_headers.py covers it alone; here with its users).
     Unit("ffi.h@g++", "g++", include("ffi.cuh") + "".join(export(f, f"compat_ffi::{f}") for f in FFI_FUNCS)),
 ]
@@ -101,13 +108,7 @@ UNITS = [
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
-    nvcc = find_nvcc()
-    units = [u for u in UNITS if (u.compiler == "nvcc" and nvcc) or (u.compiler == "g++" and shutil.which("g++"))]
-    workdir = tmp_path_factory.mktemp("compat")
-    units.sort(key=lambda u: u.compiler != "nvcc")
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        futures = {u.name: pool.submit(compile_unit, u, workdir, nvcc) for u in units}
-        return {name: future.result() for name, future in futures.items()}
+    return compile_all(UNITS, [GROUP], tmp_path_factory.mktemp("compat"))
 
 
 @pytest.mark.slow
@@ -117,6 +118,11 @@ def test_compat_unit_compiles(results, unit):
         pytest.skip(f"{unit.compiler} not found")
     result = results[unit.name]
     assert result.returncode == 0, f"{unit.name} failed to compile:\n{result.output}"
+
+
+@pytest.mark.slow
+def test_sm90_units_compile_together(results):
+    check_group(results, GROUP)
 
 
 def test_every_fixture_is_compiled():
