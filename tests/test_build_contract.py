@@ -4,6 +4,7 @@ prebuilt build, and a cache key that covers every file the compiler read."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -198,6 +199,86 @@ def test_unit_digest_does_not_depend_on_where_the_package_lives(tmp_path: Path, 
     (tmp_path / "include" / "sgl_kernel" / "utils.h").write_text("// edited\n")
     monkeypatch.setattr(unit, "_closure_digest", functools.cache(unit._closure_digest.__wrapped__))
     assert TranslationUnit.for_config(spec, (1,)).digest() != here
+
+
+# --- The closure digest's on-disk memo --------------------------------------------------------------
+
+
+def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new process starts with: no per-process memo of digests or of the memo file."""
+    from jit_kernel.engine import unit
+
+    monkeypatch.setattr(unit, "_closure_digest", functools.cache(unit._closure_digest.__wrapped__))
+    monkeypatch.setattr(unit, "_closure_memo", functools.cache(unit._closure_memo.__wrapped__))
+
+
+def _closure_folder(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A source that includes "x.h" (found in the include folder) and <sub/y.h>."""
+    src, inc = tmp_path / "src", tmp_path / "inc"
+    (inc / "sub").mkdir(parents=True)
+    src.mkdir()
+    (inc / "x.h").write_text("#pragma once\nconstexpr int kX = 1;\n")
+    (inc / "sub" / "y.h").write_text("#pragma once\nconstexpr int kY = 2;\n")
+    source = src / "k.cuh"
+    source.write_text('#include "x.h"\n#include <sub/y.h>\n')
+    return source, src, inc
+
+
+def test_closure_memo_agrees_with_a_fresh_walk_and_sees_every_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jit_kernel.engine import unit
+
+    monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    source, src, inc = _closure_folder(tmp_path)
+
+    def digest() -> str:
+        _fresh_process(monkeypatch)
+        return unit._closure_digest((source,), (inc,))
+
+    walked = unit._walk_closure((source,), (inc,))[0]
+    first = digest()
+    assert first == walked and (tmp_path / "cache" / "closure-digests.json").is_file()
+
+    def forbidden(path: Path) -> bytes:
+        raise AssertionError(f"a memo hit read {path}")
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "read_bytes", forbidden)
+        assert digest() == first  # another process, nothing changed: no file read
+
+    (inc / "sub" / "y.h").write_text("#pragma once\nconstexpr int kY = 3;\n")  # an included header edited
+    edited = digest()
+    assert edited != first and edited == unit._walk_closure((source,), (inc,))[0]
+
+    (src / "x.h").write_text("#pragma once\nconstexpr int kX = 9;\n")  # a new header that takes "x.h"
+    shadowed = digest()
+    assert shadowed not in (first, edited) and shadowed == unit._walk_closure((source,), (inc,))[0]
+
+    (src / "sub").mkdir()  # beside the source: not where <sub/y.h> is looked up, the same digest
+    (src / "sub" / "y.h").write_text("#pragma once\n")
+    assert digest() == shadowed
+
+
+def test_closure_memo_damaged_or_unwritable_is_only_slower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jit_kernel.engine import unit
+
+    source, _, inc = _closure_folder(tmp_path)
+    expected = unit._walk_closure((source,), (inc,))[0]
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(cache_dir))
+    key = json.dumps([[str(source)], [str(inc)]])
+    entries = ({"paths": 5}, {"paths": [], "stamps": [], "digest": "0"}, {"digest": 1, "paths": ["a"], "stamps": ["b"]})
+    for damaged in ("{not json", "[1, 2]", '{"k": 5}', *(json.dumps({key: e}) for e in entries)):
+        (cache_dir / "closure-digests.json").write_text(damaged)
+        _fresh_process(monkeypatch)
+        assert unit._closure_digest((source,), (inc,)) == expected
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(blocked))
+    _fresh_process(monkeypatch)
+    assert unit._closure_digest((source,), (inc,)) == expected
 
 
 # --- The cache key covers every file the compiler read -------------------------------------------

@@ -55,8 +55,16 @@ class Manifest:
     def read(cls, path: Path) -> Manifest:
         data = json.loads(path.read_text())
         symbols = {}
+        archs: dict[tuple[str, ...], tuple[Arch, ...]] = {}  # the few distinct arch lists, parsed once
+
+        def parsed(texts: list[str]) -> tuple[Arch, ...]:
+            key = tuple(texts)
+            if key not in archs:
+                archs[key] = tuple(map(Arch.parse, key))
+            return archs[key]
+
         for name, e in data["symbols"].items():
-            machine_code, ptx = (tuple(map(Arch.parse, e[key])) for key in ("machine_code", "ptx"))
+            machine_code, ptx = parsed(e["machine_code"]), parsed(e["ptx"])
             symbols[name] = PrebuiltSymbol(
                 name, e["family"], e["export"], tuple(e["config"]), e["target"], machine_code, ptx, e["unit_digest"]
             )

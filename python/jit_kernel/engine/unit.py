@@ -13,10 +13,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeGuard
 
 from jit_kernel.engine import env
 from jit_kernel.engine.spec import Config, KernelSpec, symbol_name
@@ -130,16 +131,100 @@ _INCLUDE_LINE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re
 def _closure_digest(sources: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> str:
     """Hash of every file the sources reach through ``#include`` lines (those in ``#if`` blocks too)
     in our folders; the others (the standard library, CUDA, tvm-ffi) are left to the versions the
-    manifest records. Memoised per process: every config of a family shares its sources."""
+    manifest records. Memoised per process (every config of a family shares its sources) and on
+    disk (the closure memo below)."""
+    key = json.dumps([[str(p) for p in sources], [str(d) for d in include_dirs]])
+    memo = _closure_memo()
+    entry = memo.get(key)
+    if _valid_entry(entry) and entry["stamps"] == _stamps(entry["paths"]):
+        return entry["digest"]
+    digest, paths, stamps = _walk_closure(sources, include_dirs)
+    memo.pop(key, None)
+    memo[key] = {"digest": digest, "paths": paths, "stamps": stamps}
+    _save_closure_memo(memo)
+    return digest
+
+
+def _walk_closure(sources: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> tuple[str, list[str], list[str]]:
+    """(digest, paths, stamps): the closure's hash, every file read and every folder an include was
+    looked up in, and their identities, taken before reading (a file edited meanwhile then fails
+    the next check)."""
     found: dict[Path, bytes] = {}
+    stamped: dict[str, str] = {}
+
+    def stamp(path: Path) -> None:
+        if str(path) not in stamped:
+            stamped[str(path)] = _stamp(path)
+
     pending = [path.resolve() for path in sources]
     while pending:
         path = pending.pop()
         if path in found:
             continue
+        stamp(path)
         found[path] = path.read_bytes()
         for quote, name in _INCLUDE_LINE.findall(found[path]):
             folders = [path.parent, *include_dirs] if quote == b'"' else include_dirs
-            header = next((f / name.decode() for f in folders if (f / name.decode()).is_file()), None)
+            candidates = [folder / name.decode() for folder in folders]
+            for candidate in candidates:
+                stamp(candidate.parent)  # a header added there later could take this include
+            header = next((c for c in candidates if c.is_file()), None)
             pending += [header.resolve()] if header else []
-    return relocatable_hash(*(f"{path}\0{hashlib.sha256(text).hexdigest()}" for path, text in sorted(found.items())))
+    digest = relocatable_hash(*(f"{path}\0{hashlib.sha256(text).hexdigest()}" for path, text in sorted(found.items())))
+    paths = sorted(stamped)
+    return digest, paths, [stamped[p] for p in paths]
+
+
+# The on-disk memo of closure digests: a fresh process whose sources are unchanged reads one small
+# file and stats each file of the closure instead of reading, scanning and hashing them all. An entry
+# holds for as long as every file it read and every folder it searched keeps its identity (size,
+# mtime, inode; a folder's mtime changes when a file is added to it, which could shadow a header).
+_CLOSURE_MEMO_NAME = "closure-digests.json"
+_CLOSURE_MEMO_ENTRIES = 256  # the least recently computed go first (user kernels in passing folders)
+
+
+def _valid_entry(entry: object) -> TypeGuard[dict[str, Any]]:
+    """An entry as _closure_digest writes them (a damaged memo only costs a walk)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+        return False
+    paths, stamps = entry.get("paths"), entry.get("stamps")
+    return (
+        isinstance(paths, list)
+        and isinstance(stamps, list)
+        and len(paths) == len(stamps) > 0
+        and all(isinstance(p, str) for p in paths)
+    )
+
+
+def _stamp(path: Path | str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def _stamps(paths: Iterable[str]) -> list[str]:
+    return [_stamp(path) for path in paths]
+
+
+@functools.cache
+def _closure_memo() -> dict[str, object]:
+    try:
+        memo = json.loads((env.cache_dir() / _CLOSURE_MEMO_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return memo if isinstance(memo, dict) else {}
+
+
+def _save_closure_memo(memo: dict[str, object]) -> None:
+    while len(memo) > _CLOSURE_MEMO_ENTRIES:
+        memo.pop(next(iter(memo)))
+    path = env.cache_dir() / _CLOSURE_MEMO_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        staging.write_text(json.dumps(memo))
+        os.replace(staging, path)
+    except OSError:
+        pass  # a read-only cache folder: the next process walks the closure again
