@@ -15,12 +15,14 @@ alone, exactly as listed, and its test reports that result.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -263,9 +265,29 @@ def _compile_jobs(jobs: dict[str, Unit], workdir: Path, nvcc: str | None) -> dic
         return {name: future.result() for name, future in futures.items()}
 
 
+def once_per_session(
+    tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], dict[str, Result]]
+) -> dict[str, Result]:
+    """compute()'s results, computed once per test session: pytest-xdist may hand a module's tests to
+    both workers, and the second then waits for the first one's results instead of compiling again."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return compute()
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}.json"  # the session's folder, above the workers'
+    with FileLock(f"{shared}.lock"):
+        if shared.is_file():
+            return {key: Result(**value) for key, value in json.loads(shared.read_text()).items()}
+        computed = compute()
+        shared.write_text(json.dumps({key: dataclasses.asdict(value) for key, value in computed.items()}))
+        return computed
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
-    return compile_all(UNITS, GROUPS, tmp_path_factory.mktemp("headers"))
+    return once_per_session(
+        tmp_path_factory, "test_headers", lambda: compile_all(UNITS, GROUPS, tmp_path_factory.mktemp("headers"))
+    )
 
 
 def check(results: dict[str, Result], unit: Unit) -> None:

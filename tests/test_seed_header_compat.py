@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import jit_kernel
-from test_headers import TVM_FFI_INCLUDES, Group, Result, Unit, check_group, compile_all, export
+from test_headers import TVM_FFI_INCLUDES, Group, Result, Unit, check_group, compile_all, export, once_per_session
 
 COMPAT = Path(__file__).resolve().parent / "cpp" / "compat"
 
@@ -108,7 +108,11 @@ UNITS = [
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
-    return compile_all(UNITS, [GROUP], tmp_path_factory.mktemp("compat"))
+    return once_per_session(
+        tmp_path_factory,
+        "test_seed_header_compat",
+        lambda: compile_all(UNITS, [GROUP], tmp_path_factory.mktemp("compat")),
+    )
 
 
 @pytest.mark.slow
