@@ -1,11 +1,21 @@
-// hicache write-back through a device staging buffer, and load-back from page-unified host pages.
+// hicache write-back of whole pages to pinned host memory, and load-back from page-unified host pages.
 //
-// Write-back (device -> pinned host), for host layouts whose pages are contiguous byte ranges:
-// a gather kernel packs whole pages into the caller's device staging buffer in the host page's own
-// byte order, then the copy engine moves each run of consecutive host pages with one
-// cudaMemcpyAsync. Pages beyond the staging buffer's capacity go in further chunks, all in this
-// one call, on the current stream (the next chunk's gather waits for the previous chunk's copies
-// in stream order, so the staging buffer is reused safely).
+// Write-back (device -> pinned host), for host layouts whose pages are contiguous byte ranges. Two
+// ways, one result (the host bytes; the staging buffer's contents are unspecified afterwards):
+//
+//   direct stores (the default)  one kernel reads each row of the layer-first device pools and
+//                 stores it into its host page through the page's device alias (mapped pinned
+//                 memory), under a block quota: no staging, no copy-engine copies, one launch per
+//                 kLaunchPages pages. Like the register kernel's, stores from 2 blocks of 1024
+//                 threads saturate PCIe, whatever the order of the host pages; the copy engine
+//                 pays a fixed cost per copy, once per run of consecutive host pages, which pages
+//                 of a few hundred KiB do not hide.
+//   staged copies  a gather kernel packs whole pages into the caller's device staging buffer in
+//                 the host page's own byte order, then the copy engine moves each run of
+//                 consecutive host pages with one cudaMemcpyAsync (no SM time during the copy).
+//                 Pages beyond the staging buffer's capacity go in further chunks, all in this one
+//                 call, on the current stream (the next chunk's gather waits for the previous
+//                 chunk's copies in stream order, so the staging buffer is reused safely).
 //
 //   lf_pf         device pools layer-first ([token, row] per layer, through pointer tables);
 //                 host page-first: dst[token, layer, row], a page = page_size tokens of every layer.
@@ -20,12 +30,14 @@
 // index / page_size), dst_indices device token indices; an index out of range is skipped.
 //
 // Row sizes are run-time values (multiples of 16 bytes), so the one prebuilt config serves every
-// shape. Exports (no template parameters):
+// shape. Exports (no template parameters); block_quota 0 = two blocks per SM, staged_copies 0 =
+// direct stores, 1 = staging buffer and copy engine:
 //   lf_pf            (k_ptr_src, v_ptr_src, src_indices, dst_indices, staging_k, staging_v, dst_k, dst_v,
-//                     page_size, element_size, block_quota)
-//   lf_pf_mla        (ptr_src, src_indices, dst_indices, staging, dst, page_size, element_size, block_quota)
-//   pu_write         (k_ptr_src, v_ptr_src, src_pages, dst_pages, staging, dst)
-//   pu_write_mla     (ptr_src, src_pages, dst_pages, staging, dst)
+//                     page_size, element_size, block_quota, staged_copies)
+//   lf_pf_mla        (ptr_src, src_indices, dst_indices, staging, dst, page_size, element_size, block_quota,
+//                     staged_copies)
+//   pu_write         (k_ptr_src, v_ptr_src, src_pages, dst_pages, staging, dst, block_quota, staged_copies)
+//   pu_write_mla     (ptr_src, src_pages, dst_pages, staging, dst, block_quota, staged_copies)
 //   pu_load          (k_cache_dst, v_cache_dst, src, src_indices, dst_indices, layer_id, block_quota)
 //   pu_load_mla      (cache_dst, src, src_indices, dst_indices, layer_id, block_quota)
 #pragma once
@@ -50,6 +62,11 @@ namespace jit_kernel::hicache_staged {
 
 inline constexpr int64_t kVecBytes = 16;
 inline constexpr uint32_t kUnroll = 4;  // 16-byte loads a lane has in flight
+// Host pages one direct-store launch writes: their first host token (page-first) or page id
+// (page-unified) travel in the kernel's parameters (2 KiB of the 4 KiB), so the call needs neither
+// device memory for them nor a host-to-device copy, and a CUDA graph can capture it.
+inline constexpr int64_t kLaunchPages = 256;
+inline constexpr uint32_t kDirectThreads = 1024;
 
 /// \brief Copies one row of `units` 16-byte units with the `group` lanes of a row group (`lane` of
 /// them), each lane issuing up to kUnroll loads before its stores. Streaming loads (`.cs`): a
@@ -130,6 +147,57 @@ struct PageUnifiedRows {
         reinterpret_cast<const uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(tables[kv]) + layer));
     src = reinterpret_cast<const uint4*>(base + (token * groups + g) * group_bytes);
     dst = reinterpret_cast<uint4*>(staging + r * group_bytes);
+    return true;
+  }
+};
+
+/// \brief Row r of a direct page-first write-back, in the host pages' order: row (j * page_size +
+/// t) * layers + l of tensor `which` <- layer l's row src_indices[(first_page + j) * page_size] + t,
+/// stored at host token dst_first[j] + t, layer l (through the host cache's device alias).
+template <typename Index>
+struct LfPfHostRows {
+  const uint64_t* tables[2];  // K, V per-layer base addresses
+  uint8_t* host[2];           // device aliases of the pinned host caches
+  const Index* src_indices;
+  int64_t first_page;
+  int64_t page_size;
+  int64_t layers;
+  int64_t row_bytes;
+  int64_t rows_per_tensor;  // pages * page_size * layers
+  int64_t tensors;          // 2 (K, V), or 1 for MLA
+  int64_t dst_first[kLaunchPages];
+
+  SGL_DEVICE auto locate(int64_t r, uint4*& dst, const uint4*& src) const -> bool {
+    const int64_t which = r / rows_per_tensor;
+    if (which >= tensors) return false;
+    const int64_t in_tensor = r - which * rows_per_tensor;
+    const int64_t token = in_tensor / layers;  // j * page_size + t
+    const int64_t layer = in_tensor - token * layers;
+    const int64_t page = token / page_size;
+    const int64_t t = token - page * page_size;
+    const int64_t start = static_cast<int64_t>(__ldg(src_indices + (first_page + page) * page_size));
+    const auto base =
+        reinterpret_cast<const uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(tables[which]) + layer));
+    src = reinterpret_cast<const uint4*>(base + (start + t) * row_bytes);
+    dst = reinterpret_cast<uint4*>(host[which] + ((dst_first[page] + t) * layers + layer) * row_bytes);
+    return true;
+  }
+};
+
+/// \brief Row r of a direct page-unified write-back: PageUnifiedRows' row r of the launch's page j
+/// = r / rows_per_page, stored in host page dst_pages[j] (through the host pages' device alias).
+template <typename Index>
+struct PageUnifiedHostRows {
+  PageUnifiedRows<Index> gather;  // src_pages and rows: this launch's pages
+  uint8_t* host;
+  int64_t rows_per_page;
+  int64_t dst_pages[kLaunchPages];
+
+  SGL_DEVICE auto locate(int64_t r, uint4*& dst, const uint4*& src) const -> bool {
+    if (!gather.locate(r, dst, src)) return false;
+    const int64_t page = r / rows_per_page;
+    dst = reinterpret_cast<uint4*>(
+        host + (dst_pages[page] * rows_per_page + (r - page * rows_per_page)) * gather.group_bytes);
     return true;
   }
 };
@@ -257,12 +325,7 @@ class OnDevice {
   int m_previous = -1;
 };
 
-/// \brief A host tensor the copy engine writes: page-locked (pinned or registered).
-inline void check_page_locked(const tvm::ffi::TensorView& t, std::string_view name) {
-  (void)host::runtime::get_device_accessible_ptr(t, name);
-}
-
-/// \brief The staged write-back, layer-first device pools to page-first host caches.
+/// \brief The write-back, layer-first device pools to page-first host caches.
 template <bool kHasV>
 inline void lf_pf(
     const tvm::ffi::TensorView& k_ptr_src,
@@ -275,7 +338,8 @@ inline void lf_pf(
     const tvm::ffi::TensorView* dst_v,
     int64_t page_size,
     int64_t element_size,
-    int64_t block_quota) {
+    int64_t block_quota,
+    bool staged_copies) {
   using namespace host;
   constexpr std::string_view kStagingK = kHasV ? "staging_k" : "staging";
   constexpr std::string_view kDstK = kHasV ? "dst_k" : "dst";
@@ -342,8 +406,9 @@ inline void lf_pf(
   const int64_t pages = tokens.unwrap() / page_size;
   if (pages == 0 || layers.unwrap() == 0 || has_no_data(src_indices)) return;
 
-  check_page_locked(dst_k, kDstK);
-  if constexpr (kHasV) check_page_locked(*dst_v, "dst_v");
+  auto* const host_k = static_cast<uint8_t*>(runtime::get_device_accessible_ptr(dst_k, kDstK));
+  uint8_t* host_v = nullptr;
+  if constexpr (kHasV) host_v = static_cast<uint8_t*>(runtime::get_device_accessible_ptr(*dst_v, "dst_v"));
   // The host pages each call writes: first token of page j, in range (the copy engine would write
   // past the host buffer otherwise).
   const auto* dst_tokens = static_cast<const int64_t*>(dst_indices.data_ptr());
@@ -369,6 +434,28 @@ inline void lf_pf(
   const OnDevice on_gpu{gpu.device_id};
   const int64_t per_chunk = capacity.unwrap() / page_size;
   const int64_t token_bytes = layers.unwrap() * row_bytes;  // a token of every layer, on both sides
+  const auto store_direct = [&](auto index_type) {
+    using Index = decltype(index_type);
+    for (int64_t first_page = 0; first_page < pages; first_page += kLaunchPages) {
+      const int64_t count = std::min(kLaunchPages, pages - first_page);
+      auto rows = LfPfHostRows<Index>{};
+      rows.tables[0] = static_cast<const uint64_t*>(k_ptr_src.data_ptr());
+      rows.host[0] = host_k;
+      if constexpr (kHasV) {
+        rows.tables[1] = static_cast<const uint64_t*>(v_ptr_src->data_ptr());
+        rows.host[1] = host_v;
+      }
+      rows.src_indices = static_cast<const Index*>(src_indices.data_ptr());
+      rows.first_page = first_page;
+      rows.page_size = page_size;
+      rows.layers = layers.unwrap();
+      rows.row_bytes = row_bytes;
+      rows.rows_per_tensor = count * page_size * layers.unwrap();
+      rows.tensors = kHasV ? 2 : 1;
+      for (int64_t j = 0; j < count; ++j) rows.dst_first[j] = dst_tokens[(first_page + j) * page_size];
+      launch_rows(rows, rows.rows_per_tensor * rows.tensors, row_bytes, block_quota, kDirectThreads, true, gpu);
+    }
+  };
   const auto run_chunks = [&](auto index_type) {
     using Index = decltype(index_type);
     for (int64_t first_page = 0; first_page < pages; first_page += per_chunk) {
@@ -409,14 +496,20 @@ inline void lf_pf(
       if constexpr (kHasV) copy(*staging_v, *dst_v);
     }
   };
-  if (index_dtype.is_type<int32_t>()) {
+  if (!staged_copies) {
+    if (index_dtype.is_type<int32_t>()) {
+      store_direct(int32_t{});
+    } else {
+      store_direct(int64_t{});
+    }
+  } else if (index_dtype.is_type<int32_t>()) {
     run_chunks(int32_t{});
   } else {
     run_chunks(int64_t{});
   }
 }
 
-/// \brief The staged write-back to page-unified host pages.
+/// \brief The write-back to page-unified host pages.
 template <bool kHasV>
 inline void pu_write(
     const tvm::ffi::TensorView& k_ptr_src,
@@ -424,7 +517,9 @@ inline void pu_write(
     const tvm::ffi::TensorView& src_pages,
     const tvm::ffi::TensorView& dst_pages,
     const tvm::ffi::TensorView& staging,
-    const tvm::ffi::TensorView& dst) {
+    const tvm::ffi::TensorView& dst,
+    int64_t block_quota,
+    bool staged_copies) {
   using namespace host;
   auto capacity = SymbolicSize{"staging pages"};
   auto host_pages = SymbolicSize{"host pages"};
@@ -478,10 +573,11 @@ inline void pu_write(
       "hicache: a head group's token row (heads per group x dim) must be a multiple of 16 bytes, got ",
       group_bytes);
   RuntimeCheck(capacity.unwrap() > 0, "hicache: 'staging' must hold at least one page");
+  RuntimeCheck(block_quota >= 0, "hicache: block_quota must be positive, got ", block_quota);
   const int64_t pages = count.unwrap();
   if (pages == 0 || has_no_data(src_pages)) return;
 
-  check_page_locked(dst, "dst");
+  auto* const host_pages_ptr = static_cast<uint8_t*>(runtime::get_device_accessible_ptr(dst, "dst"));
   RuntimeCheck(
       reinterpret_cast<uintptr_t>(staging.data_ptr()) % kVecBytes == 0, "hicache: 'staging' must be 16-byte aligned");
   // Destination pages: in range, and each written once (two copies of one page would race with
@@ -510,22 +606,39 @@ inline void pu_write(
   const int64_t components = kHasV ? 2 : 1;
   const int64_t rows_per_page = groups.unwrap() * layers.unwrap() * components * page_size.unwrap();
   const int64_t page_bytes = rows_per_page * group_bytes;
+  const auto gather_rows = [&](auto index_type, int64_t first, int64_t n) {
+    using Index = decltype(index_type);
+    auto rows = PageUnifiedRows<Index>{};
+    rows.tables[0] = static_cast<const uint64_t*>(k_ptr_src.data_ptr());
+    rows.tables[1] = kHasV ? static_cast<const uint64_t*>(v_ptr_src->data_ptr()) : rows.tables[0];
+    rows.staging = static_cast<uint8_t*>(staging.data_ptr());
+    rows.src_pages = static_cast<const Index*>(src_pages.data_ptr()) + first;
+    rows.groups = groups.unwrap();
+    rows.layers = layers.unwrap();
+    rows.components = components;
+    rows.page_size = page_size.unwrap();
+    rows.group_bytes = group_bytes;
+    rows.rows = n * rows_per_page;
+    return rows;
+  };
+  const auto store_direct = [&](auto index_type) {
+    using Index = decltype(index_type);
+    for (int64_t first = 0; first < pages; first += kLaunchPages) {
+      const int64_t n = std::min(kLaunchPages, pages - first);
+      auto rows = PageUnifiedHostRows<Index>{};
+      rows.gather = gather_rows(index_type, first, n);
+      rows.host = host_pages_ptr;
+      rows.rows_per_page = rows_per_page;
+      for (int64_t j = 0; j < n; ++j) rows.dst_pages[j] = dst_ids[first + j];
+      launch_rows(rows, rows.gather.rows, group_bytes, block_quota, kDirectThreads, true, gpu);
+    }
+  };
   const auto run_chunks = [&](auto index_type) {
     using Index = decltype(index_type);
     for (int64_t first = 0; first < pages; first += capacity.unwrap()) {
       const int64_t n = std::min(capacity.unwrap(), pages - first);
-      auto rows = PageUnifiedRows<Index>{};
-      rows.tables[0] = static_cast<const uint64_t*>(k_ptr_src.data_ptr());
-      rows.tables[1] = kHasV ? static_cast<const uint64_t*>(v_ptr_src->data_ptr()) : rows.tables[0];
-      rows.staging = static_cast<uint8_t*>(staging.data_ptr());
-      rows.src_pages = static_cast<const Index*>(src_pages.data_ptr()) + first;
-      rows.groups = groups.unwrap();
-      rows.layers = layers.unwrap();
-      rows.components = components;
-      rows.page_size = page_size.unwrap();
-      rows.group_bytes = group_bytes;
-      rows.rows = n * rows_per_page;
-      launch_rows(rows, rows.rows, group_bytes, 0, 512, false, gpu);
+      const auto rows = gather_rows(Index{}, first, n);
+      launch_rows(rows, rows.rows, group_bytes, block_quota, 512, false, gpu);
       copy_pages_to_host(
           static_cast<const uint8_t*>(staging.data_ptr()),
           static_cast<uint8_t*>(dst.data_ptr()),
@@ -535,7 +648,13 @@ inline void pu_write(
           stream);
     }
   };
-  if (index_dtype.is_type<int32_t>()) {
+  if (!staged_copies) {
+    if (index_dtype.is_type<int32_t>()) {
+      store_direct(int32_t{});
+    } else {
+      store_direct(int64_t{});
+    }
+  } else if (index_dtype.is_type<int32_t>()) {
     run_chunks(int32_t{});
   } else {
     run_chunks(int64_t{});
@@ -673,7 +792,8 @@ inline void run_lf_pf(
     tvm::ffi::TensorView dst_v,
     int64_t page_size,
     int64_t element_size,
-    int64_t block_quota) {
+    int64_t block_quota,
+    int64_t staged_copies) {
   lf_pf<true>(
       k_ptr_src,
       &v_ptr_src,
@@ -685,7 +805,8 @@ inline void run_lf_pf(
       &dst_v,
       page_size,
       element_size,
-      block_quota);
+      block_quota,
+      staged_copies != 0);
 }
 
 inline void run_lf_pf_mla(
@@ -696,9 +817,21 @@ inline void run_lf_pf_mla(
     tvm::ffi::TensorView dst,
     int64_t page_size,
     int64_t element_size,
-    int64_t block_quota) {
+    int64_t block_quota,
+    int64_t staged_copies) {
   lf_pf<false>(
-      ptr_src, nullptr, src_indices, dst_indices, staging, nullptr, dst, nullptr, page_size, element_size, block_quota);
+      ptr_src,
+      nullptr,
+      src_indices,
+      dst_indices,
+      staging,
+      nullptr,
+      dst,
+      nullptr,
+      page_size,
+      element_size,
+      block_quota,
+      staged_copies != 0);
 }
 
 inline void run_pu_write(
@@ -707,8 +840,10 @@ inline void run_pu_write(
     tvm::ffi::TensorView src_pages,
     tvm::ffi::TensorView dst_pages,
     tvm::ffi::TensorView staging,
-    tvm::ffi::TensorView dst) {
-  pu_write<true>(k_ptr_src, &v_ptr_src, src_pages, dst_pages, staging, dst);
+    tvm::ffi::TensorView dst,
+    int64_t block_quota,
+    int64_t staged_copies) {
+  pu_write<true>(k_ptr_src, &v_ptr_src, src_pages, dst_pages, staging, dst, block_quota, staged_copies != 0);
 }
 
 inline void run_pu_write_mla(
@@ -716,8 +851,10 @@ inline void run_pu_write_mla(
     tvm::ffi::TensorView src_pages,
     tvm::ffi::TensorView dst_pages,
     tvm::ffi::TensorView staging,
-    tvm::ffi::TensorView dst) {
-  pu_write<false>(ptr_src, nullptr, src_pages, dst_pages, staging, dst);
+    tvm::ffi::TensorView dst,
+    int64_t block_quota,
+    int64_t staged_copies) {
+  pu_write<false>(ptr_src, nullptr, src_pages, dst_pages, staging, dst, block_quota, staged_copies != 0);
 }
 
 inline void run_pu_load(

@@ -26,6 +26,7 @@ from jit_kernel.hicache import (
     transfer_hicache_one_layer_mla,
 )
 from jit_kernel.ops import hicache as ops_hicache
+from jit_kernel.ops import hicache_staged as ops_staged
 
 POISON = 0xA5
 DTYPE_FOR_SIZE = {16: torch.float32, 128: torch.bfloat16, 256: torch.bfloat16, 576: torch.uint8, 1024: torch.float16}
@@ -1128,14 +1129,18 @@ def lf_pf_expected(host: torch.Tensor, pool: list[torch.Tensor], src_tok: torch.
     [(False, (8, 64), torch.bfloat16), (False, (2, 128), torch.float8_e4m3fn), (True, (576,), torch.uint8),
      (True, (576,), torch.bfloat16)],
 )  # fmt: skip
-@pytest.mark.parametrize(("page_size", "num_pages", "staging_pages"), [(16, 7, 3), (64, 5, 8), (1, 33, 4)])
+@pytest.mark.parametrize(
+    ("page_size", "num_pages", "staging_pages"), [(16, 7, 3), (64, 5, 8), (1, 33, 4), (1, 300, 64)]
+)
+@pytest.mark.parametrize("staged_copies", [False, True], ids=["direct", "staged"])
 def test_staged_lf_pf(
     page_size: int, num_pages: int, staging_pages: int, mla: bool, row_shape: tuple[int, ...], dtype: torch.dtype,
-    index_dtype: torch.dtype,
+    index_dtype: torch.dtype, staged_copies: bool,
 ) -> None:  # fmt: skip
-    """Whole pages of every layer from layer-first device pools to a page-first pinned host cache: an
-    odd page count, transfers larger than the staging buffer (chunks), host pages in a random order
-    with some runs of consecutive pages (one copy each)."""
+    """Whole pages of every layer from layer-first device pools to a page-first pinned host cache, by
+    direct stores (the default) and through the staging buffer and the copy engine: an odd page
+    count, more pages than one direct launch takes (256), transfers larger than the staging buffer
+    (chunks), host pages in a random order with some runs of consecutive pages (one copy each)."""
     layers, pool_pages, host_pages = 3, num_pages + 6, 2 * num_pages + 4
     k_pool = _pool(layers, pool_pages * page_size, row_shape, dtype)
     v_pool = _pool(layers, pool_pages * page_size, row_shape, dtype)
@@ -1150,7 +1155,14 @@ def test_staged_lf_pf(
     staging_v = torch.empty_like(staging_k)
     want_k = lf_pf_expected(host_k, k_pool, src_tok, dst_tok, page_size)
     want_v = lf_pf_expected(host_v, v_pool, src_tok, dst_tok, page_size)
-    if mla:
+    if staged_copies and mla:
+        ops_staged._lf_pf_mla_op(_table(k_pool), src_tok, dst_tok, staging_k, host_k, page_size, staged_copies=True)
+    elif staged_copies:
+        ops_staged._lf_pf_op(
+            _table(k_pool), _table(v_pool), src_tok, dst_tok, staging_k, staging_v, host_k, host_v, page_size,
+            staged_copies=True,
+        )  # fmt: skip
+    elif mla:
         seed_hicache.transfer_hicache_all_layer_mla_staged_lf_pf(
             _table(k_pool), src_tok, dst_tok, staging_k, host_k, page_size=page_size
         )
@@ -1187,6 +1199,32 @@ def test_staged_lf_pf_refuses_host_pages_out_of_range_before_writing() -> None:
         )
 
 
+@pytest.mark.gpu
+def test_staged_lf_pf_in_a_cuda_graph() -> None:
+    """The direct write-back captured in a CUDA graph: each replay writes the captured pages from the
+    pools' current contents."""
+    layers, ps = 2, 16
+    pool = _pool(layers, 8 * ps, (256,), torch.uint8)
+    host = _host_poison((6 * ps, layers, 256), torch.uint8)
+    staging = torch.empty(ps, layers, 256, dtype=torch.uint8, device="cuda")
+    src_tok = page_indices(3, 8, ps, torch.int64)
+    dst_tok = (torch.tensor([4, 0, 2])[:, None] * ps + torch.arange(ps)).flatten()
+    table = _table(pool)
+    write = seed_hicache.transfer_hicache_all_layer_mla_staged_lf_pf
+    write(table, src_tok, dst_tok, staging, host, page_size=ps)  # loads the module outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        write(table, src_tok, dst_tok, staging, host, page_size=ps)
+    for _ in range(2):
+        for layer in pool:
+            layer.random_(0, 255)
+        want = lf_pf_expected(host, pool, src_tok, dst_tok, ps)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bytes(host.reshape(host.shape[0], -1), want.reshape(want.shape[0], -1))
+
+
 # -- GPU: page-unified write-back and load-back ------------------------------------------------
 
 
@@ -1204,12 +1242,16 @@ def pu_expected_pages(k_pool, v_pool, src_pages, groups, heads, ps) -> torch.Ten
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("staged_copies", [False, True], ids=["direct", "staged"])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize(("dtype", "dim"), [(torch.bfloat16, 64), (torch.float8_e4m3fn, 128)])
-def test_page_unified_write_back_and_load_back(dtype: torch.dtype, dim: int, index_dtype: torch.dtype) -> None:
-    """Write 7 pages (staging holds 3: three chunks) to random host pages in the page-unified layout,
-    compare with the reference permutation, then load each layer back into a poisoned device pool
-    (tokens in random order, across pages) and compare rows."""
+def test_page_unified_write_back_and_load_back(
+    dtype: torch.dtype, dim: int, index_dtype: torch.dtype, staged_copies: bool
+) -> None:
+    """Write 7 pages (staging holds 3: three chunks on the staging path) to random host pages in the
+    page-unified layout, by direct stores and through the staging buffer, compare with the reference
+    permutation, then load each layer back into a poisoned device pool (tokens in random order,
+    across pages) and compare rows."""
     groups, heads, layers, ps, pool_pages, host_pages = 2, 2, 3, 16, 12, 20
     H = groups * heads
     k_pool = _pool(layers, pool_pages * ps, (H, dim), dtype)
@@ -1221,9 +1263,12 @@ def test_page_unified_write_back_and_load_back(dtype: torch.dtype, dim: int, ind
     staging = torch.empty(3, *page_shape, dtype=dtype, device="cuda")
     want = as_bytes(host).clone()
     want[dst_pages] = pu_expected_pages(k_pool, v_pool, src_pages, groups, heads, ps)
-    seed_hicache.transfer_hicache_all_layer_staged_lf_page_unified(
-        _table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host
-    )
+    if staged_copies:
+        ops_staged._pu_write_op(_table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host, True)
+    else:
+        seed_hicache.transfer_hicache_all_layer_staged_lf_page_unified(
+            _table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host
+        )
     torch.cuda.synchronize()
     assert_same_bytes(host.reshape(host_pages, -1), want.reshape(host_pages, -1))
 
@@ -1250,10 +1295,11 @@ def test_page_unified_write_back_and_load_back(dtype: torch.dtype, dim: int, ind
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("staged_copies", [False, True], ids=["direct", "staged"])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
-def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype) -> None:
+def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype, staged_copies: bool) -> None:
     """MLA pages (page, layer, page_size, dim): 576 values a token (fp8 as uint8, or bf16), 5 pages
-    through a 2-page staging buffer, then each layer back."""
+    (through a 2-page staging buffer on the staging path), then each layer back."""
     layers, ps, pool_pages, host_pages, dim = 4, 16, 9, 11, 576
     pool = _pool(layers, pool_pages * ps, (dim,), dtype)
     src_pages = torch.randperm(pool_pages)[:5].cuda()
@@ -1263,9 +1309,12 @@ def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype) -> None:
     want = as_bytes(host).clone()
     for sp, dp in zip(src_pages.tolist(), dst_pages.tolist(), strict=True):
         want[dp] = torch.stack([as_bytes(buf[sp * ps : (sp + 1) * ps]) for buf in pool])
-    seed_hicache.transfer_hicache_all_layer_mla_staged_lf_page_unified(
-        _table(pool), src_pages, dst_pages, staging, host
-    )
+    if staged_copies:
+        ops_staged._pu_write_mla_op(_table(pool), src_pages, dst_pages, staging, host, True)
+    else:
+        seed_hicache.transfer_hicache_all_layer_mla_staged_lf_page_unified(
+            _table(pool), src_pages, dst_pages, staging, host
+        )
     torch.cuda.synchronize()
     assert_same_bytes(host.reshape(host_pages, -1), want.reshape(host_pages, -1))
     host_tok = (dst_pages[:, None] * ps + torch.arange(ps)).flatten()[:77]
@@ -1281,6 +1330,24 @@ def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype) -> None:
         )
         torch.cuda.synchronize()
         assert_same_bytes(dst.reshape(dst.shape[0], -1), expected.reshape(expected.shape[0], -1))
+
+
+@pytest.mark.gpu
+def test_page_unified_mla_write_back_of_more_pages_than_one_launch_takes() -> None:
+    """300 pages in random host order: the direct stores take them in two launches (256 + 44)."""
+    layers, ps, dim, pool_pages, host_pages = 2, 2, 64, 320, 400
+    pool = _pool(layers, pool_pages * ps, (dim,), torch.uint8)
+    src_pages = torch.randperm(pool_pages)[:300].cuda()
+    dst_pages = torch.randperm(host_pages)[:300]
+    host = _host_poison((host_pages, layers, ps, dim), torch.uint8)
+    staging = torch.empty(1, layers, ps, dim, dtype=torch.uint8, device="cuda")
+    want = host.clone()
+    want[dst_pages] = torch.stack([buf.view(pool_pages, ps, dim)[src_pages].cpu() for buf in pool], dim=1)
+    seed_hicache.transfer_hicache_all_layer_mla_staged_lf_page_unified(
+        _table(pool), src_pages, dst_pages, staging, host
+    )
+    torch.cuda.synchronize()
+    assert_same_bytes(host.reshape(host_pages, -1), want.reshape(host_pages, -1))
 
 
 @pytest.mark.gpu

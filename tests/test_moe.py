@@ -332,6 +332,7 @@ def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, 
         (0, 8, 8, 16),
         (1, 2, 8, 16),
         (7, 8, 256, 64),
+        (128, 8, 60, 24),  # 1024 pairs: the largest one-pair-per-thread case, a block size not a power of two
         (1000, 8, 128, 128),
         (1024, 8, 256, 64),  # 8192 pairs: the largest one-CTA case
         (1025, 8, 1024, 1),  # 8200 pairs: count + scatter kernels, the most experts, blocks of one

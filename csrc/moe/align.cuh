@@ -8,7 +8,8 @@
 // - num_tokens_post_padded[0]: the sum over experts of round_up(count, block_size).
 // Ids outside [0, num_experts) are skipped (not placed).
 //
-// Up to kSmallPairs pairs: one CTA of 1024 threads counts the pairs per expert in shared memory, takes
+// Up to 1024 pairs: one CTA, a pair and an expert per thread (align_small_kernel, one id load, four
+// barriers). Up to kSmallPairs pairs: one CTA of 1024 threads counts the pairs per expert in shared memory, takes
 // the exclusive prefix sum of the padded counts (cub::BlockScan), then scatters through per-expert
 // cursors (shared-memory atomics). Beyond: that CTA counts and lays out the blocks and the padding,
 // leaving each expert's first position in a workspace; then a grid of CTAs scatters, each ranking its
@@ -28,6 +29,7 @@
 #include <tvm/ffi/optional.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace jit_kernel::moe_align {
@@ -49,9 +51,15 @@ struct AlignParams {
   int32_t numel;
   int32_t experts;
   int32_t block_size;
+  int32_t block_shift;  // log2(block_size) when a power of two, else -1
   int32_t sorted_len;
   int32_t blocks_len;
 };
+
+// round_up(n, block_size) / block_size, a shift when block_size is a power of two.
+SGL_DEVICE int32_t blocks_of(const AlignParams& p, int32_t n) {
+  return p.block_shift >= 0 ? (n + p.block_size - 1) >> p.block_shift : (n + p.block_size - 1) / p.block_size;
+}
 
 template <typename Id>
 SGL_DEVICE int32_t expert_of(const AlignParams& p, int64_t i) {
@@ -129,6 +137,50 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
   for (int32_t b = all / p.block_size + t; b < p.blocks_len; b += kThreads) p.expert_ids[b] = 0;
   for (int32_t i = all + t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
   return all;
+}
+
+// Up to kThreads pairs: one pair and one expert per thread. Each thread loads its id once; the sorted ids
+// are filled with numel (coalesced) while it arrives; a shared-memory atomic counts the pair and gives its
+// rank within the expert; the experts' padded sizes are scanned (a warp scan, each warp's total in shared
+// memory, the totals before a warp summed with one redux.sync); then each pair lands at its expert's
+// start plus its rank, over the fill (the barrier orders the two stores), and each expert writes its
+// blocks' ids. Four barriers, one global load per thread, no global atomics.
+template <typename Id>
+__global__ void __launch_bounds__(kThreads) align_small_kernel(const AlignParams p) {
+  __shared__ int32_t counts[kMaxExperts];  // counts, then each expert's start
+  __shared__ int32_t warp_total[kThreads / 32];
+  const int t = threadIdx.x;
+  const int lane = t % 32;
+  const int warp = t / 32;
+  if (t < p.experts) counts[t] = 0;
+  device::PDLWaitPrimary();
+  const int32_t e = t < p.numel ? expert_of<Id>(p, t) : -1;
+  const int32_t mapped = p.expert_map != nullptr && t < p.experts ? p.expert_map[t] : t;  // loaded with the id
+  for (int32_t i = t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
+  __syncthreads();
+  const int32_t rank = e >= 0 ? atomicAdd(&counts[e], 1) : 0;
+  __syncthreads();
+  const int32_t count = t < p.experts ? counts[t] : 0;
+  const int32_t blocks = blocks_of(p, count);
+  int32_t inclusive = blocks;  // in blocks: the scan of block counts
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int32_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  if (lane == 31) warp_total[warp] = inclusive;
+  __syncthreads();
+  const int32_t other = warp_total[lane];
+  const int32_t before = __reduce_add_sync(0xffffffffu, lane < warp ? other : 0);
+  const int32_t all_blocks = __reduce_add_sync(0xffffffffu, other);
+  const int32_t first_block = before + inclusive - blocks;
+  if (t < p.experts) counts[t] = first_block * p.block_size;
+  if (t == 0) p.post_padded[0] = all_blocks * p.block_size;
+  device::PDLTriggerSecondary();
+  for (int32_t b = 0; b < blocks; ++b) p.expert_ids[first_block + b] = mapped;  // blocks is 0 past the experts
+  for (int32_t b = all_blocks + t; b < p.blocks_len; b += kThreads) p.expert_ids[b] = 0;
+  __syncthreads();
+  if (e >= 0) p.sorted_ids[counts[e] + rank] = t;
 }
 
 // Up to kSmallPairs pairs: everything in one CTA.
@@ -252,9 +304,15 @@ struct MoeAlign {
         static_cast<int32_t>(numel),
         static_cast<int32_t>(num_experts),
         static_cast<int32_t>(block_size),
+        (block_size & (block_size - 1)) == 0 ? std::countr_zero(static_cast<uint32_t>(block_size)) : -1,
         static_cast<int32_t>(S.unwrap()),
         static_cast<int32_t>(B.unwrap())};
     const bool wide = is_type<int64_t>(topk_ids.dtype());
+    if (numel <= kThreads) {
+      LaunchKernel(1, kThreads, dev)
+          .enable_pdl(pdl)(wide ? align_small_kernel<int64_t> : align_small_kernel<int32_t>, p);
+      return;
+    }
     if (numel <= kSmallPairs) {
       LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(wide ? align_kernel<int64_t> : align_kernel<int32_t>, p);
       return;

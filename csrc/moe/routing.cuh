@@ -15,10 +15,12 @@
 //
 // Layout: lane l holds experts l, l + 32, l + 64, ... (kVPT values per lane, experts <= 32 * kVPT), all
 // in registers; the loads of one step are 32 consecutive logits. Each lane sorts its candidates once;
-// each pick is then two `redux.sync` over the lanes' heads (the best rank, then the lowest index holding
-// it), one shuffle (its weight) and a shift of the owner's list. The grouped path stages
-// the ranks in shared memory, where several lanes score each group, then keeps a group when fewer than
-// topk_group groups rank above it. No global scratch; one launch.
+// each pick is then one `redux.sync` over the lanes' heads (the best rank) and a ballot of the lanes
+// holding it (a second `redux.sync`, the lowest expert, only when several do), two shuffles (its weight
+// and id) and a shift of the owner's list. Grouped routing with groups of 32 experts scores each group
+// with `redux.sync` in registers (value j of every lane is group j); other group sizes stage the ranks in
+// shared memory, where several lanes score each group. A group is kept when fewer than topk_group groups
+// rank above it. No global scratch; one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -55,17 +57,20 @@ SGL_DEVICE float key_value(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
+// 1 / d correctly rounded for d in [1, 2^125) (the fast path of IEEE rcp.rn: an approximation and one
+// Newton step), without the range test and slow-path branch of __frcp_rn: straight-line code that the
+// compiler interleaves across a lane's values.
+SGL_DEVICE float rcp_rn_moderate(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  const float e = fmaf(d, r, -1.f);
+  return fmaf(r, -e, r);
+}
+
 SGL_DEVICE float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
   return v;
-}
-
-// The warp's best (key, index) among the lanes' candidates: the largest key, then the lowest index.
-// Every lane gets the index; a lane without a candidate passes key 0.
-SGL_DEVICE uint32_t warp_pick(uint32_t key, uint32_t index) {
-  const uint32_t best = __reduce_max_sync(kFull, key);
-  return __reduce_min_sync(kFull, key == best ? index : 0xffffffffu);
 }
 
 struct RouteParams {
@@ -136,8 +141,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
       for (int j = 0; j < kVPT; ++j) score[j] = score[j] / total;
     }
   } else {
+    // sigmoid = 1 / (1 + exp(-x)), IEEE: the denominator is >= 1; from 2^125 (x < -86.6, or -inf) the
+    // lane takes __frcp_rn's full path (rare: one branch per lane, not one per value).
+    float denom[kVPT];
+    bool huge = false;
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) score[j] = __frcp_rn(1.f + expf(-score[j]));  // = 1 / (...), IEEE
+    for (int j = 0; j < kVPT; ++j) {
+      denom[j] = 1.f + expf(-score[j]);
+      huge |= denom[j] >= 0x1p125f && !((out >> j) & 1u);  // an absent expert's score is never read
+      score[j] = rcp_rn_moderate(denom[j]);
+    }
+    if (huge) {
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) score[j] = __frcp_rn(denom[j]);
+    }
   }
   if (has_bias) {
 #pragma unroll
@@ -146,7 +163,37 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   }
 
-  if (p.groups > 1 && p.topk_group < p.groups) {
+  const bool grouped = p.groups > 1 && p.topk_group < p.groups;
+  if (grouped && p.experts == p.groups * 32) {
+    // Groups of 32 experts: lane l's value j (expert j * 32 + l) is in group j. A group's best key is one
+    // redux.sync; its second is the best of the others once the lowest lane holding the best is left
+    // out (a ballot). No shared memory; the groups' reductions are independent.
+    uint32_t group_key[kVPT];  // warp-uniform
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) {
+      const uint32_t key = (out >> j) & 1u ? 0u : order_key(rank[j]);
+      const uint32_t first = __reduce_max_sync(kFull, key);
+      float value = key_value(first);
+      if (has_bias) {
+        const uint32_t holders = __ballot_sync(kFull, key == first);
+        const uint32_t rest = lane == __ffs(holders) - 1 ? 0u : key;
+        value += key_value(__reduce_max_sync(kFull, rest));
+      }
+      group_key[j] = order_key(value);
+    }
+    // Lane g keeps group g when fewer than topk_group groups rank above it (a larger key, or an equal key
+    // and a lower index).
+    uint32_t mine = 0;
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) mine = lane == j ? group_key[j] : mine;
+    int above = 0;
+#pragma unroll
+    for (int h = 0; h < kVPT; ++h) {
+      above += h < p.groups && (group_key[h] > mine || (group_key[h] == mine && h < lane));
+    }
+    const uint32_t kept = __ballot_sync(kFull, lane < p.groups && above < p.topk_group);
+    out |= ~kept;  // bit j: group j
+  } else if (grouped) {
     const int per_group = p.experts / p.groups;
     // e / per_group without an integer division per expert: (e + 0.5) / per_group is at least
     // 0.5 / per_group >= 1 / 1024 away from an integer, far beyond the product's rounding (< 1e-4).
@@ -240,14 +287,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   for (int r = 0; r < p.topk; ++r) {
     const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
     const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
-    const uint32_t pick = warp_pick(key, key != 0u ? expert : 0xffffffffu);
-    const float w = __shfl_sync(kFull, weight[0], pick & 31);
+    // The owner of the best key: the one lane holding it (a ballot), or among several the lane of the
+    // lowest expert (a second redux.sync, warp-uniform branch: only on ties). Keys never run out (topk
+    // <= the candidates), so the best key is a candidate's.
+    const uint32_t best = __reduce_max_sync(kFull, key);
+    const uint32_t holders = __ballot_sync(kFull, key == best);
+    int owner = __ffs(holders) - 1;
+    if (holders & (holders - 1)) owner = __reduce_min_sync(kFull, key == best ? expert : 0xffffffffu) & 31;
+    const float w = __shfl_sync(kFull, weight[0], owner);
+    const int id = __shfl_sync(kFull, static_cast<int>(expert), owner);
     total += w;
     if (lane == r) {
       chosen_weight = w;
-      chosen_id = static_cast<int>(pick);
+      chosen_id = id;
     }
-    if (static_cast<uint32_t>(lane) == (pick & 31)) {
+    if (lane == owner) {
 #pragma unroll
       for (int i = 0; i + 1 < kVPT; ++i) {
         cand[i] = cand[i + 1];

@@ -177,19 +177,21 @@ SGL_DEVICE void normalize_row(
     const int64_t v = lane + k * group;
     if (exact || v < nvec) {
       if constexpr (!kEarlyWeight) w[k].load(weight, v);
-      Vec y;
+      float f[kN];
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
         if constexpr (kCast) {
           const float n = dtype_trait<fp32_t>::from(dtype_trait<T>::from(s[k][j] * rrms));
-          y[j] = dtype_trait<T>::from(n * dtype_trait<fp32_t>::from(w[k][j]));
+          f[j] = n * dtype_trait<fp32_t>::from(w[k][j]);
         } else if constexpr (kWeightPlusOne) {
           const float scale = 1.f + dtype_trait<fp32_t>::from(w[k][j]);
-          y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * scale);
+          f[j] = dtype_trait<fp32_t>::from(x[k][j]) * rrms * scale;
         } else {
-          y[j] = dtype_trait<T>::from(dtype_trait<fp32_t>::from(x[k][j]) * rrms * dtype_trait<fp32_t>::from(w[k][j]));
+          f[j] = dtype_trait<fp32_t>::from(x[k][j]) * rrms * dtype_trait<fp32_t>::from(w[k][j]);
         }
       }
+      Vec y;
+      device::from_floats(y, f);
       epilogue(out, y, v, k);
     }
   }

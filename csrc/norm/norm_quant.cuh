@@ -88,24 +88,21 @@ inline constexpr float kFp8E5m2Max = 57344.f;
 template <typename T, std::size_t kN>
 SGL_DEVICE void quantise_static(
     uint8_t* q, int64_t v, const device::AlignedVector<T, kN>& y, float inv, const EpiArgs& a) {
-  if (a.e5m2) {
-    device::AlignedVector<fp8_e5m2_t, kN> out;
-#pragma unroll
-    for (std::size_t j = 0; j < kN; ++j) {
-      out[j] = fp8_e5m2_t(fminf(fmaxf(dtype_trait<fp32_t>::from(y[j]) * inv, -kFp8E5m2Max), kFp8E5m2Max));
-    }
-    if (a.q_aligned) {
-      out.store(q, v);
+  if (a.q_aligned) {
+    if (a.e5m2) {
+      quant::quantise_vec<false, __NV_E5M2>(q, v, y, inv, kFp8E5m2Max);
     } else {
-#pragma unroll
-      for (std::size_t j = 0; j < kN; ++j) reinterpret_cast<fp8_e5m2_t*>(q)[v * kN + j] = out[j];
+      quant::quantise_vec(q, v, y, inv);
     }
-  } else if (a.q_aligned) {
-    quant::quantise_vec(reinterpret_cast<fp8_e4m3_t*>(q), v, y, inv);
-  } else {
+    return;
+  }
 #pragma unroll
-    for (std::size_t j = 0; j < kN; ++j) {
-      reinterpret_cast<fp8_e4m3_t*>(q)[v * kN + j] = quant::to_fp8(dtype_trait<fp32_t>::from(y[j]), inv);
+  for (std::size_t j = 0; j < kN; ++j) {
+    const float x = dtype_trait<fp32_t>::from(y[j]);
+    if (a.e5m2) {
+      reinterpret_cast<fp8_e5m2_t*>(q)[v * kN + j] = fp8_e5m2_t(quant::clamp_below(x, inv, kFp8E5m2Max));
+    } else {
+      reinterpret_cast<fp8_e4m3_t*>(q)[v * kN + j] = quant::to_fp8(x, inv);
     }
   }
 }

@@ -10,14 +10,15 @@
 
 namespace jit_kernel::fp8 {
 
-// y[0..kN) (already scaled, kN even) as kN fp8 values, in pairs (cvt.rn.satfinite.e4m3x2.f32).
-// SATFINITE: finite values beyond +-448 saturate, NaN stays NaN.
-template <int kN>
+// y[0..kN) (already scaled, kN even) as kN fp8 values, in pairs (cvt.rn.satfinite.e4m3x2.f32, or
+// e5m2x2). SATFINITE: values beyond the largest finite one (448, e5m2 57344) saturate, NaN stays NaN.
+template <int kN, __nv_fp8_interpretation_t kKind = __NV_E4M3>
 SGL_DEVICE auto pack_fp8(const float (&y)[kN]) {
+  static_assert(kN % 2 == 0, "pack_fp8: an even number of values");
   device::AlignedVector<__nv_fp8x2_storage_t, kN / 2> packed;
 #pragma unroll
   for (int j = 0; j < kN / 2; ++j) {
-    packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);
+    packed[j] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * j], y[2 * j + 1]), __NV_SATFINITE, kKind);
   }
   return packed;
 }

@@ -15,6 +15,8 @@
 // scale 0) and an inf gives scale inf, in every mode.
 #pragma once
 
+#include "fp8_store.cuh"
+
 #include <sgl_kernel/atomic.cuh>
 #include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
@@ -68,21 +70,36 @@ SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
   return m;
 }
 
-SGL_DEVICE fp8_e4m3_t to_fp8(float x, float inv_scale) {
-  return fp8_e4m3_t(fminf(fmaxf(x * inv_scale, -kFp8Max), kFp8Max));
+// fp8(clamp(x * inv_scale, -max, max)), NaN to -max: the lower bound is an fmaxf (which also maps
+// NaN to it), the upper one the conversion's saturation (SATFINITE: +inf and everything above max
+// give max), one instruction less per element than clamping both ends.
+SGL_DEVICE float clamp_below(float x, float inv_scale, float max) {
+  return fmaxf(x * inv_scale, -max);
 }
 
-// Quantises vector `x` and stores it as fp8 vector number `v` of `out` (kEvictFirst: with an
-// evict-first cache hint).
-template <bool kEvictFirst = false, typename T, std::size_t kN>
-SGL_DEVICE void quantise_vec(fp8_e4m3_t* out, int64_t v, const device::AlignedVector<T, kN>& x, float inv_scale) {
-  device::AlignedVector<fp8_e4m3_t, kN> y;
+SGL_DEVICE fp8_e4m3_t to_fp8(float x, float inv_scale) {
+  return fp8_e4m3_t(clamp_below(x, inv_scale, kFp8Max));  // the constructor converts with SATFINITE
+}
+
+// Quantises vector `x` (to_fp8 of each element, converted in pairs) and stores it as fp8 vector
+// number `v` of `out` (kEvictFirst: with an evict-first cache hint); kKind: __NV_E4M3 or __NV_E5M2
+// (its max given as `max`).
+template <bool kEvictFirst = false, __nv_fp8_interpretation_t kKind = __NV_E4M3, typename T, std::size_t kN>
+SGL_DEVICE void quantise_vec(
+    void* out, int64_t v, const device::AlignedVector<T, kN>& x, float inv_scale, float max = kFp8Max) {
+  float f[kN];
+  device::to_floats(x, f);
 #pragma unroll
-  for (std::size_t j = 0; j < kN; ++j) y[j] = to_fp8(dtype_trait<fp32_t>::from(x[j]), inv_scale);
-  if constexpr (kEvictFirst) {
-    y.store_evict_first(out, v);
+  for (std::size_t j = 0; j < kN; ++j) f[j] = clamp_below(f[j], inv_scale, max);
+  if constexpr (kN == 1) {
+    static_cast<__nv_fp8_storage_t*>(out)[v] = __nv_cvt_float_to_fp8(f[0], __NV_SATFINITE, kKind);
   } else {
-    y.store(out, v);
+    const auto packed = fp8::pack_fp8<static_cast<int>(kN), kKind>(f);
+    if constexpr (kEvictFirst) {
+      packed.store_evict_first(out, v);
+    } else {
+      packed.store(out, v);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 """hicache benchmark: KV row transfers against the torch a user would write and the copy ceilings.
 
-    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png] [--json-dir DIR]   (JIT_KERNEL_BENCH_CI=1: CI sizes)
+    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png] [--only-staged] [--json-dir DIR]
+    (JIT_KERNEL_BENCH_CI=1: CI sizes)
 
 Providers, all measured in the same run on the same buffers:
 
@@ -11,10 +12,12 @@ Providers, all measured in the same run on the same buffers:
   (``Tensor.copy_(non_blocking=True)``), and a device-to-device copy (``copy_ceiling_gbps``).
 
 Further tables: page transfers (whole pages, ``page_size=`` given) on the bulk-copy (TMA) kernel
-against the register kernel and the ceiling; the staged write-back of whole pages from layer-first
-device pools to page-first and page-unified pinned host layouts against a pinned copy of the same
-bytes; and the page-unified load-back of one layer against a pinned copy of its bytes and the
-register kernel reading a layer-first host layout.
+against the register kernel and the ceiling; the write-back of whole pages from layer-first device
+pools to page-first and page-unified pinned host layouts (``transfer_hicache_all_layer_staged_*``:
+direct stores, and the staging buffer plus copy-engine path for comparison) against a pinned copy of
+the same bytes, at 4 MiB and 64 MiB a call; and the page-unified load-back of one layer against a
+pinned copy of its bytes and the register kernel reading a layer-first host layout
+(``--only-staged``: only these two tables).
 
 Bytes: host<->device counts the K and V bytes moved once (``2 * n * element_size``), as the
 pinned copy moves them; device->device counts bytes read plus written (``4 * n * element_size``),
@@ -39,12 +42,11 @@ from jit_kernel.engine.families import hicache_tma_stage_rows
 from jit_kernel.hicache import (
     DEFAULT_BLOCK_QUOTA,
     transfer_hicache_all_layer,
-    transfer_hicache_all_layer_staged_lf_page_unified,
-    transfer_hicache_all_layer_staged_lf_pf,
     transfer_hicache_one_layer,
     transfer_hicache_one_layer_page_unified_lf,
     uses_bulk_copy_kernel,
 )
+from jit_kernel.ops.hicache_staged import _lf_pf_op, _pu_write_op
 
 DIRECTIONS = {"d2h": ("cuda", "cpu"), "h2d": ("cpu", "cuda"), "d2d": ("cuda", "cuda")}
 
@@ -337,26 +339,31 @@ def _layer_pool(layers: int, tokens: int, row_bytes: int) -> tuple[list[torch.Te
     return pool, torch.tensor([t.data_ptr() for t in pool], dtype=torch.uint64, device="cuda")
 
 
-def write_back_table(pages: int, layers: int, page_size: int, row_bytes: int, staging_pages: int) -> None:
-    """Whole pages of every layer, K and V, from layer-first device pools to pinned host memory: the
-    staged write-back to page-first and to page-unified (one head group) layouts, against one pinned
-    device-to-host copy of the same bytes."""
+WriteBackSize = tuple[str, int, int, int, int, int]  # (what it is, pages, layers, page_size, row_bytes, staging_pages)
+
+
+def write_back_table(sizes: Sequence[WriteBackSize]) -> None:
+    """Whole pages of every layer, K and V, from layer-first device pools to pinned host memory in
+    page-first and page-unified (one head group) layouts: the default direct stores (one kernel,
+    default block quota) and the staging path (gather into the staging buffer, one copy per run of
+    host pages), against one pinned device-to-host copy of the same bytes. Host pages in random
+    order; every time a CUDA-graph median, as the pinned copy's."""
     table = Table(
         "write_back",
-        f"Staged write-back device->host: {pages} pages of {page_size} tokens x {layers} layers x {row_bytes} B "
-        f"rows, K and V; staging {staging_pages} pages",
-        ["layout", "MiB", "us", "GB/s", "% pinned copy", "pinned copy GB/s"],
+        "Write-back device->host of whole pages, K and V, host pages in random order: direct stores (default, "
+        f"block quota {DEFAULT_BLOCK_QUOTA}) and the staging path, against a pinned copy of the same bytes",
+        ["size", "layout", "path", "MiB", "us", "GB/s", "% pinned copy", "pinned copy GB/s"],
     )
-    tokens = 2 * pages * page_size
-    k_pool, k_table = _layer_pool(layers, tokens, row_bytes)  # the pools live as long as their tables
-    v_pool, v_table = _layer_pool(layers, tokens, row_bytes)
-    src_tok = _page_indices(pages * page_size, tokens, page_size)
-    host_pages = torch.randperm(2 * pages)[:pages]
-    dst_tok = (host_pages[:, None] * page_size + torch.arange(page_size)).flatten()
-    moved = 2 * pages * page_size * layers * row_bytes
-    pinned = pinned_ceiling_gbps("d2h", moved)
-
-    def page_first() -> Callable[[], None]:
+    for what, pages, layers, page_size, row_bytes, staging_pages in sizes:
+        label = f"{what}: {pages} pages x {page_size} tokens x {layers} layers x {row_bytes} B, staging {staging_pages}"
+        tokens = 2 * pages * page_size
+        k_pool, k_table = _layer_pool(layers, tokens, row_bytes)  # the pools live as long as their tables
+        v_pool, v_table = _layer_pool(layers, tokens, row_bytes)
+        src_tok = _page_indices(pages * page_size, tokens, page_size)
+        host_pages = torch.randperm(2 * pages)[:pages]
+        dst_tok = (host_pages[:, None] * page_size + torch.arange(page_size)).flatten()
+        moved = 2 * pages * page_size * layers * row_bytes
+        pinned = pinned_ceiling_gbps("d2h", moved)
         host_k, host_v = (
             torch.empty(2 * pages * page_size, layers, row_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)
         )
@@ -364,24 +371,26 @@ def write_back_table(pages: int, layers: int, page_size: int, row_bytes: int, st
             torch.empty(staging_pages * page_size, layers, row_bytes, dtype=torch.uint8, device="cuda")
             for _ in range(2)
         )
-        args = (k_table, v_table, src_tok, dst_tok, staging_k, staging_v, host_k, host_v)
-        return functools.partial(transfer_hicache_all_layer_staged_lf_pf, *args, page_size=page_size)
-
-    def page_unified() -> Callable[[], None]:
         page_shape = (1, layers, 2, page_size, 1, row_bytes)  # one head group holding the whole row
-        host = torch.empty(2 * pages, *page_shape, dtype=torch.uint8, pin_memory=True)
-        staging = torch.empty(staging_pages, *page_shape, dtype=torch.uint8, device="cuda")
+        host_pu = torch.empty(2 * pages, *page_shape, dtype=torch.uint8, pin_memory=True)
+        staging_pu = torch.empty(staging_pages, *page_shape, dtype=torch.uint8, device="cuda")
         src_pages = torch.randperm(2 * pages)[:pages].cuda()
-        args = (k_table, v_table, src_pages, host_pages, staging, host)
-        return functools.partial(transfer_hicache_all_layer_staged_lf_page_unified, *args)
-
-    for layout, make in (("page-first", page_first), ("page-unified", page_unified)):
-        us = _time(make(), graph=False)  # host-side copies, one per run of host pages: events, not graphs
-        bw = gbps(moved, us)
-        table.add(
-            layout, f"{moved / 2**20:.0f}", f"{us:.1f}", f"{bw:.1f}", f"{100 * bw / pinned:.0f}%", f"{pinned:.1f}"
-        )
-    del k_pool, v_pool
+        lf_pf_args = (k_table, v_table, src_tok, dst_tok, staging_k, staging_v, host_k, host_v, page_size)
+        pu_args = (k_table, v_table, src_pages, host_pages, staging_pu, host_pu)
+        calls: list[tuple[str, str, Callable[[], None]]] = [
+            ("page-first", "direct", functools.partial(_lf_pf_op, *lf_pf_args)),
+            ("page-first", "staging", functools.partial(_lf_pf_op, *lf_pf_args, staged_copies=True)),
+            ("page-unified", "direct", functools.partial(_pu_write_op, *pu_args)),
+            ("page-unified", "staging", functools.partial(_pu_write_op, *pu_args, staged_copies=True)),
+        ]
+        for layout, path, fn in calls:
+            us = _time(fn)
+            bw = gbps(moved, us)
+            table.add(
+                label, layout, path, f"{moved / 2**20:.0f}", f"{us:.1f}", f"{bw:.1f}", f"{100 * bw / pinned:.0f}%",
+                f"{pinned:.1f}",
+            )  # fmt: skip
+        del k_pool, v_pool, host_k, host_v, staging_k, staging_v, host_pu, staging_pu
 
 
 def load_back_table(tokens: int, layers: int, page_size: int, group_bytes: list[int], groups: int) -> None:
@@ -465,6 +474,14 @@ def plot_quota_sweep(sweep: dict[tuple[str, int], list[float]], quotas: list[int
     fig.savefig(path, dpi=120)
 
 
+def staged_tables() -> None:
+    """The write-back (4 MiB and 64 MiB a call; CI: 4 MiB) and page-unified load-back tables."""
+    small: WriteBackSize = ("small", 8, 4, 64, 1024, 16)
+    large: WriteBackSize = ("large", 64, 8, 64, 1024, 16)
+    write_back_table([small, large])  # both sizes in every grid: the large one is the realistic call
+    load_back_table(get_benchmark_range(16384, 4096), 8, 64, get_benchmark_range([256, 512, 1024], [512]), 2)
+
+
 def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     """Every table ``args`` asks for; the quota sweep's bandwidths (for ``--plot``)."""
     props = torch.cuda.get_device_properties(0)
@@ -472,6 +489,9 @@ def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     print(f"device: {props.name}, {num_sms} SMs; torch {torch.__version__}")
     sizes = get_benchmark_range([256, 512, 1024, 1152, 2048, 4096], [1024])
     batches = get_benchmark_range([4096, 16384], [4096])
+    if args.only_staged:
+        staged_tables()
+        return None
     host_overhead()
     if args.only_overhead:
         return None
@@ -483,8 +503,7 @@ def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     alternatives(get_benchmark_range([(256, 2), (1024, 1), (1024, 4), (4096, 2)], [(1024, 1)]), 16384, num_sms)
     all_layer_table(1024, get_benchmark_range([4096], [1024])[0], 8)
     tma_table(get_benchmark_range([256, 512, 576, 1024, 1152, 2048, 4096], [1024]), 16384, num_sms)
-    write_back_table(get_benchmark_range(64, 8), get_benchmark_range(16, 4), 64, 1024, 16)
-    load_back_table(get_benchmark_range(16384, 4096), 8, 64, get_benchmark_range([256, 512, 1024], [512]), 2)
+    staged_tables()
     if args.plot:
         plot_quota_sweep(sweep, quotas, props.name, args.plot)
         print(f"plot: {args.plot}")
@@ -496,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--plot", help="write the quota sweep as a PNG here")
     parser.add_argument("--skip-main", action="store_true")
     parser.add_argument("--only-overhead", action="store_true", help="only the host time per call")
+    parser.add_argument(
+        "--only-staged", action="store_true", help="only the write-back and page-unified load-back tables"
+    )
     parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_hicache.json")
     args = parser.parse_args(argv)
     json_dir = results.resolve_json_dir(args.json_dir)

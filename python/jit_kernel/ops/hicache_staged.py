@@ -1,10 +1,18 @@
-"""hicache write-back through a device staging buffer, and load-back from page-unified host pages.
+"""hicache write-back of whole pages to pinned host memory, and load-back from page-unified host pages.
 
 Write-back moves whole pages from layer-first device pools (one ``[tokens, row]`` buffer per layer,
-passed as uint64 tables of base addresses) to pinned host memory whose pages are contiguous: a
-kernel gathers each page into the caller's device staging buffer in the host page's byte order, and
-the copy engine moves every run of consecutive host pages with one ``cudaMemcpyAsync``. A transfer
-larger than the staging buffer goes in chunks, within the one call, on the current stream.
+passed as uint64 tables of base addresses) to pinned host memory whose pages are contiguous. One
+kernel reads each row of the pools and stores it straight into its host page through the pinned
+memory's device alias, under a block quota (``block_quota``, default :data:`DEFAULT_BLOCK_QUOTA`
+blocks of 1024 threads; the register kernel's stores saturate PCIe from 2), one launch for up to
+256 pages, no copy-engine copies. The caller's staging buffer is validated, as upstream's call form
+requires it, and left unused: its contents afterwards are unspecified.
+
+The staging path (``staged_copies=True`` on the private ops, for comparison) gathers each chunk of
+pages into the staging buffer in the host page's byte order and moves every run of consecutive host
+pages with one ``cudaMemcpyAsync`` (no SM time during the copy; a transfer larger than the staging
+buffer goes in chunks within the one call). The copy engine pays a fixed cost per copy, once per run
+of consecutive host pages, which pages of a few hundred KiB in random host order do not hide.
 
 - page-first (``_lf_pf``): host ``[tokens, layers, row]``; a page is ``page_size`` tokens of every
   layer. ``src_indices`` / ``dst_indices`` are token indices, ``page_size`` per page, and only the
@@ -12,6 +20,9 @@ larger than the staging buffer goes in chunks, within the one call, on the curre
 - page-unified (``_lf_page_unified``): host ``(page, head_group, layer, 2, page_size,
   head_in_group, dim)`` with K = 0 and V = 1; MLA ``(page, layer, page_size, dim)``.
   ``src_pages`` / ``dst_pages`` are page ids.
+
+Both run on the current stream; a CUDA graph can capture them (the host page ids travel in the
+kernel's parameters, so a replay writes the pages captured).
 
 Load-back (``transfer_hicache_one_layer_page_unified_lf`` and its MLA form) reads one layer of
 page-unified host pages straight into the device pool's rows, the SMs reading pinned memory through
@@ -96,16 +107,25 @@ def _page_size(fn: str, page_size: int) -> int:
     return page_size
 
 
-def _staged_options(fn: str, element_size: int | None, unroll: int | None, block_quota: int | None) -> tuple[int, int]:
-    """(element_size or 0 for "the staging rows'", block quota or 0 for "the whole GPU"); ``unroll``
-    is validated as the register kernel's and not used."""
+def _staged_options(
+    fn: str, element_size: int | None, unroll: int | None, block_quota: int | None, staged_copies: bool
+) -> tuple[int, int]:
+    """(element_size or 0 for "the staging rows'", the block quota): ``unroll`` is validated as the
+    register kernel's and not used; a quota left out is :data:`DEFAULT_BLOCK_QUOTA` for the direct
+    stores and 0 ("two blocks per SM") for the staging path's gather kernel."""
     if element_size is not None:
         if type(element_size) is not int:
             raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
         _options(fn, element_size, unroll, block_quota)
     else:
         _options(fn, 16, unroll, block_quota)
-    return (element_size or 0, block_quota or 0)
+    return (element_size or 0, _write_quota(block_quota, staged_copies))
+
+
+def _write_quota(block_quota: int | None, staged_copies: bool) -> int:
+    if block_quota is not None:
+        return block_quota
+    return 0 if staged_copies else DEFAULT_BLOCK_QUOTA
 
 
 @kernel_op("transfer_hicache_all_layer_staged_lf_pf", register=False)
@@ -122,14 +142,15 @@ def _lf_pf_op(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    staged_copies: bool = False,
 ) -> Launch:
     fn = "transfer_hicache_all_layer_staged_lf_pf"
-    size, quota = _staged_options(fn, element_size, unroll, block_quota)
+    size, quota = _staged_options(fn, element_size, unroll, block_quota, staged_copies)
     args = (
         k_ptr_src, v_ptr_src, src_indices, dst_indices,
         _tokens_by_layer(fn, "staging_k", staging_k), _tokens_by_layer(fn, "staging_v", staging_v),
         _tokens_by_layer(fn, "dst_k", dst_k), _tokens_by_layer(fn, "dst_v", dst_v),
-        _page_size(fn, page_size), size, quota,
+        _page_size(fn, page_size), size, quota, int(staged_copies),
     )  # fmt: skip
     return Launch(_KERNELS["lf_pf"], (), args, bounds=lambda: _check_bounds(fn, "src_indices", src_indices, None))
 
@@ -145,12 +166,13 @@ def _lf_pf_mla_op(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
+    staged_copies: bool = False,
 ) -> Launch:
     fn = "transfer_hicache_all_layer_mla_staged_lf_pf"
-    size, quota = _staged_options(fn, element_size, unroll, block_quota)
+    size, quota = _staged_options(fn, element_size, unroll, block_quota, staged_copies)
     args = (
         ptr_src, src_indices, dst_indices, _tokens_by_layer(fn, "staging", staging), _tokens_by_layer(fn, "dst", dst),
-        _page_size(fn, page_size), size, quota,
+        _page_size(fn, page_size), size, quota, int(staged_copies),
     )  # fmt: skip
     return Launch(_KERNELS["lf_pf_mla"], (), args, bounds=lambda: _check_bounds(fn, "src_indices", src_indices, None))
 
@@ -178,13 +200,15 @@ def transfer_hicache_all_layer_staged_lf_pf(
     indices of the host pages, the same length. The first index of each page names the page (the
     page is that token and the next ``page_size - 1``); a host page must lie inside ``dst_k``.
     ``staging_k`` / ``staging_v``: CUDA ``[tokens, layers, ...]`` with room for at least one page;
-    ``dst_k`` / ``dst_v``: pinned host ``[tokens, layers, ...]``, same dtype and row. A transfer
-    larger than the staging buffer goes in chunks in this call. ``element_size`` defaults to the
-    staging rows' bytes (given, it must equal them); ``block_quota`` caps the gather kernel's blocks
-    (default: the whole GPU); ``unroll`` is accepted and not used.
+    ``dst_k`` / ``dst_v``: pinned host ``[tokens, layers, ...]``, same dtype and row. The rows are
+    stored into the host pages by one kernel through the pinned memory's device alias (the staging
+    buffers are checked and left unused; their contents afterwards are unspecified).
+    ``element_size`` defaults to the staging rows' bytes (given, it must equal them);
+    ``block_quota`` caps the kernel's blocks of 1024 threads (default :data:`DEFAULT_BLOCK_QUOTA`);
+    ``unroll`` is accepted and not used.
 
-    Runs on the current stream; keep every input alive, the staging buffer unused, and read the host
-    caches only after that stream has reached this point.
+    Runs on the current stream; keep every input alive, the staging buffers unused, and read the
+    host caches only after that stream has reached this point.
     """
     _lf_pf_op(
         k_ptr_src, v_ptr_src, src_indices, dst_indices, staging_k, staging_v, dst_k, dst_v, page_size, element_size,
@@ -216,18 +240,33 @@ def _pu_write_op(
     dst_pages: torch.Tensor,
     staging: torch.Tensor,
     dst: torch.Tensor,
+    staged_copies: bool = False,
 ) -> Launch:
     fn = "transfer_hicache_all_layer_staged_lf_page_unified"
-    args = (k_ptr_src, v_ptr_src, src_pages, dst_pages, staging, dst)
+    args = (
+        k_ptr_src,
+        v_ptr_src,
+        src_pages,
+        dst_pages,
+        staging,
+        dst,
+        _write_quota(None, staged_copies),
+        int(staged_copies),
+    )
     return Launch(_KERNELS["pu_write"], (), args, bounds=lambda: _check_bounds(fn, "src_pages", src_pages, None))
 
 
 @kernel_op("transfer_hicache_all_layer_mla_staged_lf_page_unified", register=False)
 def _pu_write_mla_op(
-    ptr_src: torch.Tensor, src_pages: torch.Tensor, dst_pages: torch.Tensor, staging: torch.Tensor, dst: torch.Tensor
+    ptr_src: torch.Tensor,
+    src_pages: torch.Tensor,
+    dst_pages: torch.Tensor,
+    staging: torch.Tensor,
+    dst: torch.Tensor,
+    staged_copies: bool = False,
 ) -> Launch:
     fn = "transfer_hicache_all_layer_mla_staged_lf_page_unified"
-    args = (ptr_src, src_pages, dst_pages, staging, dst)
+    args = (ptr_src, src_pages, dst_pages, staging, dst, _write_quota(None, staged_copies), int(staged_copies))
     return Launch(_KERNELS["pu_write_mla"], (), args, bounds=lambda: _check_bounds(fn, "src_pages", src_pages, None))
 
 
@@ -247,8 +286,10 @@ def transfer_hicache_all_layer_staged_lf_page_unified(
     base addresses) is a contiguous ``(token, head_group * head_in_group, dim)`` buffer of that
     dtype, 16-byte aligned. ``src_pages``: int32/int64 CUDA page ids (token = page * page_size + t);
     ``dst_pages``: int64 CPU page ids of ``dst``, in range and each once, in matching order. One head
-    group's token row (``head_in_group * dim`` elements) must be a multiple of 16 bytes. Pages beyond
-    the staging capacity go in chunks in this call, on the current stream; no GPU memory is allocated.
+    group's token row (``head_in_group * dim`` elements) must be a multiple of 16 bytes. One kernel
+    of :data:`DEFAULT_BLOCK_QUOTA` blocks stores the rows into the host pages through the pinned
+    memory's device alias, on the current stream; ``staging`` is checked and left unused (its contents
+    afterwards are unspecified), and no GPU memory is allocated.
     """
     _pu_write_op(k_ptr_src, v_ptr_src, src_pages, dst_pages, staging, dst)
 
