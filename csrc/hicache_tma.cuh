@@ -38,7 +38,8 @@ inline constexpr uint32_t kMaxStageBytes = 32 * 1024;
 inline constexpr uint32_t kMaxRows = 128;  // 4 index pairs per loader lane
 inline constexpr uint32_t kStoreWarps = 4;
 inline constexpr uint32_t kThreads = (1 + kStoreWarps) * device::kWarpThreads;
-inline constexpr uint32_t kMaxStages = 8;
+inline constexpr uint32_t kMaxStages = 32;
+inline constexpr uint32_t kMaxPendingStores = 7;  // cp.async.bulk.wait_group.read takes 0..7
 // The ring takes at most this much shared memory, whatever the device allows: six 32 KiB stages
 // keep enough bytes in flight per SM, and leave room for an L1 share.
 inline constexpr std::size_t kMaxRingBytes = 192 * 1024;
@@ -131,6 +132,23 @@ SGL_DEVICE auto base_of(const void* direct_or_table, int64_t layer) -> uint8_t* 
   }
 }
 
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+/// \brief Waits until at most `n` (<= kMaxPendingStores) of this thread's bulk stores still read
+/// shared memory: wait_group.read takes its count as an immediate.
+SGL_DEVICE void wait_reads_at_most(uint32_t n) {
+  switch (n) {
+    case 0: ::device::ptx::bulk_wait_group_read<0>(); break;
+    case 1: ::device::ptx::bulk_wait_group_read<1>(); break;
+    case 2: ::device::ptx::bulk_wait_group_read<2>(); break;
+    case 3: ::device::ptx::bulk_wait_group_read<3>(); break;
+    case 4: ::device::ptx::bulk_wait_group_read<4>(); break;
+    case 5: ::device::ptx::bulk_wait_group_read<5>(); break;
+    case 6: ::device::ptx::bulk_wait_group_read<6>(); break;
+    default: ::device::ptx::bulk_wait_group_read<7>(); break;
+  }
+}
+#endif
+
 template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV, bool kTables>
 __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -163,17 +181,33 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
 
   if (warp == 0) {
     // ---- loader: each lane holds the index pairs of rows lane, lane + 32, ... of the chunk
-    uint32_t it = 0;
-    for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x, ++it) {
-      const Chunk chunk = describe<kRows>(c, chunks_per_layer, p);
-      int64_t src[kPerLane];
-      int64_t dst[kPerLane];
+    // The next chunk's indices are loaded before this chunk waits for its stage, so that their
+    // latency overlaps the wait instead of adding to every chunk.
+    const auto load_indices = [&](int64_t c, Chunk& chunk, int64_t (&src)[kPerLane], int64_t (&dst)[kPerLane]) {
+      if (c >= num_chunks) return;
+      chunk = describe<kRows>(c, chunks_per_layer, p);
 #pragma unroll
       for (uint32_t j = 0; j < kPerLane; ++j) {
         const uint32_t r = lane + j * kWarpThreads;
         src[j] = r < chunk.rows ? static_cast<int64_t>(__ldg(indices_src + chunk.first + r)) : 0;
         dst[j] = r < chunk.rows ? static_cast<int64_t>(__ldg(indices_dst + chunk.first + r)) : 0;
       }
+    };
+    Chunk next{};
+    int64_t next_src[kPerLane];
+    int64_t next_dst[kPerLane];
+    load_indices(blockIdx.x, next, next_src, next_dst);
+    uint32_t it = 0;
+    for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x, ++it) {
+      const Chunk chunk = next;
+      int64_t src[kPerLane];
+      int64_t dst[kPerLane];
+#pragma unroll
+      for (uint32_t j = 0; j < kPerLane; ++j) {
+        src[j] = next_src[j];
+        dst[j] = next_dst[j];
+      }
+      load_indices(c + gridDim.x, next, next_src, next_dst);
       // A run: row r of the chunk is row first + r, on that side.
       const int64_t src0 = __shfl_sync(kFullMask, src[0], 0);
       const int64_t dst0 = __shfl_sync(kFullMask, dst[0], 0);
@@ -217,9 +251,13 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
     // ---- storers
     constexpr uint32_t kStoreThreads = kStoreWarps * kWarpThreads;
     constexpr uint32_t kUnroll = 4;
-    constexpr uint32_t kNone = ~0u;
     const uint32_t tid = threadIdx.x - kWarpThreads;
-    uint32_t released_later = kNone;  // thread 0 only: the stage of its last bulk store, still being read
+    // Thread 0 only: its bulk stores whose stages are not yet released, the chunks of iterations
+    // oldest .. oldest + pending - 1. Up to half the ring stays with stores in flight, the rest
+    // with loads.
+    const uint32_t max_pending = ring.stages / 2 < kMaxPendingStores ? ring.stages / 2 : kMaxPendingStores;
+    uint32_t pending = 0;
+    uint32_t oldest = 0;
     uint32_t it = 0;
     for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x, ++it) {
       const Chunk chunk = describe<kRows>(c, chunks_per_layer, p);
@@ -234,25 +272,26 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
       __syncwarp();  // every lane has read the stage's flag before its warp may release the stage
 
       if (dst_is_run) {
-        // One bulk store. Thread 0 releases the stage once the engine has read it, one chunk later,
-        // so that two stores are in flight; the other warps have nothing to do and release it now.
+        // One bulk store. Thread 0 releases the stage once the engine has read it, a few chunks
+        // later, so that several stores are in flight; the other warps have nothing to do and
+        // release it now.
         if (tid == 0) {
           ptx::bulk_s2g(base + rows[0] * stride, stage, chunk.rows * kBytes);
           ptx::bulk_commit_group();
-          if (released_later != kNone) {
-            ptx::bulk_wait_group_read<1>();
-            ptx::mbar_arrive(ring.empty(released_later));
+          if (pending++ == 0) oldest = it;
+          if (pending > max_pending) {
+            wait_reads_at_most(max_pending);
+            ptx::mbar_arrive(ring.empty(oldest++ % ring.stages));
+            --pending;
           }
-          released_later = s;
         } else if (lane == 0 && tid >= kWarpThreads) {
           ptx::mbar_arrive(ring.empty(s));
         }
         continue;
       }
-      if (tid == 0 && released_later != kNone) {
+      if (tid == 0 && pending > 0) {
         ptx::bulk_wait_group_read<0>();
-        ptx::mbar_arrive(ring.empty(released_later));
-        released_later = kNone;
+        for (; pending > 0; --pending) ptx::mbar_arrive(ring.empty(oldest++ % ring.stages));
       }
       // Row by row: unit u of the chunk is 16-byte unit u % kUnits of row u / kUnits.
       const uint32_t units = chunk.rows * kUnits;
@@ -276,7 +315,9 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
       __syncwarp();  // every lane has read the stage
       if (lane == 0) ptx::mbar_arrive(ring.empty(s));
     }
-    if (tid == 0) ptx::bulk_wait_group<0>();  // the bulk stores land before the grid completes
+    // The CTA's shared memory must outlive the engine's reads of it; the global writes need no
+    // wait: the grid's completion makes them visible to whatever runs after it.
+    if (tid == 0) ptx::bulk_wait_group_read<0>();
   }
 #else
   (void)p;
@@ -326,7 +367,9 @@ namespace jit_kernel::hicache {
 template <std::size_t kBytes, std::size_t kRows>
 struct HiCacheTma {
   static_assert(kBytes > 0 && kBytes % kVecBytes == 0, "hicache: element size must be a positive multiple of 16");
-  static_assert(kRows == tma::stage_rows(kBytes), "hicache: stage_rows must be tma::stage_rows(element_size)");
+  static_assert(
+      kRows >= 1 && kRows <= tma::stage_rows(kBytes) && (kRows & (kRows - 1)) == 0,
+      "hicache: stage_rows must be a power of two up to tma::stage_rows(element_size)");
   static constexpr auto kB = static_cast<uint32_t>(kBytes);
   static constexpr auto kR = static_cast<uint32_t>(kRows);
 

@@ -632,7 +632,8 @@ def test_upstream_signature(name: str, params: str, extras: set[str]) -> None:
 
 def test_bulk_copy_rows_per_stage_and_kernel_choice() -> None:
     """Rows per stage: the largest power of two up to 128 whose rows fit 32 KiB. The bulk-copy kernel
-    is taken exactly when a page size is given that is a multiple of it, on sm_90+."""
+    is taken exactly when a page size is given that is a multiple of it, on sm_90+, unless both caches
+    of a one-layer transfer are on the GPU (the register kernel is faster there)."""
     rows = {16: 128, 256: 128, 512: 64, 576: 32, 1024: 32, 1152: 16, 2048: 16, 4096: 8, 32768: 1}
     assert {s: families.hicache_tma_stage_rows(s) for s in rows} == rows
     assert [families.hicache_tma_stage_rows(s) for s in (0, 40, 32784, -16)] == [0, 0, 0, 0]
@@ -645,6 +646,7 @@ def test_bulk_copy_rows_per_stage_and_kernel_choice() -> None:
     assert not uses(1024, 64, 8)  # sm_80/89 have no bulk copies
     assert not uses(1 << 16, 1 << 10, 9)  # a row larger than a stage
     assert uses(576, 64, 9) and not uses(576, 16, 9) and uses(256, 128, 9) and not uses(256, 64, 9)
+    assert not uses(1024, 64, 9, device_to_device=True) and uses(1024, 64, 9, device_to_device=False)
 
 
 @pytest.mark.parametrize(("arch", "page_size", "bulk"), [("9.0a", 64, True), ("9.0a", 16, False), ("8.0", 64, False)])
@@ -652,7 +654,8 @@ def test_the_op_launches_the_kernel_the_page_size_picks(
     monkeypatch: pytest.MonkeyPatch, arch: str, page_size: int, bulk: bool
 ) -> None:
     """The one-layer and all-layer plans hand their call to the bulk-copy table (config (row bytes,
-    rows per stage)) or to the register kernel's, by page size and the target's arch."""
+    rows per stage)) or to the register kernel's, by page size and the target's arch; a one-layer
+    transfer between two CUDA caches keeps the register kernel."""
     from jit_kernel.engine import target
 
     monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", arch)
@@ -660,8 +663,11 @@ def test_the_op_launches_the_kernel_the_page_size_picks(
     try:
         with fake_cuda():
             k, idx = _cuda(256, 512), _idx(64)  # rows of 1 KiB: 32 per stage
-            launch = ops_hicache._one_layer_op.plan(k, k, idx, k, k, idx, page_size=page_size)
-            mla = ops_hicache._one_layer_mla_op.plan(k, idx, k, idx, None, None, None, page_size)
+            h = torch.zeros(256, 512, dtype=torch.bfloat16)  # a host cache (pinning is checked at launch)
+            launch = ops_hicache._one_layer_op.plan(h, h, idx, k, k, idx, page_size=page_size)
+            mla = ops_hicache._one_layer_mla_op.plan(k, idx, h, idx, None, None, None, page_size)
+            on_gpu = ops_hicache._one_layer_op.plan(k, k, idx, k, k, idx, page_size=page_size)
+            mla_on_gpu = ops_hicache._one_layer_mla_op.plan(k, idx, k, idx, None, None, None, page_size)
         table = torch.zeros(2, dtype=torch.uint64)
         every = ops_hicache._all_layer_op.plan(table, table, idx, table, table, idx, 1024, 1024, page_size=page_size)
     finally:
@@ -675,7 +681,9 @@ def test_the_op_launches_the_kernel_the_page_size_picks(
         assert launch.kernels is ops_hicache._ONE_LAYER_KERNELS and launch.key == (torch.bfloat16, 512)
         assert mla.kernels is ops_hicache._ONE_LAYER_MLA_KERNELS
         assert every.kernels is ops_hicache._ALL_LAYER_KERNELS
-    assert launch.args == (k, k, idx, k, k, idx, ops_hicache.DEFAULT_BLOCK_QUOTA)  # the same launcher arguments
+    assert on_gpu.kernels is ops_hicache._ONE_LAYER_KERNELS and on_gpu.key == (torch.bfloat16, 512)
+    assert mla_on_gpu.kernels is ops_hicache._ONE_LAYER_MLA_KERNELS
+    assert launch.args == (h, h, idx, k, k, idx, ops_hicache.DEFAULT_BLOCK_QUOTA)  # the same launcher arguments
 
 
 def test_bad_page_sizes_are_refused() -> None:
@@ -715,23 +723,30 @@ def test_bulk_copy_path_refuses_what_the_register_path_refuses() -> None:
 
 def test_paged_calls_take_the_fast_path_of_the_kernel_their_page_size_picked() -> None:
     """After one full-path call with a page size, later calls with it launch the kernel it took
-    directly (bulk-copy for pages of 64 rows of 1 KiB, register for 16); a page size the full path
-    refuses is still refused."""
+    directly (bulk-copy for pages of 64 rows of 1 KiB to or from the host, register for 16 or between
+    two CUDA caches); a page size the full path refuses is still refused."""
     ops_hicache._ONE_LAYER_PAGED.clear()
     with fake_cuda():
         k, idx = _cuda(64, 512), _idx()
+        h = torch.zeros(64, 512, dtype=torch.bfloat16)  # a host cache
         for page_size in (64, 16):
-            transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=page_size)
-            transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=page_size)  # the fast path
+            for _ in range(2):  # the second call takes the fast path
+                transfer_hicache_one_layer(k, k, idx, h, h, idx, page_size=page_size)
+                transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=page_size)
+        transfer_hicache_one_layer_mla(h, idx, k, idx, page_size=64)
         transfer_hicache_one_layer_mla(k, idx, k, idx, page_size=64)
         with pytest.raises(ValueError, match="page_size must be a positive int"):
             transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=64.0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"(?s)'indices_src'.*expected 8 but got 7"):
             transfer_hicache_one_layer(k, k, idx, k, k, _idx(7), page_size=64)  # the fast path's miss explains
-    paged = ops_hicache._ONE_LAYER_PAGED
-    assert paged[(torch.bfloat16, 512, 64)] is ops_hicache._ONE_LAYER_TMA_KERNELS[1024]
-    assert paged[(torch.bfloat16, 512, 16)] is ops_hicache._ONE_LAYER_KERNELS[(torch.bfloat16, 512)]
-    assert ops_hicache._ONE_LAYER_MLA_PAGED[(torch.bfloat16, 512, 64)] is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS[1024]
+    paged, mla = ops_hicache._ONE_LAYER_PAGED, ops_hicache._ONE_LAYER_MLA_PAGED
+    register, mla_register = ops_hicache._ONE_LAYER_KERNELS, ops_hicache._ONE_LAYER_MLA_KERNELS
+    assert paged[(torch.bfloat16, 512, 64, False)] is ops_hicache._ONE_LAYER_TMA_KERNELS[1024]
+    assert paged[(torch.bfloat16, 512, 64, True)] is register[(torch.bfloat16, 512)]
+    assert paged[(torch.bfloat16, 512, 16, False)] is register[(torch.bfloat16, 512)]
+    assert paged[(torch.bfloat16, 512, 16, True)] is register[(torch.bfloat16, 512)]
+    assert mla[(torch.bfloat16, 512, 64, False)] is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS[1024]
+    assert mla[(torch.bfloat16, 512, 64, True)] is mla_register[(torch.bfloat16, 512)]
 
 
 def test_write_back_and_load_back_capability_queries() -> None:
@@ -930,6 +945,7 @@ def paged_case(
     paged_dst: bool = True,
     block_quota: int | None = None,
     mla: bool = False,
+    broken_dst_pages: int = 0,
 ) -> None:
     """One layer moved with ``page_size`` given: whole pages (or random rows on one side), every
     destination row compared byte for byte."""
@@ -951,6 +967,9 @@ def paged_case(
         if paged_dst
         else make_indices(n, rows_dst, index_dtype, unique=True)
     )
+    if broken_dst_pages:  # every broken_dst_pages-th destination page written in reverse row order
+        by_page = idx_dst.view(num_pages, page_size)
+        by_page[::broken_dst_pages] = by_page[::broken_dst_pages].flip(1)
     expected = [reference(d, idx_dst, s, idx_src) for d, s in zip(dst, src, strict=True)]
     if mla:
         transfer_hicache_one_layer_mla(dst[0], idx_dst, src[0], idx_src, page_size=page_size, block_quota=block_quota)
@@ -973,7 +992,8 @@ def test_bulk_copy_page_transfers(direction: str, element_size: int, page_size: 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the bulk-copy kernel needs sm_90")
     paged_case(direction, element_size, page_size, 7, index_dtype)
-    assert _tma_used(element_size)
+    if direction != "d2d":  # between two CUDA caches the register kernel moves them
+        assert _tma_used(element_size)
 
 
 @pytest.mark.gpu
@@ -985,6 +1005,18 @@ def test_bulk_copy_kernel_is_exact_for_any_indices(direction: str, paged_src: bo
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the bulk-copy kernel needs sm_90")
     paged_case(direction, 1024, 64, 9, torch.int64, paged_src=paged_src, paged_dst=paged_dst)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("broken_dst_pages", [2, 3, 7])
+@pytest.mark.parametrize("block_quota", [1, 2])
+@pytest.mark.parametrize("direction", ["d2h", "d2d"])
+def test_bulk_copy_mixes_page_stores_and_row_stores(direction: str, block_quota: int, broken_dst_pages: int) -> None:
+    """Whole destination pages between pages written in another row order: a block's bulk stores in
+    flight are drained before it stores a chunk row by row, and every stage is released once."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the bulk-copy kernel needs sm_90")
+    paged_case(direction, 1024, 32, 41, torch.int64, block_quota=block_quota, broken_dst_pages=broken_dst_pages)
 
 
 @pytest.mark.gpu

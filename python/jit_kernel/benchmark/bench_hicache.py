@@ -11,13 +11,13 @@ Providers, all measured in the same run on the same buffers:
 - ceilings: a contiguous pinned ``cudaMemcpyAsync`` of the same bytes in the same direction
   (``Tensor.copy_(non_blocking=True)``), and a device-to-device copy (``copy_ceiling_gbps``).
 
-Further tables: page transfers (whole pages, ``page_size=`` given) on the bulk-copy (TMA) kernel
-against the register kernel and the ceiling; the write-back of whole pages from layer-first device
-pools to page-first and page-unified pinned host layouts (``transfer_hicache_all_layer_staged_*``:
-direct stores, and the staging buffer plus copy-engine path for comparison) against a pinned copy of
-the same bytes, at 4 MiB and 64 MiB a call; and the page-unified load-back of one layer against a
-pinned copy of its bytes and the register kernel reading a layer-first host layout
-(``--only-staged``: only these two tables).
+Further tables: page transfers (whole pages) on the bulk-copy (TMA) kernel against the register
+kernel and the ceiling, with the kernel ``page_size=`` takes in that direction; the write-back of
+whole pages from layer-first device pools to page-first and page-unified pinned host layouts
+(``transfer_hicache_all_layer_staged_*``: direct stores, and the staging buffer plus copy-engine
+path for comparison) against a pinned copy of the same bytes, at 4 MiB and 64 MiB a call; and the
+page-unified load-back of one layer against a pinned copy of its bytes and the register kernel
+reading a layer-first host layout (``--only-staged``: only these two tables).
 
 Bytes: host<->device counts the K and V bytes moved once (``2 * n * element_size``), as the
 pinned copy moves them; device->device counts bytes read plus written (``4 * n * element_size``),
@@ -46,6 +46,7 @@ from jit_kernel.hicache import (
     transfer_hicache_one_layer_page_unified_lf,
     uses_bulk_copy_kernel,
 )
+from jit_kernel.ops.hicache import _ONE_LAYER_TMA_KERNELS
 from jit_kernel.ops.hicache_staged import _lf_pf_op, _pu_write_op
 
 DIRECTIONS = {"d2h": ("cuda", "cpu"), "h2d": ("cpu", "cuda"), "d2d": ("cuda", "cuda")}
@@ -132,6 +133,12 @@ class Case:
             k_dst, v_dst, self.idx_dst, k_src, v_src, self.idx_src, unroll=unroll, block_quota=block_quota,
             page_size=page_size,
         )  # fmt: skip
+
+    def bulk_copy_kernel(self, *, block_quota: int) -> Callable[[], None]:
+        """The bulk-copy (TMA) kernel called directly, whatever ``page_size=`` takes in this direction."""
+        kernel = _ONE_LAYER_TMA_KERNELS[self.element_size]
+        k_dst, v_dst, k_src, v_src = self.k_dst[0], self.v_dst[0], self.k_src[0], self.v_src[0]
+        return lambda: kernel(k_dst, v_dst, self.idx_dst, k_src, v_src, self.idx_src, block_quota)
 
     def all_layers(self, *, block_quota: int | None = None) -> Callable[[], None]:
         def table(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -306,14 +313,15 @@ def page_size_for(element_size: int) -> int:
 
 
 def tma_table(sizes: list[int], n: int, num_sms: int) -> None:
-    """Whole pages (random page order) moved with ``page_size`` given: the bulk-copy kernel that picks,
-    the register kernel on the same indices (``page_size=None``), and the ceiling."""
+    """Whole pages (random page order): the bulk-copy kernel (called directly, whichever kernel
+    ``page_size=`` picks for the direction), the register kernel on the same indices, the kernel that
+    ``page_size=`` picks, and the ceiling."""
     table = Table(
         "pages_tma",
         f"Page transfers, {n} rows as whole pages: bulk-copy (TMA) kernel against the register kernel; "
         f"block quota {DEFAULT_BLOCK_QUOTA} host<->device, {num_sms} device->device",
         ["dir", "element B", "page", "quota", "TMA us", "TMA GB/s", "TMA % ceiling", "register us", "register GB/s",
-         "TMA / register", "ceiling GB/s"],
+         "TMA / register", "page_size= takes", "ceiling GB/s"],
     )  # fmt: skip
     for direction in DIRECTIONS:
         quota = num_sms if direction == "d2d" else DEFAULT_BLOCK_QUOTA
@@ -322,14 +330,15 @@ def tma_table(sizes: list[int], n: int, num_sms: int) -> None:
             if not uses_bulk_copy_kernel(size, page):
                 continue
             case = Case(direction, size, n, page_size=page)
-            tma_us = _time(case.kernel(block_quota=quota, page_size=page))
+            tma_us = _time(case.bulk_copy_kernel(block_quota=quota))
             reg_us = _time(case.kernel(block_quota=quota))
+            takes = "TMA" if uses_bulk_copy_kernel(size, page, device_to_device=direction == "d2d") else "register"
             moved = case.moved_bytes()
             ceiling = ceiling_gbps(direction, moved)
             tma_bw, reg_bw = gbps(moved, tma_us), gbps(moved, reg_us)
             table.add(
                 direction, size, page, quota, f"{tma_us:.1f}", f"{tma_bw:.1f}", f"{100 * tma_bw / ceiling:.0f}%",
-                f"{reg_us:.1f}", f"{reg_bw:.1f}", f"{reg_us / tma_us:.2f}x", f"{ceiling:.1f}",
+                f"{reg_us:.1f}", f"{reg_bw:.1f}", f"{reg_us / tma_us:.2f}x", takes, f"{ceiling:.1f}",
             )  # fmt: skip
             del case
 

@@ -12,10 +12,13 @@ num_threads)`` and the block quota is a run-time argument.
 
 ``page_size=`` tells the transfer that its indices come in pages of that many consecutive rows.
 Where the page size is a multiple of the bulk-copy kernel's rows per stage (``csrc/hicache_tma.cuh``,
-``hicache_tma_stage_rows``: 32 rows of 1 KiB, 128 of 256 B) and the GPU is sm_90+, the transfer
-runs on that kernel, which moves each page-aligned run of rows with one bulk copy; otherwise on the
-register kernel. Both move exactly the same bytes for any indices: the page size only picks the
-faster kernel.
+``hicache_tma_stage_rows``: 32 rows of 1 KiB, 128 of 256 B), the GPU is sm_90+ and one side of a
+one-layer transfer is host memory, the transfer runs on that kernel, which moves each page-aligned
+run of rows with one bulk copy; otherwise on the register kernel. Between two CUDA caches the
+register kernel is the faster (on the H100 the bulk-copy kernel measured 0.86-0.99x of it at 256 B
+to 4 KiB rows), so one-layer device-to-device transfers keep it. The all-layer forms take pointer
+tables and cannot see where the caches are: a page size that tiles a stage takes the bulk-copy
+kernel there. Both kernels move exactly the same bytes for any indices: the choice is only speed.
 
 Out-of-range indices are not checked (that would cost a reduction and a host sync per call);
 ``JIT_KERNEL_CHECK_INDICES=1`` turns the check on and raises :class:`IndexError` naming the first
@@ -79,12 +82,15 @@ def can_use_hicache_jit_kernel(
     return True
 
 
-def uses_bulk_copy_kernel(element_size: int, page_size: int | None, arch_major: int | None = None) -> bool:
+def uses_bulk_copy_kernel(
+    element_size: int, page_size: int | None, arch_major: int | None = None, *, device_to_device: bool = False
+) -> bool:
     """Whether a transfer of ``element_size``-byte rows with this ``page_size`` runs on the bulk-copy
     (TMA) kernel: a page size given that is a multiple of the kernel's rows per stage, so that every
-    stage is one page-aligned run, on an sm_90+ GPU (``arch_major``; default: the current target's).
-    Any other transfer runs on the register kernel."""
-    if page_size is None:
+    stage is one page-aligned run, on an sm_90+ GPU (``arch_major``; default: the current target's),
+    and not a one-layer transfer between two CUDA caches (``device_to_device``), where the register
+    kernel is faster. Any other transfer runs on the register kernel."""
+    if page_size is None or device_to_device:
         return False
     rows = hicache_tma_stage_rows(element_size)
     if rows == 0 or page_size % rows != 0:
@@ -175,24 +181,26 @@ _ONE_LAYER_MLA_BY_DTYPE = _ONE_LAYER_MLA_KERNELS.by_dtype
 # The eager fast paths of calls with a page size: (dtype, row width, page size) -> the kernel the full
 # path took for it (bulk-copy or register), filed after that call where the kernel tables keep one
 # function for every device.
-_ONE_LAYER_PAGED: dict[tuple[torch.dtype, int, int], Any] = {}
-_ONE_LAYER_MLA_PAGED: dict[tuple[torch.dtype, int, int], Any] = {}
+# Keyed by (dtype, row width, page size, both caches on the GPU).
+_ONE_LAYER_PAGED: dict[tuple[torch.dtype, int, int, bool], Any] = {}
+_ONE_LAYER_MLA_PAGED: dict[tuple[torch.dtype, int, int, bool], Any] = {}
 
 
 def _remember_paged(
-    paged: dict[tuple[torch.dtype, int, int], Any],
+    paged: dict[tuple[torch.dtype, int, int, bool], Any],
     kernels: tuple[KernelTable, KernelTable],
     dtype: torch.dtype,
     dim: int,
     page_size: int,
+    device_to_device: bool,
 ) -> None:
     element_size = dim * dtype.itemsize
-    if uses_bulk_copy_kernel(element_size, page_size):
+    if uses_bulk_copy_kernel(element_size, page_size, device_to_device=device_to_device):
         kernel = kernels[1].get(element_size)
     else:
         kernel = kernels[0].get((dtype, dim))
     if kernel is not None:
-        paged[(dtype, dim, page_size)] = kernel
+        paged[(dtype, dim, page_size, device_to_device)] = kernel
 
 
 def _one_layer(
@@ -223,7 +231,7 @@ def _one_layer(
     unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
     rows = [_rows(fn, name, t, element_dim) for name, t in named]
     args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
-    if uses_bulk_copy_kernel(element_size, page_size):
+    if uses_bulk_copy_kernel(element_size, page_size, device_to_device=all(t.is_cuda for _, t in named)):
         table, key = kernels[1], element_size
     else:
         table, key = kernels[0], (first.dtype, element_dim) if default else (first.dtype, element_dim, unroll)
@@ -332,7 +340,8 @@ def transfer_hicache_one_layer(
             if page_size is None:
                 kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
             elif type(page_size) is int:  # not a float or bool equal to an int: the full path refuses those
-                kernel = _ONE_LAYER_PAGED.get((k_cache_dst.dtype, k_cache_dst.shape[-1], page_size))
+                d2d = k_cache_dst.is_cuda and k_cache_src.is_cuda
+                kernel = _ONE_LAYER_PAGED.get((k_cache_dst.dtype, k_cache_dst.shape[-1], page_size, d2d))
             else:
                 kernel = None
             if kernel is not None:
@@ -346,7 +355,8 @@ def transfer_hicache_one_layer(
     )  # fmt: skip
     if eager and type(page_size) is int:
         kernels = (_ONE_LAYER_KERNELS, _ONE_LAYER_TMA_KERNELS)
-        _remember_paged(_ONE_LAYER_PAGED, kernels, k_cache_dst.dtype, k_cache_dst.shape[-1], page_size)
+        d2d = k_cache_dst.is_cuda and k_cache_src.is_cuda
+        _remember_paged(_ONE_LAYER_PAGED, kernels, k_cache_dst.dtype, k_cache_dst.shape[-1], page_size, d2d)
 
 
 def transfer_hicache_one_layer_mla(
@@ -378,7 +388,8 @@ def transfer_hicache_one_layer_mla(
             if page_size is None:
                 kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
             elif type(page_size) is int:  # not a float or bool equal to an int: the full path refuses those
-                kernel = _ONE_LAYER_MLA_PAGED.get((cache_dst.dtype, cache_dst.shape[-1], page_size))
+                d2d = cache_dst.is_cuda and cache_src.is_cuda
+                kernel = _ONE_LAYER_MLA_PAGED.get((cache_dst.dtype, cache_dst.shape[-1], page_size, d2d))
             else:
                 kernel = None
             if kernel is not None:
@@ -389,7 +400,8 @@ def transfer_hicache_one_layer_mla(
     _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota, page_size)
     if eager and type(page_size) is int:
         kernels = (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS)
-        _remember_paged(_ONE_LAYER_MLA_PAGED, kernels, cache_dst.dtype, cache_dst.shape[-1], page_size)
+        d2d = cache_dst.is_cuda and cache_src.is_cuda
+        _remember_paged(_ONE_LAYER_MLA_PAGED, kernels, cache_dst.dtype, cache_dst.shape[-1], page_size, d2d)
 
 
 def _all_layer(
