@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -17,7 +16,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from jit_kernel.engine import env
+from jit_kernel.engine import diskmemo, env
+
+_MEMO_NAME = "memo.json"  # the toolchain's answers, in the cache folder
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 
@@ -81,23 +82,12 @@ def _output(command: list[str]) -> str:
 def memoised(path: Path, question: str, ask: Callable[[], str]) -> str:
     """``ask()`` about the file at ``path``, memoised on disk by its identity (path, size, mtime,
     inode): a warm load starts no subprocess and hashes nothing twice."""
-    stat = path.stat()
-    identity = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:{question}"
-    memo_path = env.cache_dir() / "memo.json"
-    try:
-        memo: dict[str, str] = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    if identity in memo:
-        return memo[identity]
+    identity = f"{path}:{diskmemo.stamp(path)}:{question}"
+    memo = diskmemo.load(_MEMO_NAME)
+    if isinstance(answer := memo.get(identity), str):
+        return answer
     memo[identity] = answer = ask()
-    try:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
-        staging = memo_path.with_name(f"{memo_path.name}.{os.getpid()}.tmp")
-        staging.write_text(json.dumps(memo, indent=1, sort_keys=True))
-        os.replace(staging, memo_path)
-    except OSError:
-        pass  # A read-only cache folder only costs the next process one more question.
+    diskmemo.save(_MEMO_NAME, memo)
     return answer
 
 

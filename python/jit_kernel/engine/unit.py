@@ -13,13 +13,12 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
-from jit_kernel.engine import env
+from jit_kernel.engine import diskmemo, env
 from jit_kernel.engine.spec import Config, KernelSpec, symbol_name
 
 DEFAULT_CFLAGS = ("-std=c++20", "-O3")
@@ -141,7 +140,7 @@ def _closure_digest(sources: tuple[Path, ...], include_dirs: tuple[Path, ...]) -
     digest, paths, stamps = _walk_closure(sources, include_dirs)
     memo.pop(key, None)
     memo[key] = {"digest": digest, "paths": paths, "stamps": stamps}
-    _save_closure_memo(memo)
+    diskmemo.save(_CLOSURE_MEMO_NAME, memo, _CLOSURE_MEMO_ENTRIES)
     return digest
 
 
@@ -154,7 +153,7 @@ def _walk_closure(sources: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> 
 
     def stamp(path: Path) -> None:
         if str(path) not in stamped:
-            stamped[str(path)] = _stamp(path)
+            stamped[str(path)] = diskmemo.stamp(path)
 
     pending = [path.resolve() for path in sources]
     while pending:
@@ -196,35 +195,10 @@ def _valid_entry(entry: object) -> TypeGuard[dict[str, Any]]:
     )
 
 
-def _stamp(path: Path | str) -> str:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "missing"
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
-
-
 def _stamps(paths: Iterable[str]) -> list[str]:
-    return [_stamp(path) for path in paths]
+    return [diskmemo.stamp(path) for path in paths]
 
 
 @functools.cache
-def _closure_memo() -> dict[str, object]:
-    try:
-        memo = json.loads((env.cache_dir() / _CLOSURE_MEMO_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    return memo if isinstance(memo, dict) else {}
-
-
-def _save_closure_memo(memo: dict[str, object]) -> None:
-    while len(memo) > _CLOSURE_MEMO_ENTRIES:
-        memo.pop(next(iter(memo)))
-    path = env.cache_dir() / _CLOSURE_MEMO_NAME
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        staging.write_text(json.dumps(memo))
-        os.replace(staging, path)
-    except OSError:
-        pass  # a read-only cache folder: the next process walks the closure again
+def _closure_memo() -> dict[str, Any]:
+    return diskmemo.load(_CLOSURE_MEMO_NAME)
