@@ -1,4 +1,5 @@
-"""Helpers for tests that build modules: a log recorder and small user-folder kernels."""
+"""Helpers for tests that build modules: a log recorder, small user-folder kernels, and the check
+that a kernel family's config builds for an arch."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from jit_kernel.engine.spec import Config, KernelSpec
 
 
 class _Recorder(logging.Handler):
@@ -69,3 +74,34 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[tuple[int, i
 
     yield install
     target.clear()
+
+
+def assert_builds_for_arch(spec: KernelSpec, config: Config, arch: str) -> str:
+    """Every export of ``spec``'s ``config`` is built for ``arch`` (``"9.0a"``) and found by its symbol.
+
+    The installed prebuilt library is the proof where it holds every export of the config as machine
+    code for ``arch``, compiled from the translation unit JIT would compile now (equal unit digest):
+    the package build compiled exactly that unit for that arch, and the library exports the symbols.
+    Otherwise (a source checkout, another arch, a config outside the prebuilt grid, sources changed
+    since the build, a damaged install, or ``JIT_KERNEL_DISABLE_PREBUILT=1``) the config is
+    JIT-compiled for ``arch``. Returns which of the two proved it: ``"prebuilt"`` or ``"jit"``."""
+    from jit_kernel.engine import env, prebuilt
+    from jit_kernel.engine.dispatch import jit_module
+    from jit_kernel.engine.spec import symbol_name
+    from jit_kernel.engine.target import Arch
+
+    symbols = [symbol_name(spec, export, config) for export in spec.exports]
+    wanted = Arch.parse(arch)
+    manifest = None if env.prebuilt_disabled() else prebuilt.manifest()
+    if manifest is not None and prebuilt.problem() is None:
+        entries = [manifest.symbols.get(symbol) for symbol in symbols]
+        digest = prebuilt.current_digest(spec, config)
+        if all(e is not None and wanted in e.machine_code and e.unit_digest == digest for e in entries):
+            library = prebuilt.library()
+            for symbol in symbols:
+                assert library.implements_function(symbol), symbol
+            return "prebuilt"
+    module = jit_module(spec, config, cuda_arch=arch)
+    for symbol in symbols:
+        assert module.implements_function(symbol), symbol
+    return "jit"
