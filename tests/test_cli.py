@@ -47,10 +47,13 @@ def test_clangd_writes_config_and_never_overwrites(tmp_path: Path) -> None:
     assert "--cuda-gpu-arch=sm_80" in (tmp_path / ".clangd").read_text()
 
 
-def test_clangd_rejects_a_bad_arch(tmp_path: Path) -> None:
-    result = run_cli("clangd", "--cuda-arch", "sm90", cwd=tmp_path)
-    assert result.returncode != 0
-    assert "invalid CUDA arch" in result.stderr
+def test_clangd_rejects_a_bad_arch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error (status 2, the option and the reason on stderr), not a traceback; nothing written."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["clangd", "--cuda-arch", "sm90", "--output", str(tmp_path / ".clangd")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cuda-arch" in err and "invalid CUDA arch" in err and "Traceback" not in err
     assert not (tmp_path / ".clangd").exists()
 
 

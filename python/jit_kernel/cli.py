@@ -43,7 +43,10 @@ def _family(name: str) -> KernelSpec:
 
 def _clangd_arch(requested: str | None) -> str:
     if requested:
-        return str(Arch.parse(requested))
+        try:
+            return str(Arch.parse(requested))
+        except ValueError as error:
+            raise UsageError(f"--cuda-arch: {error}") from None
     try:
         return str(target.current().arch)
     except toolchain.ToolchainError:
