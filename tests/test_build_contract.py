@@ -97,32 +97,66 @@ def _generated_options(sources_cmake: Path) -> dict[Path, list[str]]:
     return options
 
 
-def test_generated_cmake_inputs_equal_the_jit_description_for_every_grid_entry(tmp_path: Path) -> None:
-    manifest = aot.generate(tmp_path, "9.0a", "13.0", tvm_ffi.__version__)
+@pytest.mark.parametrize("jobs", [2, 64])
+def test_generated_cmake_inputs_equal_the_jit_description_for_every_grid_entry(tmp_path: Path, jobs: int) -> None:
+    """Every config's JIT unit is in the generated unit that exports it: the same lines, compile
+    options and digest. With 64 jobs each family is a unit of its own; with 2, families merge into 4
+    units (unit_groups)."""
+    manifest = aot.generate(tmp_path, "9.0a", "13.0", tvm_ffi.__version__, jobs=jobs)
     options = _generated_options(tmp_path / "sources.cmake")
     symbols = manifest["symbols"]
     assert isinstance(symbols, dict)
+    texts = {path: path.read_text().splitlines() for path in options}
+    exporter = {
+        line.split("(", 1)[1].split(",", 1)[0]: path
+        for path, lines in texts.items()
+        for line in lines
+        if line.startswith("TVM_FFI_DLL_EXPORT_TYPED_FUNC(")
+    }
+    cuda_units = [path for path in options if path.parent.name == "cuda"]
+    families_with_grid = [spec for spec in families.ALL_FAMILIES if spec.prebuilt and spec.target == "cuda"]
+    assert len(cuda_units) == (len(families_with_grid) if jobs == 64 else 4)
     checked = 0
     for spec in families.ALL_FAMILIES:
-        if not spec.prebuilt:
-            continue
-        # One source per family: JIT's unit of each config, with the exports of every config.
-        path = tmp_path / spec.target / f"{spec.family}{'.cu' if spec.target == 'cuda' else '.cpp'}"
-        family_text = path.read_text()
-        family_options = options.pop(path)
         for config in spec.prebuilt:
             (jit_unit,) = jit_request(spec, config, "9.0a").units
-            assert family_options == list(jit_unit.compile_args())
-            jit_lines = jit_unit.text().splitlines()
-            assert all(line in family_text.splitlines() for line in jit_lines)
+            (path,) = {exporter[symbol] for symbol, _ in jit_unit.exports}  # one unit holds the config
+            assert options[path] == list(jit_unit.compile_args())
+            assert all(line in texts[path] for line in jit_unit.text().splitlines())
             for symbol, expression in jit_unit.exports:
                 assert symbols.pop(symbol)["unit_digest"] == jit_unit.digest()
-                assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, (::host::ffi_export({expression})));" in family_text
+                assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({symbol}, (::host::ffi_export({expression})));" in texts[path]
+                del exporter[symbol]
             checked += 1
-        exported = sum(line.startswith("TVM_FFI_DLL_EXPORT_TYPED_FUNC(") for line in family_text.splitlines())
-        assert exported == len(spec.prebuilt) * len(spec.exports)  # no export JIT does not describe
     assert checked == sum(len(spec.prebuilt) for spec in families.ALL_FAMILIES) > 40
-    assert not options and not symbols  # nothing generated that JIT does not describe
+    assert not exporter and not symbols  # nothing generated that JIT does not describe
+
+
+def test_unit_groups_keep_each_family_whole() -> None:
+    units = [
+        (spec.family, TranslationUnit.for_config(spec, spec.prebuilt[0]))
+        for spec in families.ALL_FAMILIES
+        if spec.prebuilt and spec.target == "cuda"
+    ]
+    assert aot.unit_groups(units, len(units)) == [[unit] for unit in units]  # enough jobs: one unit per family
+    groups = aot.unit_groups(units, 2)
+    assert len(groups) == 4 and sorted(f for group in groups for f, _ in group) == sorted(f for f, _ in units)
+    for group in groups:  # the declared order within a group, so the generated text is stable
+        assert [f for f, _ in group] == [f for f, _ in units if any(f == g for g, _ in group)]
+    merged = TranslationUnit.merge([unit for _, unit in groups[0]])
+    assert merged.exports == tuple(e for _, unit in groups[0] for e in unit.exports)
+    assert len(set(merged.sources)) == len(merged.sources)
+    host = TranslationUnit.for_config(families.ADD_CONSTANT_HOST, families.ADD_CONSTANT_HOST.prebuilt[0])
+    with pytest.raises(ValueError, match="same flags and include folders"):
+        TranslationUnit.merge([units[0][1], host])
+
+
+def test_generate_removes_the_units_of_an_earlier_grouping(tmp_path: Path) -> None:
+    aot.generate(tmp_path, "9.0a", "13.0", tvm_ffi.__version__, jobs=64)
+    aot.generate(tmp_path, "9.0a", "13.0", tvm_ffi.__version__, jobs=2)
+    listed = set(_generated_options(tmp_path / "sources.cmake"))
+    on_disk = {*(tmp_path / "cuda").iterdir(), *(tmp_path / "host").iterdir()}
+    assert listed == on_disk and sum(path.parent.name == "cuda" for path in on_disk) == 4
 
 
 def test_only_units_of_the_same_sources_and_flags_combine() -> None:

@@ -98,6 +98,21 @@ class TranslationUnit:
                 raise ValueError("jit_kernel: only units with the same sources, flags and include folders combine")
         return dataclasses.replace(first, exports=tuple(export for unit in units for export in unit.exports))
 
+    @classmethod
+    def merge(cls, units: Sequence[TranslationUnit]) -> TranslationUnit:
+        """One unit holding several families' units: every source of each (in order, once) and every
+        export. They must share their language, flags and include folders. The prebuilt build merges
+        families when it has fewer parallel jobs than families (:func:`jit_kernel.engine.aot.unit_groups`)."""
+        if not units:
+            raise ValueError("jit_kernel: no translation unit to merge")
+        first = units[0]
+        for unit in units[1:]:
+            if (unit.language, unit.flags, unit.include_dirs) != (first.language, first.flags, first.include_dirs):
+                raise ValueError("jit_kernel: only units with the same flags and include folders merge")
+        sources = tuple(dict.fromkeys(source for unit in units for source in unit.sources))
+        exports = tuple(export for unit in units for export in unit.exports)
+        return dataclasses.replace(first, sources=sources, exports=exports)
+
     @property
     def suffix(self) -> str:
         return ".cu" if self.language == "cuda" else ".cpp"
