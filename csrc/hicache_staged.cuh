@@ -85,12 +85,12 @@ SGL_DEVICE void copy_row(uint4* dst, const uint4* src, uint32_t units, uint32_t 
   }
 }
 
-/// \brief Row r of the lf_pf staging buffer: staging[(j * page_size + t) * layers + l] (rows of
-/// `row_bytes`) <- layer l's row src_indices[(first_page + j) * page_size] + t.
+/// \brief Where row r of a layer-first -> page-first write-back comes from. Rows are in the host
+/// pages' order: row (j * page_size + t) * layers + l of tensor `which` is layer l's row
+/// src_indices[(first_page + j) * page_size] + t.
 template <typename Index>
-struct LfPfRows {
+struct LfPfSource {
   const uint64_t* tables[2];  // K, V per-layer base addresses
-  uint8_t* staging[2];
   const Index* src_indices;
   int64_t first_page;
   int64_t page_size;
@@ -99,20 +99,41 @@ struct LfPfRows {
   int64_t rows_per_tensor;  // pages * page_size * layers
   int64_t tensors;          // 2 (K, V), or 1 for MLA
 
+  struct Position {
+    int64_t which;      // K or V
+    int64_t in_tensor;  // the row's index in its tensor's part of the launch
+    int64_t page;       // j, the launch's page
+    int64_t t;          // the token in its page
+    int64_t layer;
+  };
+
   // Returns false for a row past the end.
+  SGL_DEVICE auto find(int64_t r, Position& at, const uint4*& src) const -> bool {
+    at.which = r / rows_per_tensor;
+    if (at.which >= tensors) return false;
+    at.in_tensor = r - at.which * rows_per_tensor;
+    const int64_t token = at.in_tensor / layers;  // j * page_size + t
+    at.layer = at.in_tensor - token * layers;
+    at.page = token / page_size;
+    at.t = token - at.page * page_size;
+    const int64_t start = static_cast<int64_t>(__ldg(src_indices + (first_page + at.page) * page_size));
+    const auto base = reinterpret_cast<const uint8_t*>(
+        __ldg(reinterpret_cast<const unsigned long long*>(tables[at.which]) + at.layer));
+    src = reinterpret_cast<const uint4*>(base + (start + at.t) * row_bytes);
+    return true;
+  }
+};
+
+/// \brief Row r of the lf_pf staging buffer: LfPfSource's row r, at staging[which] row in_tensor.
+template <typename Index>
+struct LfPfRows {
+  LfPfSource<Index> source;
+  uint8_t* staging[2];
+
   SGL_DEVICE auto locate(int64_t r, uint4*& dst, const uint4*& src) const -> bool {
-    const int64_t which = r / rows_per_tensor;
-    if (which >= tensors) return false;
-    const int64_t in_tensor = r - which * rows_per_tensor;
-    const int64_t token = in_tensor / layers;  // j * page_size + t
-    const int64_t layer = in_tensor - token * layers;
-    const int64_t page = token / page_size;
-    const int64_t t = token - page * page_size;
-    const int64_t start = static_cast<int64_t>(__ldg(src_indices + (first_page + page) * page_size));
-    const auto base =
-        reinterpret_cast<const uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(tables[which]) + layer));
-    src = reinterpret_cast<const uint4*>(base + (start + t) * row_bytes);
-    dst = reinterpret_cast<uint4*>(staging[which] + in_tensor * row_bytes);
+    typename LfPfSource<Index>::Position at;
+    if (!source.find(r, at, src)) return false;
+    dst = reinterpret_cast<uint4*>(staging[at.which] + at.in_tensor * source.row_bytes);
     return true;
   }
 };
@@ -151,35 +172,19 @@ struct PageUnifiedRows {
   }
 };
 
-/// \brief Row r of a direct page-first write-back, in the host pages' order: row (j * page_size +
-/// t) * layers + l of tensor `which` <- layer l's row src_indices[(first_page + j) * page_size] + t,
-/// stored at host token dst_first[j] + t, layer l (through the host cache's device alias).
+/// \brief Row r of a direct page-first write-back: LfPfSource's row r, stored at host token
+/// dst_first[j] + t, layer l (through the host cache's device alias).
 template <typename Index>
 struct LfPfHostRows {
-  const uint64_t* tables[2];  // K, V per-layer base addresses
-  uint8_t* host[2];           // device aliases of the pinned host caches
-  const Index* src_indices;
-  int64_t first_page;
-  int64_t page_size;
-  int64_t layers;
-  int64_t row_bytes;
-  int64_t rows_per_tensor;  // pages * page_size * layers
-  int64_t tensors;          // 2 (K, V), or 1 for MLA
+  LfPfSource<Index> source;
+  uint8_t* host[2];  // device aliases of the pinned host caches
   int64_t dst_first[kLaunchPages];
 
   SGL_DEVICE auto locate(int64_t r, uint4*& dst, const uint4*& src) const -> bool {
-    const int64_t which = r / rows_per_tensor;
-    if (which >= tensors) return false;
-    const int64_t in_tensor = r - which * rows_per_tensor;
-    const int64_t token = in_tensor / layers;  // j * page_size + t
-    const int64_t layer = in_tensor - token * layers;
-    const int64_t page = token / page_size;
-    const int64_t t = token - page * page_size;
-    const int64_t start = static_cast<int64_t>(__ldg(src_indices + (first_page + page) * page_size));
-    const auto base =
-        reinterpret_cast<const uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(tables[which]) + layer));
-    src = reinterpret_cast<const uint4*>(base + (start + t) * row_bytes);
-    dst = reinterpret_cast<uint4*>(host[which] + ((dst_first[page] + t) * layers + layer) * row_bytes);
+    typename LfPfSource<Index>::Position at;
+    if (!source.find(r, at, src)) return false;
+    const int64_t host_row = (dst_first[at.page] + at.t) * source.layers + at.layer;
+    dst = reinterpret_cast<uint4*>(host[at.which] + host_row * source.row_bytes);
     return true;
   }
 };
@@ -434,26 +439,32 @@ inline void lf_pf(
   const OnDevice on_gpu{gpu.device_id};
   const int64_t per_chunk = capacity.unwrap() / page_size;
   const int64_t token_bytes = layers.unwrap() * row_bytes;  // a token of every layer, on both sides
+  // The source rows of pages [first_page, first_page + count) of this call.
+  const auto source = [&](auto index_type, int64_t first_page, int64_t count) {
+    using Index = decltype(index_type);
+    auto from = LfPfSource<Index>{};
+    from.tables[0] = static_cast<const uint64_t*>(k_ptr_src.data_ptr());
+    if constexpr (kHasV) from.tables[1] = static_cast<const uint64_t*>(v_ptr_src->data_ptr());
+    from.src_indices = static_cast<const Index*>(src_indices.data_ptr());
+    from.first_page = first_page;
+    from.page_size = page_size;
+    from.layers = layers.unwrap();
+    from.row_bytes = row_bytes;
+    from.rows_per_tensor = count * page_size * layers.unwrap();
+    from.tensors = kHasV ? 2 : 1;
+    return from;
+  };
   const auto store_direct = [&](auto index_type) {
     using Index = decltype(index_type);
     for (int64_t first_page = 0; first_page < pages; first_page += kLaunchPages) {
       const int64_t count = std::min(kLaunchPages, pages - first_page);
       auto rows = LfPfHostRows<Index>{};
-      rows.tables[0] = static_cast<const uint64_t*>(k_ptr_src.data_ptr());
+      rows.source = source(Index{}, first_page, count);
       rows.host[0] = host_k;
-      if constexpr (kHasV) {
-        rows.tables[1] = static_cast<const uint64_t*>(v_ptr_src->data_ptr());
-        rows.host[1] = host_v;
-      }
-      rows.src_indices = static_cast<const Index*>(src_indices.data_ptr());
-      rows.first_page = first_page;
-      rows.page_size = page_size;
-      rows.layers = layers.unwrap();
-      rows.row_bytes = row_bytes;
-      rows.rows_per_tensor = count * page_size * layers.unwrap();
-      rows.tensors = kHasV ? 2 : 1;
+      if constexpr (kHasV) rows.host[1] = host_v;
       for (int64_t j = 0; j < count; ++j) rows.dst_first[j] = dst_tokens[(first_page + j) * page_size];
-      launch_rows(rows, rows.rows_per_tensor * rows.tensors, row_bytes, block_quota, kDirectThreads, true, gpu);
+      launch_rows(
+          rows, rows.source.rows_per_tensor * rows.source.tensors, row_bytes, block_quota, kDirectThreads, true, gpu);
     }
   };
   const auto run_chunks = [&](auto index_type) {
@@ -461,20 +472,10 @@ inline void lf_pf(
     for (int64_t first_page = 0; first_page < pages; first_page += per_chunk) {
       const int64_t count = std::min(per_chunk, pages - first_page);
       auto rows = LfPfRows<Index>{};
-      rows.tables[0] = static_cast<const uint64_t*>(k_ptr_src.data_ptr());
+      rows.source = source(Index{}, first_page, count);
       rows.staging[0] = static_cast<uint8_t*>(staging_k.data_ptr());
-      if constexpr (kHasV) {
-        rows.tables[1] = static_cast<const uint64_t*>(v_ptr_src->data_ptr());
-        rows.staging[1] = static_cast<uint8_t*>(staging_v->data_ptr());
-      }
-      rows.src_indices = static_cast<const Index*>(src_indices.data_ptr());
-      rows.first_page = first_page;
-      rows.page_size = page_size;
-      rows.layers = layers.unwrap();
-      rows.row_bytes = row_bytes;
-      rows.rows_per_tensor = count * page_size * layers.unwrap();
-      rows.tensors = kHasV ? 2 : 1;
-      launch_rows(rows, rows.rows_per_tensor * rows.tensors, row_bytes, block_quota, 512, false, gpu);
+      if constexpr (kHasV) rows.staging[1] = static_cast<uint8_t*>(staging_v->data_ptr());
+      launch_rows(rows, rows.source.rows_per_tensor * rows.source.tensors, row_bytes, block_quota, 512, false, gpu);
       const auto dst_page = [&](int64_t j) { return dst_tokens[(first_page + j) * page_size]; };
       // Host pages as runs of tokens: page j starts at token dst_page(j), page_size tokens long.
       const auto copy = [&](const tvm::ffi::TensorView& staging, const tvm::ffi::TensorView& dst) {

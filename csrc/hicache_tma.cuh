@@ -3,7 +3,7 @@
 //
 //   for every i:  k_dst[indices_dst[i]] = k_src[indices_src[i]]   (and the same for v)
 //
-// Work is cut into chunks of kRows consecutive index positions (of one layer, K or V); kRows is the
+// Work is cut into chunks of kRows consecutive index positions (of K or V); kRows is the
 // largest power of two whose rows fit a 32 KiB stage. Each block owns a ring of shared-memory
 // stages. Warp 0 loads: for a chunk whose source rows are one contiguous run (a page, when the
 // caller's page size is a multiple of kRows) one bulk copy brings the whole chunk; otherwise each
@@ -16,10 +16,8 @@
 // kernel's arguments:
 //   run_one      (k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
 //   run_one_mla  (dst, indices_dst, src, indices_src, block_quota)
-//   run_all      (k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src,
-//                 src_stride_bytes, dst_stride_bytes, block_quota)
-//   run_all_mla  (ptr_dst, indices_dst, ptr_src, indices_src, src_stride_bytes, dst_stride_bytes,
-//                 block_quota)
+// One layer only: the all-layer forms' pointer tables do not say whether the caches are on the
+// GPU, and between two GPU caches the register kernel is the faster one.
 #pragma once
 
 #include "hicache.cuh"
@@ -54,15 +52,14 @@ inline constexpr auto stage_rows(std::size_t row_bytes) -> uint32_t {
   return rows;
 }
 
-/// \brief A transfer as the kernel sees it. `k_*` / `v_*` are base addresses, or (all-layer) device
-/// arrays of `num_layers` base addresses. Strides are bytes between rows, per tensor (K then V).
+/// \brief A transfer as the kernel sees it: base addresses and strides (bytes between rows) per
+/// tensor (K then V).
 struct Params {
   const void* src[2];
   void* dst[2];
   const void* indices_src;
   const void* indices_dst;
   int64_t length;
-  int64_t num_layers;
   int64_t src_stride[2];
   int64_t dst_stride[2];
   uint32_t num_stages;
@@ -102,34 +99,18 @@ struct Ring {
 };
 
 /// \brief Chunk `c` of a transfer: `kRows` index positions from `first` (`rows` of them in the last
-/// chunk of a layer), of `layer`, of tensor `which` (0: K, 1: V).
+/// chunk of a tensor), of tensor `which` (0: K, 1: V).
 struct Chunk {
   int64_t first;
   uint32_t rows;
   uint32_t which;
-  int64_t layer;
 };
 
 template <uint32_t kRows>
-SGL_DEVICE auto describe(int64_t c, int64_t chunks_per_layer, const Params& p) -> Chunk {
-  const int64_t in_layer = c % chunks_per_layer;
-  const int64_t rest = c / chunks_per_layer;
-  const int64_t first = in_layer * kRows;
+SGL_DEVICE auto describe(int64_t c, int64_t chunks_per_tensor, const Params& p) -> Chunk {
+  const int64_t first = (c % chunks_per_tensor) * kRows;
   const int64_t left = p.length - first;
-  return {
-      first,
-      static_cast<uint32_t>(left < kRows ? left : kRows),
-      static_cast<uint32_t>(rest / p.num_layers),
-      rest % p.num_layers};
-}
-
-template <bool kTables>
-SGL_DEVICE auto base_of(const void* direct_or_table, int64_t layer) -> uint8_t* {
-  if constexpr (kTables) {
-    return reinterpret_cast<uint8_t*>(__ldg(static_cast<const unsigned long long*>(direct_or_table) + layer));
-  } else {
-    return static_cast<uint8_t*>(const_cast<void*>(direct_or_table));
-  }
+  return {first, static_cast<uint32_t>(left < kRows ? left : kRows), static_cast<uint32_t>(c / chunks_per_tensor)};
 }
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -149,7 +130,7 @@ SGL_DEVICE void wait_reads_at_most(uint32_t n) {
 }
 #endif
 
-template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV, bool kTables>
+template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV>
 __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using namespace device;
@@ -165,8 +146,8 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
 
   if (threadIdx.x == 0) {
     for (uint32_t s = 0; s < ring.stages; ++s) {
-      ptx::mbar_init(ring.full(s), 1);
-      ptx::mbar_init(ring.empty(s), kStoreWarps);
+      ptx::mbar_init(ring.full(s), kWarpThreads);                 // every loader lane publishes its rows
+      ptx::mbar_init(ring.empty(s), kStoreWarps * kWarpThreads);  // every storer thread releases
     }
     ptx::fence_mbarrier_init();
   }
@@ -174,8 +155,8 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
   PDLWaitPrimary();  // the indices and caches may come from the previous kernel
   PDLTriggerSecondary();
 
-  const int64_t chunks_per_layer = div_ceil(p.length, static_cast<int64_t>(kRows));
-  const int64_t num_chunks = chunks_per_layer * p.num_layers * (kHasV ? 2 : 1);
+  const int64_t chunks_per_tensor = div_ceil(p.length, static_cast<int64_t>(kRows));
+  const int64_t num_chunks = chunks_per_tensor * (kHasV ? 2 : 1);
   const auto* indices_src = static_cast<const Index*>(p.indices_src);
   const auto* indices_dst = static_cast<const Index*>(p.indices_dst);
 
@@ -185,7 +166,7 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
     // latency overlaps the wait instead of adding to every chunk.
     const auto load_indices = [&](int64_t c, Chunk& chunk, int64_t (&src)[kPerLane], int64_t (&dst)[kPerLane]) {
       if (c >= num_chunks) return;
-      chunk = describe<kRows>(c, chunks_per_layer, p);
+      chunk = describe<kRows>(c, chunks_per_tensor, p);
 #pragma unroll
       for (uint32_t j = 0; j < kPerLane; ++j) {
         const uint32_t r = lane + j * kWarpThreads;
@@ -230,11 +211,15 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
         if (r < chunk.rows) rows[r] = dst[j];
       }
       if (lane == 0) *ring.dst_is_run(s) = dst_whole;
-      __syncwarp();  // the lanes' smem writes, before lane 0's arrival releases them
-      if (lane == 0) ptx::mbar_arrive_expect_tx(ring.full(s), chunk.rows * kBytes);
+      // Each lane's arrival releases its own writes above; lane 0's also counts the bytes to come.
+      if (lane == 0) {
+        ptx::mbar_arrive_expect_tx(ring.full(s), chunk.rows * kBytes);
+      } else {
+        ptx::mbar_arrive(ring.full(s));
+      }
       __syncwarp();  // the expected bytes are counted before any copy can complete
 
-      const uint8_t* const base = base_of<kTables>(p.src[chunk.which], chunk.layer);
+      const auto* const base = static_cast<const uint8_t*>(p.src[chunk.which]);
       const int64_t stride = p.src_stride[chunk.which];
       uint8_t* const stage = ring.stage(s);
       if (src_whole) {
@@ -260,20 +245,20 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
     uint32_t oldest = 0;
     uint32_t it = 0;
     for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x, ++it) {
-      const Chunk chunk = describe<kRows>(c, chunks_per_layer, p);
+      const Chunk chunk = describe<kRows>(c, chunks_per_tensor, p);
       const uint32_t s = it % ring.stages;
       ptx::mbar_wait_parity(ring.full(s), (it / ring.stages) & 1);
-      uint8_t* const base = base_of<kTables>(p.dst[chunk.which], chunk.layer);
+      auto* const base = static_cast<uint8_t*>(p.dst[chunk.which]);
       const int64_t stride = p.dst_stride[chunk.which];
       const int64_t* const rows = ring.dst_rows(s);
       const uint8_t* const stage = ring.stage(s);
 
+      // Each storer thread releases the stage itself, after its own last read of it.
       const bool dst_is_run = *ring.dst_is_run(s) != 0;
-      __syncwarp();  // every lane has read the stage's flag before its warp may release the stage
 
       if (dst_is_run) {
         // One bulk store. Thread 0 releases the stage once the engine has read it, a few chunks
-        // later, so that several stores are in flight; the other warps have nothing to do and
+        // later, so that several stores are in flight; the other threads have nothing to do and
         // release it now.
         if (tid == 0) {
           ptx::bulk_s2g(base + rows[0] * stride, stage, chunk.rows * kBytes);
@@ -284,7 +269,7 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
             ptx::mbar_arrive(ring.empty(oldest++ % ring.stages));
             --pending;
           }
-        } else if (lane == 0 && tid >= kWarpThreads) {
+        } else {
           ptx::mbar_arrive(ring.empty(s));
         }
         continue;
@@ -312,8 +297,7 @@ __global__ __launch_bounds__(kThreads, 1) void transfer_kernel(const __grid_cons
         auto* to = reinterpret_cast<uint4*>(base + rows[u / kUnits] * stride) + u % kUnits;
         warp::details::store_cs(to, from[u]);
       }
-      __syncwarp();  // every lane has read the stage
-      if (lane == 0) ptx::mbar_arrive(ring.empty(s));
+      ptx::mbar_arrive(ring.empty(s));
     }
     // The CTA's shared memory must outlive the engine's reads of it; the global writes need no
     // wait: the grid's completion makes them visible to whatever runs after it.
@@ -348,14 +332,14 @@ inline auto ring_stages(int device_id) -> uint32_t {
   return stages;
 }
 
-template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV, bool kTables>
+template <typename Index, uint32_t kBytes, uint32_t kRows, bool kHasV>
 inline void launch(Params p, int64_t block_quota, DLDevice device) {
   using namespace host;
   p.num_stages = ring_stages<kBytes, kRows>(device.device_id);
-  const int64_t chunks = div_ceil(p.length, static_cast<int64_t>(kRows)) * p.num_layers * (kHasV ? 2 : 1);
+  const int64_t chunks = div_ceil(p.length, static_cast<int64_t>(kRows)) * (kHasV ? 2 : 1);
   const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(chunks, 1, std::min<int64_t>(block_quota, 1 << 30)));
   const auto smem = Ring<kBytes, kRows>::bytes(p.num_stages);
-  constexpr auto kernel = transfer_kernel<Index, kBytes, kRows, kHasV, kTables>;
+  constexpr auto kernel = transfer_kernel<Index, kBytes, kRows, kHasV>;
   LaunchKernel(blocks, kThreads, device, smem).enable_pdl(runtime::supports_pdl(device.device_id))(kernel, p);
 }
 
@@ -400,56 +384,10 @@ struct HiCacheTma {
     p.indices_src = r.indices_src;
     p.indices_dst = r.indices_dst;
     p.length = r.length;
-    p.num_layers = 1;
     if (idx.is_int32) {
-      tma::launch<int32_t, kB, kR, kHasV, false>(p, block_quota, idx.device);
+      tma::launch<int32_t, kB, kR, kHasV>(p, block_quota, idx.device);
     } else {
-      tma::launch<int64_t, kB, kR, kHasV, false>(p, block_quota, idx.device);
-    }
-  }
-
-  template <bool kHasV>
-  static void launch_all(
-      const tvm::ffi::TensorView& k_ptr_dst,
-      const tvm::ffi::TensorView* v_ptr_dst,
-      const tvm::ffi::TensorView& indices_dst,
-      const tvm::ffi::TensorView& k_ptr_src,
-      const tvm::ffi::TensorView* v_ptr_src,
-      const tvm::ffi::TensorView& indices_src,
-      int64_t src_stride_bytes,
-      int64_t dst_stride_bytes,
-      int64_t block_quota) {
-    using namespace host;
-    const auto [idx, num_layers] = check_all_layer<kHasV>(
-        k_ptr_dst,
-        v_ptr_dst,
-        indices_dst,
-        k_ptr_src,
-        v_ptr_src,
-        indices_src,
-        src_stride_bytes,
-        dst_stride_bytes,
-        kBytes);
-    RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
-    if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
-
-    auto p = tma::Params{};
-    p.src[0] = k_ptr_src.data_ptr();
-    p.dst[0] = k_ptr_dst.data_ptr();
-    if constexpr (kHasV) {
-      p.src[1] = v_ptr_src->data_ptr();
-      p.dst[1] = v_ptr_dst->data_ptr();
-    }
-    p.src_stride[0] = p.src_stride[1] = src_stride_bytes;
-    p.dst_stride[0] = p.dst_stride[1] = dst_stride_bytes;
-    p.indices_src = indices_src.data_ptr();
-    p.indices_dst = indices_dst.data_ptr();
-    p.length = idx.length;
-    p.num_layers = num_layers;
-    if (idx.is_int32) {
-      tma::launch<int32_t, kB, kR, kHasV, true>(p, block_quota, idx.device);
-    } else {
-      tma::launch<int64_t, kB, kR, kHasV, true>(p, block_quota, idx.device);
+      tma::launch<int64_t, kB, kR, kHasV>(p, block_quota, idx.device);
     }
   }
 
@@ -471,40 +409,6 @@ struct HiCacheTma {
       tvm::ffi::TensorView indices_src,
       int64_t block_quota) {
     launch_one<false>(cache_dst, nullptr, indices_dst, cache_src, nullptr, indices_src, block_quota);
-  }
-
-  static void run_all(
-      tvm::ffi::TensorView k_ptr_dst,
-      tvm::ffi::TensorView v_ptr_dst,
-      tvm::ffi::TensorView indices_dst,
-      tvm::ffi::TensorView k_ptr_src,
-      tvm::ffi::TensorView v_ptr_src,
-      tvm::ffi::TensorView indices_src,
-      int64_t src_stride_bytes,
-      int64_t dst_stride_bytes,
-      int64_t block_quota) {
-    launch_all<true>(
-        k_ptr_dst,
-        &v_ptr_dst,
-        indices_dst,
-        k_ptr_src,
-        &v_ptr_src,
-        indices_src,
-        src_stride_bytes,
-        dst_stride_bytes,
-        block_quota);
-  }
-
-  static void run_all_mla(
-      tvm::ffi::TensorView ptr_dst,
-      tvm::ffi::TensorView indices_dst,
-      tvm::ffi::TensorView ptr_src,
-      tvm::ffi::TensorView indices_src,
-      int64_t src_stride_bytes,
-      int64_t dst_stride_bytes,
-      int64_t block_quota) {
-    launch_all<false>(
-        ptr_dst, nullptr, indices_dst, ptr_src, nullptr, indices_src, src_stride_bytes, dst_stride_bytes, block_quota);
   }
 };
 

@@ -654,9 +654,9 @@ def test_bulk_copy_rows_per_stage_and_kernel_choice() -> None:
 def test_the_op_launches_the_kernel_the_page_size_picks(
     monkeypatch: pytest.MonkeyPatch, arch: str, page_size: int, bulk: bool
 ) -> None:
-    """The one-layer and all-layer plans hand their call to the bulk-copy table (config (row bytes,
-    rows per stage)) or to the register kernel's, by page size and the target's arch; a one-layer
-    transfer between two CUDA caches keeps the register kernel."""
+    """The one-layer plans hand their call to the bulk-copy table (config (row bytes, rows per stage))
+    or to the register kernel's, by page size and the target's arch; a one-layer transfer between two
+    CUDA caches keeps the register kernel, and so does every all-layer transfer."""
     from jit_kernel.engine import target
 
     monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", arch)
@@ -676,12 +676,11 @@ def test_the_op_launches_the_kernel_the_page_size_picks(
     if bulk:
         assert launch.kernels is ops_hicache._ONE_LAYER_TMA_KERNELS and launch.key == 1024
         assert mla.kernels is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS
-        assert every.kernels is ops_hicache._ALL_LAYER_TMA_KERNELS
         assert launch.kernels.config(launch.key) == (1024, 32)
     else:
         assert launch.kernels is ops_hicache._ONE_LAYER_KERNELS and launch.key == (torch.bfloat16, 512)
         assert mla.kernels is ops_hicache._ONE_LAYER_MLA_KERNELS
-        assert every.kernels is ops_hicache._ALL_LAYER_KERNELS
+    assert every.kernels is ops_hicache._ALL_LAYER_KERNELS and every.key == (1024, 2, ops_hicache.HICACHE_NUM_THREADS)
     assert on_gpu.kernels is ops_hicache._ONE_LAYER_KERNELS and on_gpu.key == (torch.bfloat16, 512)
     assert mla_on_gpu.kernels is ops_hicache._ONE_LAYER_MLA_KERNELS
     assert launch.args == (h, h, idx, k, k, idx, ops_hicache.DEFAULT_BLOCK_QUOTA)  # the same launcher arguments
@@ -1052,11 +1051,10 @@ def test_bulk_copy_strided_caches(direction: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("mla", [False, True])
 @pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])
-def test_bulk_copy_all_layer(direction: str, mla: bool) -> None:
-    """Every layer in one launch through the bulk-copy kernel: contiguous rows on the source, a
-    wider stride on the destination (a page-first host layout), whole pages of 32 rows."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the bulk-copy kernel needs sm_90")
+def test_paged_all_layer(direction: str, mla: bool) -> None:
+    """Every layer in one launch with a page size: contiguous rows on the source, a wider stride on
+    the destination (a page-first host layout), whole pages of 32 rows; the register kernel runs."""
+    ops_hicache._HICACHE_TMA.decisions.clear()
     src_where, dst_where = DIRECTIONS[direction]
     layers, element_size, page_size = 3, 1024, 32
     src_stride, dst_stride = 1024, 2048
@@ -1086,6 +1084,7 @@ def test_bulk_copy_all_layer(direction: str, mla: bool) -> None:
     if not mla:
         for actual, want in zip(v_dst, expected_v, strict=True):
             assert_same_bytes(actual, want)
+    assert not _tma_used(1024)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """hicache benchmark: KV row transfers against the torch a user would write and the copy ceilings.
 
-    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png] [--only-staged] [--json-dir DIR]
+    python -m jit_kernel.benchmark.bench_hicache [--plot quota.png] [--only-staged | --only-pages]
+        [--json-dir DIR]
     (JIT_KERNEL_BENCH_CI=1: CI sizes)
 
 Providers, all measured in the same run on the same buffers:
@@ -12,7 +13,8 @@ Providers, all measured in the same run on the same buffers:
   (``Tensor.copy_(non_blocking=True)``), and a device-to-device copy (``copy_ceiling_gbps``).
 
 Further tables: page transfers (whole pages) on the bulk-copy (TMA) kernel against the register
-kernel and the ceiling, with the kernel ``page_size=`` takes in that direction; the write-back of
+kernel and the ceiling, with the kernel ``page_size=`` takes in that direction, at every row size
+the bulk-copy kernel serves (``--only-pages``: only this table); the write-back of
 whole pages from layer-first device pools to page-first and page-unified pinned host layouts
 (``transfer_hicache_all_layer_staged_*``: direct stores, and the staging buffer plus copy-engine
 path for comparison) against a pinned copy of the same bytes, at 4 MiB and 64 MiB a call; and the
@@ -491,6 +493,12 @@ def staged_tables() -> None:
     load_back_table(get_benchmark_range(16384, 4096), 8, 64, get_benchmark_range([256, 512, 1024], [512]), 2)
 
 
+def page_tables(num_sms: int) -> None:
+    """The bulk-copy kernel's table, at every row size it serves in every grid (its target is per
+    row size)."""
+    tma_table([256, 512, 576, 1024, 1152, 2048, 4096], 16384, num_sms)
+
+
 def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     """Every table ``args`` asks for; the quota sweep's bandwidths (for ``--plot``)."""
     props = torch.cuda.get_device_properties(0)
@@ -500,6 +508,9 @@ def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     batches = get_benchmark_range([4096, 16384], [4096])
     if args.only_staged:
         staged_tables()
+        return None
+    if args.only_pages:
+        page_tables(num_sms)
         return None
     host_overhead()
     if args.only_overhead:
@@ -511,7 +522,7 @@ def run(args: argparse.Namespace) -> dict[tuple[str, int], list[float]] | None:
     sweep = quota_sweep(sweep_sizes, get_benchmark_range([16384], [4096])[0], quotas)
     alternatives(get_benchmark_range([(256, 2), (1024, 1), (1024, 4), (4096, 2)], [(1024, 1)]), 16384, num_sms)
     all_layer_table(1024, get_benchmark_range([4096], [1024])[0], 8)
-    tma_table(get_benchmark_range([256, 512, 576, 1024, 1152, 2048, 4096], [1024]), 16384, num_sms)
+    page_tables(num_sms)
     staged_tables()
     if args.plot:
         plot_quota_sweep(sweep, quotas, props.name, args.plot)
@@ -527,6 +538,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--only-staged", action="store_true", help="only the write-back and page-unified load-back tables"
     )
+    parser.add_argument("--only-pages", action="store_true", help="only the bulk-copy (TMA) page table")
     parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_hicache.json")
     args = parser.parse_args(argv)
     json_dir = results.resolve_json_dir(args.json_dir)

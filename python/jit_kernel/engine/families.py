@@ -104,8 +104,6 @@ HICACHE_TMA = KernelSpec(
     exports={
         "run_one": "jit_kernel::hicache::HiCacheTma<{args}>::run_one",
         "run_one_mla": "jit_kernel::hicache::HiCacheTma<{args}>::run_one_mla",
-        "run_all": "jit_kernel::hicache::HiCacheTma<{args}>::run_all",
-        "run_all_mla": "jit_kernel::hicache::HiCacheTma<{args}>::run_all_mla",
     },
     prebuilt=tuple((size, hicache_tma_stage_rows(size)) for size in HICACHE_ROW_SIZES),
 )

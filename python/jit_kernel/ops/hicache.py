@@ -85,11 +85,12 @@ def can_use_hicache_jit_kernel(
 def uses_bulk_copy_kernel(
     element_size: int, page_size: int | None, arch_major: int | None = None, *, device_to_device: bool = False
 ) -> bool:
-    """Whether a transfer of ``element_size``-byte rows with this ``page_size`` runs on the bulk-copy
-    (TMA) kernel: a page size given that is a multiple of the kernel's rows per stage, so that every
-    stage is one page-aligned run, on an sm_90+ GPU (``arch_major``; default: the current target's),
-    and not a one-layer transfer between two CUDA caches (``device_to_device``), where the register
-    kernel is faster. Any other transfer runs on the register kernel."""
+    """Whether a one-layer transfer of ``element_size``-byte rows with this ``page_size`` runs on the
+    bulk-copy (TMA) kernel: a page size given that is a multiple of the kernel's rows per stage, so
+    that every stage is one page-aligned run, on an sm_90+ GPU (``arch_major``; default: the current
+    target's), and not between two CUDA caches (``device_to_device``), where the register kernel is
+    faster. Any other transfer runs on the register kernel, the all-layer forms always: their
+    pointer tables do not say where the caches are."""
     if page_size is None or device_to_device:
         return False
     rows = hicache_tma_stage_rows(element_size)
@@ -174,8 +175,6 @@ _ALL_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_all_mla", lambda *config: co
 # The bulk-copy kernel, keyed by row bytes.
 _ONE_LAYER_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_one", _tma_config)
 _ONE_LAYER_MLA_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_one_mla", _tma_config)
-_ALL_LAYER_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_all", _tma_config)
-_ALL_LAYER_MLA_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_all_mla", _tma_config)
 _ONE_LAYER_BY_DTYPE = _ONE_LAYER_KERNELS.by_dtype
 _ONE_LAYER_MLA_BY_DTYPE = _ONE_LAYER_MLA_KERNELS.by_dtype
 # The eager fast paths of calls with a page size: (dtype, row width, page size) -> the kernel the full
@@ -406,7 +405,7 @@ def transfer_hicache_one_layer_mla(
 
 def _all_layer(
     fn: str,
-    kernels: tuple[KernelTable, KernelTable],
+    kernels: KernelTable,
     tables_dst: tuple[torch.Tensor, ...],
     indices_dst: torch.Tensor,
     tables_src: tuple[torch.Tensor, ...],
@@ -418,8 +417,8 @@ def _all_layer(
     block_quota: int | None,
     page_size: int | None,
 ) -> Launch:
-    """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA);
-    ``kernels``: the register kernel's table and the bulk-copy kernel's."""
+    """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA) on
+    the register kernel, whatever the page size (see :func:`uses_bulk_copy_kernel`)."""
     for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
         if type(value) is not int or value <= 0:
             raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
@@ -438,9 +437,7 @@ def _all_layer(
         _check_bounds(fn, "indices_dst", indices_dst, None)
         _check_bounds(fn, "indices_src", indices_src, None)
 
-    if uses_bulk_copy_kernel(element_size, page_size):
-        return Launch(kernels[1], element_size, args, bounds=bounds)
-    return Launch(kernels[0], (element_size, unroll, HICACHE_NUM_THREADS), args, bounds=bounds)
+    return Launch(kernels, (element_size, unroll, HICACHE_NUM_THREADS), args, bounds=bounds)
 
 
 @kernel_op("transfer_hicache_all_layer", register=False)
@@ -459,7 +456,7 @@ def _all_layer_op(
     page_size: int | None = None,
 ) -> Launch:
     return _all_layer(
-        "transfer_hicache_all_layer", (_ALL_LAYER_KERNELS, _ALL_LAYER_TMA_KERNELS), (k_ptr_dst, v_ptr_dst),
+        "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst),
         indices_dst, (k_ptr_src, v_ptr_src), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
         element_size, unroll, block_quota, page_size,
     )  # fmt: skip
@@ -479,7 +476,7 @@ def _all_layer_mla_op(
     page_size: int | None = None,
 ) -> Launch:
     return _all_layer(
-        "transfer_hicache_all_layer_mla", (_ALL_LAYER_MLA_KERNELS, _ALL_LAYER_MLA_TMA_KERNELS), (ptr_dst,),
+        "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,),
         indices_dst, (ptr_src,), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size,
         unroll, block_quota, page_size,
     )  # fmt: skip
@@ -507,7 +504,9 @@ def transfer_hicache_all_layer(
 
     The addresses cannot be checked: they must be valid for every index, and host buffers pinned.
     Not a ``torch.ops`` op: what it writes lies behind raw addresses that torch.compile cannot see.
-    ``page_size`` picks the bulk-copy kernel for page-aligned transfers, as in the one-layer form.
+    ``page_size`` is checked as in the one-layer form but picks no kernel: the register kernel runs
+    whatever it is, since the tables do not say where the caches are, and between two GPU caches
+    the bulk-copy kernel is the slower one (host<->device the two are even).
     """
     _all_layer_op(
         k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, kv_cache_src_stride_bytes,
