@@ -14,13 +14,13 @@
 // (routed_scaling_factor).
 //
 // Layout: lane l holds experts l, l + 32, l + 64, ... (kVPT values per lane, experts <= 32 * kVPT), all
-// in registers; the loads of one step are 32 consecutive logits. Each pick is one `redux.sync` over the
-// lanes' best candidates (the best rank) and a ballot of the lanes holding it (a second `redux.sync`,
-// the lowest expert, only when several do); the owner files the choice in shared memory and takes its
-// next best (a branch-free tree over its values). Grouped routing with groups of 32 experts scores each
-// group with `redux.sync` in registers (value j of every lane is group j); other group sizes stage the
-// ranks in shared memory, where several lanes score each group. A group is kept when fewer than
-// topk_group groups rank above it. No global scratch; one launch.
+// in registers; the loads of one step are 32 consecutive logits. Each lane sorts its candidates once;
+// each pick is then one `redux.sync` over the lanes' heads (the best rank) and a ballot of the lanes
+// holding it (a second `redux.sync`, the lowest expert, only when several do), two shuffles (its weight
+// and id) and a shift of the owner's list. Grouped routing with groups of 32 experts scores each group
+// with `redux.sync` in registers (value j of every lane is group j); other group sizes stage the ranks in
+// shared memory, where several lanes score each group. A group is kept when fewer than topk_group groups
+// rank above it. No global scratch; one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -73,14 +73,6 @@ SGL_DEVICE float warp_sum(float v) {
   return v;
 }
 
-// m[0] = the largest of m[0 .. 2 * kWidth): a tree of log2(2 * kWidth) levels.
-template <int kWidth>
-SGL_DEVICE void fold_max(uint64_t* m) {
-#pragma unroll
-  for (int j = 0; j < kWidth; ++j) m[j] = m[j] > m[j + kWidth] ? m[j] : m[j + kWidth];
-  if constexpr (kWidth > 1) fold_max<kWidth / 2>(m);
-}
-
 struct RouteParams {
   float* weights;      // [tokens, topk]
   int32_t* ids;        // [tokens, topk]
@@ -102,8 +94,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
   __shared__ uint32_t group_score[kWarpsPerBlock][kMaxGroups];
-  __shared__ float chosen_weight[kWarpsPerBlock][kMaxTopk];  // the r-th choice of each warp's token
-  __shared__ int32_t chosen_id[kWarpsPerBlock][kMaxTopk];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -265,54 +255,65 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   device::PDLTriggerSecondary();
 
   // This lane's candidates as one 64-bit word each, key << 32 | ~expert: a larger word is a larger
-  // key, then a lower expert (word 0: not a candidate; order keys are never 0). A lane's head is its
-  // largest word, a tree of kVPT - 1 branch-free maxima.
+  // key, then a lower expert (word 0: not a candidate). Sorted best first once (odd-even
+  // transposition, one 64-bit compare per exchange: branch-free); a pick then takes the head of the owner's list and
+  // shifts it by one: no rescan on the picks' critical path.
   uint64_t cand[kVPT];
+  float weight[kVPT];  // cand's weights, moved with them
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
+    weight[j] = score[j];
     const uint64_t word = (static_cast<uint64_t>(order_key(rank[j])) << 32) | ~static_cast<uint32_t>(j * 32 + lane);
-    cand[j] = (out >> j) & 1u ? 0u : word;
+    cand[j] = (out >> j) & 1u ? 0u : word;  // order keys are never 0
   }
-  const auto largest = [&]() {
-    uint64_t m[kVPT];
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) m[j] = cand[j];
-    if constexpr (kVPT > 1) fold_max<kVPT / 2>(m);
-    return m[0];
-  };
-
-  // A pick: the best head key (redux.sync), its owner (the one lane holding it, or among several the
-  // lane of the lowest expert: a second redux.sync, warp-uniform branch, only on ties), which files
-  // the choice in shared memory and drops it from its candidates. Branch-free: every lane runs the
-  // owner's steps under a predicate, so only the owner's head changes.
-  const uint32_t lanes_below = (1u << lane) - 1u;
+  for (int round = 0; round < kVPT; ++round) {
+#pragma unroll
+    for (int i = round & 1; i + 1 < kVPT; i += 2) {
+      const bool keep = cand[i] > cand[i + 1];
+      const uint64_t hi = keep ? cand[i] : cand[i + 1];
+      const uint64_t lo = keep ? cand[i + 1] : cand[i];
+      const float whi = keep ? weight[i] : weight[i + 1];
+      const float wlo = keep ? weight[i + 1] : weight[i];
+      cand[i] = hi;
+      cand[i + 1] = lo;
+      weight[i] = whi;
+      weight[i + 1] = wlo;
+    }
+  }
+  float chosen_weight = 0.f;  // lane r keeps the r-th choice
+  int chosen_id = 0;
+  float total = 0.f;
   for (int r = 0; r < p.topk; ++r) {
-    const uint64_t head = largest();  // one call site: inlined, cand stays in registers
-    const uint32_t key = static_cast<uint32_t>(head >> 32);
-    const uint32_t expert = ~static_cast<uint32_t>(head);
+    const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
+    const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
+    // The owner of the best key: the one lane holding it (a ballot), or among several the lane of the
+    // lowest expert (a second redux.sync, warp-uniform branch: only on ties). Keys never run out (topk
+    // <= the candidates), so the best key is a candidate's.
     const uint32_t best = __reduce_max_sync(kFull, key);
     const uint32_t holders = __ballot_sync(kFull, key == best);
-    bool mine = key == best && (holders & lanes_below) == 0;
-    if (holders & (holders - 1)) mine = key == best && expert == __reduce_min_sync(kFull, key == best ? expert : ~0u);
-    float w = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      const bool hit = mine && cand[j] == head;
-      w = hit ? score[j] : w;
-      cand[j] = hit ? 0u : cand[j];
+    int owner = __ffs(holders) - 1;
+    if (holders & (holders - 1)) owner = __reduce_min_sync(kFull, key == best ? expert : 0xffffffffu) & 31;
+    const float w = __shfl_sync(kFull, weight[0], owner);
+    const int id = __shfl_sync(kFull, static_cast<int>(expert), owner);
+    total += w;
+    if (lane == r) {
+      chosen_weight = w;
+      chosen_id = id;
     }
-    if (mine) {
-      chosen_weight[warp][r] = w;
-      chosen_id[warp][r] = static_cast<int32_t>(expert);
+    if (lane == owner) {
+#pragma unroll
+      for (int i = 0; i + 1 < kVPT; ++i) {
+        cand[i] = cand[i + 1];
+        weight[i] = weight[i + 1];
+      }
+      cand[kVPT - 1] = 0u;
     }
   }
-  __syncwarp();
-  float total = 0.f;  // in pick order
-  for (int r = 0; r < p.topk; ++r) total += chosen_weight[warp][r];
   const float factor = p.renormalize && total > 0.f ? p.scale / total : p.scale;
   if (lane < p.topk) {
-    p.weights[token * p.topk + lane] = chosen_weight[warp][lane] * factor;
-    p.ids[token * p.topk + lane] = chosen_id[warp][lane];
+    p.weights[token * p.topk + lane] = chosen_weight * factor;
+    p.ids[token * p.topk + lane] = chosen_id;
   }
 }
 
