@@ -78,7 +78,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_quant"),
     # CI grid: ~35 CUDA-graph or event-timed medians (one layer, quota sweep, alternatives,
     # all-layer, ceilings) and the host-time loops, plus a process start.
-    Script("bench_hicache", (), 40.0),
+    Script("bench_hicache", (), 75.0),
     Script("bench_elementwise"),
     Script("bench_norm_quant"),
     Script("bench_moe"),
