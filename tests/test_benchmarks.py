@@ -1000,6 +1000,19 @@ def test_run_all_bounds_each_script_and_keeps_partial_results(
     assert {e["script"]: e["status"] for e in manifest["scripts"]}["fast_bench"] == "not run: the budget was spent"
 
 
+def test_run_all_names_a_missing_benchmark_dependency(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A machine without the 'bench' extra gets one line, not an import traceback."""
+    monkeypatch.setattr(run_all, "SCRIPTS", (run_all.Script("bench_x", (), None, module="no_such_benchmark_module"),))
+    with pytest.raises(SystemExit) as stop:
+        run_all.main(["--plan"])
+    assert stop.value.code == 2
+    assert (
+        "run_all: cannot import the benchmarks: No module named 'no_such_benchmark_module'" in capsys.readouterr().err
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The report (docs/benchmarks.md)
 

@@ -432,9 +432,11 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
         "each script on its CI-sized grid within a time budget; each section gives its script's own command.",
     ]
     if manifest:
-        statuses = [f"{e['script']} {e.get('seconds', 0):.0f} s" for e in manifest.get("scripts", [])]
-        if statuses:
-            out += ["", f"Run time: {manifest.get('total_s', 0):.0f} s in all ({', '.join(statuses)})."]
+        entries = manifest.get("scripts", [])
+        if entries:
+            statuses = ", ".join(f"{e['script']} {e.get('seconds', 0):.0f} s" for e in entries)
+            total = sum(e.get("seconds", 0) for e in entries)
+            out += ["", f"Run time: {total:.0f} s for the scripts together, each from its latest run ({statuses})."]
     out += ["", READING]
 
     summary = [row for doc in docs for t in doc["tables"] if t["kind"] == "providers" if (row := summary_row(t))]

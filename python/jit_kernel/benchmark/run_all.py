@@ -240,7 +240,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     budget = math.inf if args.full or args.budget <= 0 else args.budget
 
     scripts = _selected(args.only)
-    estimates = [estimate(script) for script in scripts]
+    try:
+        estimates = [estimate(script) for script in scripts]
+    except ImportError as error:  # the scripts import triton and pandas at the top
+        parser.exit(2, f"run_all: cannot import the benchmarks: {error} (install the 'bench' extra)\n")
     planned = bounds(estimates, budget)
     print(f"{'script':<20} {'estimate s':>10} {'bound s':>8}")
     for script, est, bound in zip(scripts, estimates, planned, strict=True):
