@@ -158,6 +158,11 @@ OVERRIDES: dict[str, dict] = {
     "minimax_qknorm_rope.py:_jit_module": {"pos_dtype": "i64", "head_dim": 128, "rope_dim": 64},  # its only call
     "_prep_module": {"nc": 16, "num_red_log": 8, "num_gpus": 8},  # nc == num_red_log + num_gpus
     "_jit_hicache_module": {"element_size": 256, "unroll": 4, "block_quota": 2},  # unroll divides 32
+    "_jit_spec_module": {
+        "num_steps": 2,
+        "num_top_k": 2048,
+        "hot_buffer_size": 4096,
+    },  # HiSparse swap: 2-4 steps, top_k >= 1024
 }
 
 
