@@ -15,10 +15,11 @@ Where the page size is a multiple of the bulk-copy kernel's rows per stage (``cs
 ``hicache_tma_stage_rows``: 32 rows of 1 KiB, 128 of 256 B), the GPU is sm_90+ and one side of a
 one-layer transfer is host memory, the transfer runs on that kernel, which moves each page-aligned
 run of rows with one bulk copy; otherwise on the register kernel. Between two CUDA caches the
-register kernel is the faster (on the H100 the bulk-copy kernel measured 0.86-0.99x of it at 256 B
-to 4 KiB rows), so one-layer device-to-device transfers keep it. The all-layer forms take pointer
-tables and cannot see where the caches are: a page size that tiles a stage takes the bulk-copy
-kernel there. Both kernels move exactly the same bytes for any indices: the choice is only speed.
+register kernel is the faster at most row sizes (docs/benchmarks.md, hicache's page table), so
+one-layer device-to-device transfers keep it. The all-layer forms take pointer tables that do not
+say where the caches are, so they keep the register kernel whatever the page size (host<->device
+the two kernels are even). Both kernels move exactly the same bytes for any indices: the choice is
+only speed.
 
 Out-of-range indices are not checked (that would cost a reduction and a host sync per call);
 ``JIT_KERNEL_CHECK_INDICES=1`` turns the check on and raises :class:`IndexError` naming the first
