@@ -406,6 +406,18 @@ def test_gpu_block_all_reduce_and_cluster_reduce(gpu_mod):
 
 
 @pytest.mark.gpu
+def test_gpu_warp_exchange_sums_as_one_block(gpu_mod):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    x = torch.randn(24, 512, device="cuda") * torch.logspace(-3, 3, 512, device="cuda")
+    out = torch.full((24, 3), float("nan"), device="cuda")
+    gpu_mod.warp_exchange(x, out)
+    assert torch.equal(out[:, 0], out[:, 2])  # the bits of one 512-thread block's all_reduce_sum
+    torch.testing.assert_close(out[:, 0], x.double().sum(1).float(), rtol=1e-5, atol=1e-2)
+    assert torch.equal(out[:, 1], x.abs().amax(1))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
 def test_gpu_atomic_extrema(gpu_mod, sign):
     x = torch.randn(100_000, device="cuda") if sign == 0.0 else torch.rand(100_000, device="cuda") * sign

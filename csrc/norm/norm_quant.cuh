@@ -20,7 +20,8 @@
 // below): the sum of squares in fp32 is order-dependent, and one last bit of rrms moves a rounding
 // of y now and then. Row shapes (as rmsnorm.cuh, whose RowShape and tuning constants this file uses):
 // - a config specialised for a hidden size (kHidden > 0, 16-bit T): RowShape kernels, the row
-//   in registers, no bounds checks;
+//   in registers, no bounds checks; up to 16 rows of 12 or more warps on sm_90+, each row over a
+//   cluster of CTAs that reduces it in the same order (epilogue_cluster_kernel);
 // - the generic config (kHidden = 0): the same kernels with the shape chosen at run time, for the
 //   sizes rmsnorm specialises (kRmsnormHiddenSizes) the RowShape one, else bounded_row_kernel's;
 // - rows that are not whole aligned 16-byte vectors (input, residual, weight), or longer than 2048
@@ -32,6 +33,7 @@
 #include "../quant/per_token_group_fp8.cuh"
 #include "rmsnorm.cuh"
 
+#include <sgl_kernel/cluster.cuh>
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/warp.cuh>
 
@@ -71,7 +73,6 @@ struct EpiArgs {
   float scale_value;
   float quant_eps;      // the group scale's floor
   int32_t group_vecs;   // group size in 16-byte vectors (power of two, <= 32)
-  int32_t group_shift;  // log2(group_vecs)
   int32_t group_size;   // in elements
   int32_t groups;       // per row
   bool q_aligned;       // q is kN-byte aligned (rows of whole vectors follow)
@@ -237,8 +238,45 @@ struct Policy<Epi::kToken, T, kPer> : Held<T, kPer> {
   }
 };
 
+// The absolute maximum of a vector (absmax_vec's value): 16-bit T compared in pairs (a maximum is
+// exact in any type; NaN is skipped as fmaxf skips it, by the last fmaxf where both of a pair are NaN).
+template <typename T, std::size_t kN>
+SGL_DEVICE float absmax_of(const device::AlignedVector<T, kN>& y) {
+  if constexpr (sizeof(T) == 2 && kN % 2 == 0) {
+    using T2 = packed_t<T>;
+    const auto* pairs = reinterpret_cast<const T2*>(&y);
+    T2 m = dtype_trait<T2>::abs(pairs[0]);
+#pragma unroll
+    for (std::size_t j = 1; j < kN / 2; ++j) m = dtype_trait<T2>::max(m, dtype_trait<T2>::abs(pairs[j]));
+    const auto f = dtype_trait<fp32x2_t>::from(m);
+    return fmaxf(0.f, fmaxf(f.x, f.y));
+  } else {
+    return token_quant::absmax_vec(0.f, y);
+  }
+}
+
+// The maximum of a nonnegative float over each group of kLanes adjacent lanes, to the group's lanes:
+// one redux.sync per group of the warp, all independent (a shuffle tree is log2(kLanes) dependent
+// round trips).
+template <int kLanes>
+SGL_DEVICE float group_max_nonneg(float m) {
+  const uint32_t bits = __float_as_uint(m);
+  if constexpr (kLanes == 32) {
+    return __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
+  } else {
+    const uint32_t mine = (threadIdx.x % 32) / kLanes;
+    uint32_t result = 0;
+#pragma unroll
+    for (uint32_t g = 0; g < 32 / kLanes; ++g) {
+      const uint32_t r = __reduce_max_sync(0xffffffffu, mine == g ? bits : 0u);
+      result = mine == g ? r : result;
+    }
+    return __uint_as_float(result);
+  }
+}
+
 // Slot k of the row's lanes holds consecutive vectors (lane + k * group, group a multiple of 32),
-// so a group is group_vecs adjacent lanes of one warp: its absmax is a shuffle reduction.
+// so a group is group_vecs adjacent lanes of one warp (the cluster kernel splits rows at warps).
 template <typename T, int kPer>
 struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
   static constexpr bool kWeightPlusOne = false;
@@ -254,16 +292,21 @@ struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
   }
   template <typename RowMax>
   SGL_DEVICE void finish(RowMax) {
+    switch (a.group_vecs) {  // 64 or 128 elements: 8 or 16 vectors of 16-bit T, 16 or 32 of fp32
+      case 8: finish_groups<8>(); break;
+      case 16: finish_groups<16>(); break;
+      default: finish_groups<32>(); break;
+    }
+  }
+  template <int kGroupVecs>
+  SGL_DEVICE void finish_groups() {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t v = this->at[k];
-      float m = v >= 0 ? token_quant::absmax_vec(0.f, this->held[k]) : 0.f;
-      for (int offset = a.group_vecs / 2; offset > 0; offset /= 2) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-      }
+      const float m = group_max_nonneg<kGroupVecs>(v >= 0 ? absmax_of(this->held[k]) : 0.f);
       if (v < 0) continue;
       const float scale = group_scale(m, a);
-      if ((v & (a.group_vecs - 1)) == 0) store_group_scale(a, row, v >> a.group_shift, scale);
+      if (v % kGroupVecs == 0) store_group_scale(a, row, v / kGroupVecs, scale);
       quantise_dynamic(q, v, this->held[k], token_quant::inverse(scale), a.q_aligned);
     }
   }
@@ -317,6 +360,64 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       epilogue);
   epilogue.finish(row_max);
 }
+
+// Few rows: a row over a cluster of kCluster CTAs (sm_90+), RowShape's threads split among them in
+// rank order, so that each row is reduced bit for bit as epilogue_row_kernel (and rmsnorm) reduce it
+// (cluster::WarpExchange). At few rows the launch is issue-bound: after the reduction every warp of
+// the row runs the epilogue at once, and one CTA per row leaves all of them to one SM's four
+// schedulers; a cluster spreads them over kCluster SMs for one exchange through distributed shared
+// memory per reduction. (rmsnorm's own kernels, whose epilogue is one store, stay one CTA a row.)
+template <Epi kEpi, typename T, int64_t kHidden, bool kFused, int kCluster>
+__global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / kCluster)
+    epilogue_cluster_kernel(const Params p, const EpiArgs a) {
+  using K = RowShape<T, kHidden, kFused, 1>;
+  constexpr int kThreads = K::kThreads / kCluster;
+  static_assert(kThreads % 32 == 0 && K::kThreads / 32 <= 32, "whole warps, at most 32 per row");
+  __shared__ device::cluster::WarpExchange<kCluster, kThreads / 32, kEpi == Epi::kToken ? 2 : 1> exchange;
+  const RowSet& s = p.set[0];
+  const int64_t row = blockIdx.x / kCluster;  // the grid is rows * kCluster CTAs
+  const uint32_t lane = device::cluster::block_rank() * kThreads + threadIdx.x;
+  exchange.init();
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  const auto reduce = [&](float v) { return exchange.template all_reduce_sum<0>(v); };
+  const auto row_max = [&](float v) {
+    if constexpr (kEpi == Epi::kToken) {
+      return exchange.template all_reduce_max_nonneg<1>(v);
+    } else {
+      return v;  // only the per-token epilogue takes the row's maximum
+    }
+  };
+  Policy<kEpi, T, static_cast<int>(K::kPer)> epilogue(a, row, kHidden, lane);
+  normalize_row<T, static_cast<int>(K::kPer), kFused, true, false>(
+      static_cast<const T*>(s.in) + row * s.in_s0,
+      s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
+      kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
+      static_cast<const T*>(s.weight),
+      lane,
+      K::kGroup,
+      K::kVecs,
+      K::kExact && !(kFused && K::kPer == 1),  // as row_kernel with the early weight load
+      1.f / static_cast<float>(kHidden),
+      p.eps,
+      reduce,
+      epilogue);
+  epilogue.finish(row_max);
+}
+
+// When the cluster kernel runs, from H100 timings (D 4096 bf16, CUDA-graph replays): with a row of 16
+// warps (fused add) and up to 16 rows, clusters of 4 take 0.1-0.2 us (8-15%) off every kind; at 32
+// to 128 rows the gain is gone for the dynamic kinds and at 256 rows they are slower (more CTAs than
+// SMs); a row of 8 warps (plain rows of 4096) gains nothing. So: rows of at least kClusterMinWarps
+// warps, at most kClusterMaxRows rows, clusters of 4 blocks (2 where 4 does not divide the warps).
+inline constexpr int64_t kClusterMaxRows = 16;
+inline constexpr int kClusterMinWarps = 12;
+template <typename K>
+inline constexpr int kClusterFor = [] {
+  constexpr int warps = K::kThreads / 32;
+  if (warps < kClusterMinWarps) return 1;
+  return warps % 4 == 0 ? 4 : warps % 2 == 0 ? 2 : 1;
+}();
 
 // The same for a hidden size known at run time: kPer vectors per thread, the row over blockDim.x
 // threads (or one warp per row), weight loaded with the row (bounded_row_kernel's shape).
@@ -547,6 +648,15 @@ template <Epi kEpi, typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 void launch_specialised(const Params& p, const EpiArgs& a, DLDevice device, bool pdl) {
   using K = RowShape<T, kHidden, kFused, kRowsPerCta>;
   const int64_t rows = p.set[0].rows;
+  if constexpr (kRowsPerCta == 1 && kClusterFor<K> > 1) {
+    constexpr int kCluster = kClusterFor<K>;
+    if (rows <= kClusterMaxRows && host::runtime::has_clusters(device.device_id)) {
+      host::LaunchKernel(static_cast<uint32_t>(rows * kCluster), static_cast<uint32_t>(K::kThreads / kCluster), device)
+          .enable_pdl(pdl)
+          .enable_cluster(kCluster)(epilogue_cluster_kernel<kEpi, T, kHidden, kFused, kCluster>, p, a);
+      return;
+    }
+  }
   const dim3 grid(static_cast<uint32_t>((rows + kRowsPerCta - 1) / kRowsPerCta));
   auto kernel = epilogue_row_kernel<kEpi, T, kHidden, kFused, false, kRowsPerCta>;
   if constexpr (kRowsPerCta == 1) {  // launch_row_kernel's choice of the early weight load
@@ -923,7 +1033,6 @@ struct RMSNormPerTokenGroupQuantFp8 {
     a.quant_eps = static_cast<float>(quant_eps);
     a.group_size = static_cast<int32_t>(group_size);
     a.group_vecs = static_cast<int32_t>(group_size / kVecElems<T>);
-    a.group_shift = a.group_vecs == 32 ? 5 : a.group_vecs == 16 ? 4 : 3;
     a.groups = static_cast<int32_t>(groups);
     a.ue8m0 = scale_ue8m0;
     a.packed = packed;

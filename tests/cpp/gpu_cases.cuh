@@ -5,7 +5,7 @@
 // Functions (namespace gpu_cases):
 //   block_reduce, atomic_extrema, vec_scale, cast_from_float, cast_to_float,
 //   math_ops, stream_copy, fill_index, pdl_chain, big_smem, runtime_info,
-//   bad_launch, cluster_reduce, absmax_nonneg, store_if, bulk_ring, device_address
+//   bad_launch, cluster_reduce, warp_exchange, absmax_nonneg, store_if, bulk_ring, device_address
 
 #include <sgl_kernel/atomic.cuh>
 #include <sgl_kernel/cluster.cuh>
@@ -160,6 +160,41 @@ inline void cluster_reduce(TensorView x, TensorView out) {
   LaunchKernel(B.unwrap(), kBlock, device.unwrap())
       .enable_cluster(kClusterSize)(
           cluster_reduce_kernel, static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()));
+}
+
+// ---- cluster.cuh WarpExchange: each row of 512 values over a cluster of 4 blocks of 128 threads;
+// out[r] = [its sum, its absolute maximum (two rounds)]; the same row's sum by cta::all_reduce_sum
+// over one block of 512 threads into out[r][2] (the exchange promises those bits).
+
+__global__ void warp_exchange_kernel(const float* x, float* out) {
+  __shared__ device::cluster::WarpExchange<kClusterSize, 4, 2> exchange;
+  exchange.init();
+  const unsigned row = blockIdx.x / kClusterSize;
+  const float v = x[row * 512 + device::cluster::block_rank() * 128 + threadIdx.x];
+  const float sum = exchange.all_reduce_sum<0>(v);
+  const float max = exchange.all_reduce_max_nonneg<1>(fabsf(v));
+  if (device::cluster::block_rank() == 1 && threadIdx.x == 37) {  // any thread: all agree
+    out[row * 3 + 0] = sum;
+    out[row * 3 + 1] = max;
+  }
+}
+
+__global__ void block_sum_kernel(const float* x, float* out) {
+  __shared__ float smem[32];
+  const float sum = device::cta::all_reduce_sum(x[blockIdx.x * 512 + threadIdx.x], smem);
+  if (threadIdx.x == 0) out[blockIdx.x * 3 + 2] = sum;
+}
+
+inline void warp_exchange(TensorView x, TensorView out) {
+  using namespace host;
+  auto B = SymbolicSize{"rows"};
+  auto device = SymbolicDevice{};
+  TensorMatcher({B, 512}).with_dtype<float>().with_device<kDLCUDA>(device).verify(x);
+  TensorMatcher({B, 3}).with_dtype<float>().with_device(device).verify(out);
+  const auto* in = static_cast<const float*>(x.data_ptr());
+  auto* dst = static_cast<float*>(out.data_ptr());
+  LaunchKernel(B.unwrap() * kClusterSize, 128, device.unwrap()).enable_cluster(kClusterSize)(warp_exchange_kernel, in, dst);
+  LaunchKernel(B.unwrap(), 512, device.unwrap())(block_sum_kernel, in, dst);
 }
 
 // ---- atomic.cuh: out = [max(x), min(x)], starting from out's values
