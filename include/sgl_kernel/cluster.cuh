@@ -73,6 +73,7 @@ template <unsigned kSize, unsigned kWarps, unsigned kRounds>
 struct WarpExchange {
   static_assert(kSize >= 2 && kSize * kWarps <= kWarpThreads, "one slot a lane of one warp");
   alignas(16) float slots[kRounds][kSize * kWarps];
+  alignas(16) float lanes[kWarps][kWarpThreads];  // all_reduce_sum's lane values, a row per warp
   uint64_t arrived[kRounds];
 
   /// \brief Initialise the barriers (thread 0) and arrive at the cluster barrier (every thread).
@@ -134,22 +135,14 @@ struct WarpExchange {
   /// \brief A sum over the cluster (round `kRound`). The slots are summed by every lane in the
   /// butterfly's own order (`warp::reduce_sum` of lane `l` holding slot `l`, 0 past the last): the
   /// same bits from one shared-memory read and a tree of adds instead of five shuffle round trips.
+  /// The warp's own sum is taken the same way, from its lanes' values in shared memory.
   template <unsigned kRound>
   SGL_DEVICE auto all_reduce_sum(float value) -> float {
-    exchange<kRound>(warp::reduce_sum(value));
-    float v[kWarpThreads];
-#pragma unroll
-    for (unsigned l = 0; l < kWarpThreads; l += 4) {
-      if (l + 4 <= kSize * kWarps) {
-        const float4 four = *reinterpret_cast<const float4*>(&slots[kRound][l]);
-        v[l] = four.x, v[l + 1] = four.y, v[l + 2] = four.z, v[l + 3] = four.w;
-      } else {
-#pragma unroll
-        for (unsigned j = 0; j < 4; ++j) v[l + j] = l + j < kSize * kWarps ? slots[kRound][l + j] : 0.f;
-      }
-    }
-    fold<kWarpThreads / 2>(v);
-    return v[0];
+    float* const mine = lanes[threadIdx.x / kWarpThreads];
+    mine[threadIdx.x % kWarpThreads] = value;
+    __syncwarp();
+    exchange<kRound>(butterfly_sum<kWarpThreads>(mine));
+    return butterfly_sum<kSize * kWarps>(slots[kRound]);
   }
 
   /// \brief The maximum of a float that is +0, positive or +inf over the cluster (round `kRound`).
@@ -159,6 +152,25 @@ struct WarpExchange {
   }
 
  private:
+  // warp::reduce_sum's result over lanes holding values[0 .. kCount) (0 past them), computed by one
+  // lane from shared memory: the butterfly's adds as lane 0 makes them (every lane gets those bits,
+  // an add being commutative).
+  template <unsigned kCount>
+  static SGL_DEVICE float butterfly_sum(const float* values) {
+    float v[kWarpThreads];
+#pragma unroll
+    for (unsigned l = 0; l < kWarpThreads; l += 4) {
+      if (l + 4 <= kCount) {
+        const float4 four = *reinterpret_cast<const float4*>(values + l);
+        v[l] = four.x, v[l + 1] = four.y, v[l + 2] = four.z, v[l + 3] = four.w;
+      } else {
+#pragma unroll
+        for (unsigned j = 0; j < 4; ++j) v[l + j] = l + j < kCount ? values[l + j] : 0.f;
+      }
+    }
+    fold<kWarpThreads / 2>(v);
+    return v[0];
+  }
   // One butterfly step as lane 0 sees it: v[l] += v[l + kOffset] for l < kOffset, then the next.
   template <unsigned kOffset>
   static SGL_DEVICE void fold(float (&v)[kWarpThreads]) {
