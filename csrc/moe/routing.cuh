@@ -17,7 +17,9 @@
 // in registers; the loads of one step are 32 consecutive logits. Each lane sorts its candidates once;
 // each pick is then one `redux.sync` over the lanes' heads (the best rank) and a ballot of the lanes
 // holding it (a second `redux.sync`, the lowest expert, only when several do), two shuffles (its weight
-// and id) and a shift of the owner's list. Grouped routing with groups of 32 experts scores each group
+// and id) and a shift of the owner's list. bf16 logits without a bias rank by the logit itself, whose
+// 16 bits and the expert's fit one 32-bit word: a pick is then one `redux.sync` that names the expert
+// (and its lane), and one shuffle for its weight. Grouped routing with groups of 32 experts scores each group
 // with `redux.sync` in registers (value j of every lane is group j); other group sizes stage the ranks in
 // shared memory, where several lanes score each group. A group is kept when fewer than topk_group groups
 // rank above it. No global scratch; one launch.
@@ -33,8 +35,12 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace jit_kernel::moe {
 
@@ -73,6 +79,59 @@ SGL_DEVICE float warp_sum(float v) {
   return v;
 }
 
+// Batcher's odd-even merge sort network for kN (a power of two) values: 19 compare-exchanges for 8
+// values where odd-even transposition takes 28. Built at compile time, so that every index of the
+// sort is a constant (the arrays stay in registers).
+template <int kN>
+struct MergeSortNetwork {
+  static_assert(kN > 0 && (kN & (kN - 1)) == 0, "a power of two");
+  template <typename Visit>
+  static constexpr void visit(Visit&& visit) {
+    for (int p = 1; p < kN; p *= 2) {
+      for (int k = p; k >= 1; k /= 2) {
+        for (int j = k % p; j + k < kN; j += 2 * k) {
+          for (int i = 0; i < k && i + j + k < kN; ++i) {
+            if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) visit(i + j, i + j + k);
+          }
+        }
+      }
+    }
+  }
+  static constexpr int kSize = [] {
+    int n = 0;
+    visit([&](int, int) { ++n; });
+    return n;
+  }();
+  static constexpr std::array<std::array<int, 2>, kSize> kPairs = [] {
+    std::array<std::array<int, 2>, kSize> pairs{};
+    int n = 0;
+    visit([&](int a, int b) { pairs[n++] = {a, b}; });
+    return pairs;
+  }();
+};
+
+// Sorts v (and w with it) best first (a larger word first), branch-free.
+template <int kN, typename Word, std::size_t... kI>
+SGL_DEVICE void sort_descending(Word (&v)[kN], float (&w)[kN], std::index_sequence<kI...>) {
+  const auto exchange = [&]<int kA, int kB>() {
+    const bool keep = v[kA] > v[kB];
+    const Word hi = keep ? v[kA] : v[kB];
+    const Word lo = keep ? v[kB] : v[kA];
+    const float whi = keep ? w[kA] : w[kB];
+    const float wlo = keep ? w[kB] : w[kA];
+    v[kA] = hi;
+    v[kB] = lo;
+    w[kA] = whi;
+    w[kB] = wlo;
+  };
+  (exchange.template operator()<MergeSortNetwork<kN>::kPairs[kI][0], MergeSortNetwork<kN>::kPairs[kI][1]>(), ...);
+}
+
+template <int kN, typename Word>
+SGL_DEVICE void sort_descending(Word (&v)[kN], float (&w)[kN]) {
+  sort_descending(v, w, std::make_index_sequence<MergeSortNetwork<kN>::kSize>{});
+}
+
 struct RouteParams {
   float* weights;      // [tokens, topk]
   int32_t* ids;        // [tokens, topk]
@@ -89,8 +148,10 @@ struct RouteParams {
   float scale;
 };
 
-template <typename T, int kVPT, bool kSoftmax>
+// kShortKeys: 32-bit candidate words (see the pick stage); only for bf16 logits without a bias.
+template <typename T, int kVPT, bool kSoftmax, bool kShortKeys>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteParams p) {
+  static_assert(!kShortKeys || std::is_same_v<T, bf16_t>, "short keys hold bf16 ranks only");
   static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
   __shared__ uint32_t group_score[kWarpsPerBlock][kMaxGroups];
@@ -254,48 +315,51 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   }
   device::PDLTriggerSecondary();
 
-  // This lane's candidates as one 64-bit word each, key << 32 | ~expert: a larger word is a larger
-  // key, then a lower expert (word 0: not a candidate). Sorted best first once (odd-even
-  // transposition, one 64-bit compare per exchange: branch-free); a pick then takes the head of the owner's list and
-  // shifts it by one: no rescan on the picks' critical path.
-  uint64_t cand[kVPT];
+  // This lane's candidates as one word each, a larger word ranking first (word 0: not a candidate):
+  // key << 32 | ~expert (a larger key, then a lower expert), or with kShortKeys the key's top 16 bits
+  // << 16 | ~expert's low 16 bits in 32 bits: exact when the ranks are bf16 logits (no bias), whose
+  // order keys differ in their top 16 bits only. Sorted best first once (Batcher's odd-even merge
+  // sort, branch-free); a pick then takes the head of the owner's list and shifts it by one: no rescan
+  // on the picks' critical path.
+  using Word = std::conditional_t<kShortKeys, uint32_t, uint64_t>;
+  Word cand[kVPT];
   float weight[kVPT];  // cand's weights, moved with them
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
     weight[j] = score[j];
-    const uint64_t word = (static_cast<uint64_t>(order_key(rank[j])) << 32) | ~static_cast<uint32_t>(j * 32 + lane);
-    cand[j] = (out >> j) & 1u ? 0u : word;  // order keys are never 0
-  }
-#pragma unroll
-  for (int round = 0; round < kVPT; ++round) {
-#pragma unroll
-    for (int i = round & 1; i + 1 < kVPT; i += 2) {
-      const bool keep = cand[i] > cand[i + 1];
-      const uint64_t hi = keep ? cand[i] : cand[i + 1];
-      const uint64_t lo = keep ? cand[i + 1] : cand[i];
-      const float whi = keep ? weight[i] : weight[i + 1];
-      const float wlo = keep ? weight[i + 1] : weight[i];
-      cand[i] = hi;
-      cand[i + 1] = lo;
-      weight[i] = whi;
-      weight[i + 1] = wlo;
+    const uint32_t expert = j * 32 + lane;
+    Word word;
+    if constexpr (kShortKeys) {
+      word = (order_key(rank[j]) & 0xffff0000u) | (~expert & 0xffffu);
+    } else {
+      word = (static_cast<uint64_t>(order_key(rank[j])) << 32) | ~expert;
     }
+    cand[j] = (out >> j) & 1u ? Word{0} : word;  // order keys are never 0
   }
+  sort_descending(cand, weight);
   float chosen_weight = 0.f;  // lane r keeps the r-th choice
   int chosen_id = 0;
   float total = 0.f;
   for (int r = 0; r < p.topk; ++r) {
-    const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
-    const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
-    // The owner of the best key: the one lane holding it (a ballot), or among several the lane of the
-    // lowest expert (a second redux.sync, warp-uniform branch: only on ties). Keys never run out (topk
-    // <= the candidates), so the best key is a candidate's.
-    const uint32_t best = __reduce_max_sync(kFull, key);
-    const uint32_t holders = __ballot_sync(kFull, key == best);
-    int owner = __ffs(holders) - 1;
-    if (holders & (holders - 1)) owner = __reduce_min_sync(kFull, key == best ? expert : 0xffffffffu) & 31;
+    int owner, id;
+    if constexpr (kShortKeys) {
+      // Words are unique: the best one names its expert, and so its lane.
+      const uint32_t best = __reduce_max_sync(kFull, cand[0]);
+      id = static_cast<int>(~best & 0xffffu);
+      owner = id & 31;
+    } else {
+      const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
+      const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
+      // The owner of the best key: the one lane holding it (a ballot), or among several the lane of
+      // the lowest expert (a second redux.sync, warp-uniform branch: only on ties). Keys never run
+      // out (topk <= the candidates), so the best key is a candidate's.
+      const uint32_t best = __reduce_max_sync(kFull, key);
+      const uint32_t holders = __ballot_sync(kFull, key == best);
+      owner = __ffs(holders) - 1;
+      if (holders & (holders - 1)) owner = __reduce_min_sync(kFull, key == best ? expert : 0xffffffffu) & 31;
+      id = __shfl_sync(kFull, static_cast<int>(expert), owner);
+    }
     const float w = __shfl_sync(kFull, weight[0], owner);
-    const int id = __shfl_sync(kFull, static_cast<int>(expert), owner);
     total += w;
     if (lane == r) {
       chosen_weight = w;
@@ -410,27 +474,37 @@ struct MoeRoute {
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     auto go = [&](auto kernel) { LaunchKernel(grid, kWarpsPerBlock * 32, dev).enable_pdl(pdl)(kernel, p); };
     if (softmax) {
-      dispatch<true>(experts, go);
+      dispatch<true>(experts, bias == nullptr, go);
     } else {
-      dispatch<false>(experts, go);
+      dispatch<false>(experts, bias == nullptr, go);
     }
   }
 
  private:
   // Values per lane: the expert count rounded up to 32, 64, 128, 256 or 512.
-  template <bool kSoftmax, typename Go>
+  template <bool kSoftmax, bool kShortKeys, typename Go>
   static void dispatch(int64_t experts, Go&& go) {
     if (experts <= 32) {
-      go(route_kernel<T, 1, kSoftmax>);
+      go(route_kernel<T, 1, kSoftmax, kShortKeys>);
     } else if (experts <= 64) {
-      go(route_kernel<T, 2, kSoftmax>);
+      go(route_kernel<T, 2, kSoftmax, kShortKeys>);
     } else if (experts <= 128) {
-      go(route_kernel<T, 4, kSoftmax>);
+      go(route_kernel<T, 4, kSoftmax, kShortKeys>);
     } else if (experts <= 256) {
-      go(route_kernel<T, 8, kSoftmax>);
+      go(route_kernel<T, 8, kSoftmax, kShortKeys>);
     } else {
-      go(route_kernel<T, 16, kSoftmax>);
+      go(route_kernel<T, 16, kSoftmax, kShortKeys>);
     }
+  }
+  template <bool kSoftmax, typename Go>
+  static void dispatch(int64_t experts, bool short_keys, Go&& go) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (short_keys) {
+        dispatch<kSoftmax, true>(experts, go);
+        return;
+      }
+    }
+    dispatch<kSoftmax, false>(experts, go);
   }
 };
 
