@@ -315,6 +315,30 @@ struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
 // ---------------------------------------------------------------------------------------------
 // Kernels
 
+// Row `row` of p.set[0] in RowShape K, as this thread's share `lane` of it (K::kGroup threads a row):
+// normalize_row with the kind's epilogue, then the epilogue's finish. `reduce` sums over the row's
+// threads, `row_max` takes their maximum.
+template <Epi kEpi, typename T, typename K, bool kFused, bool kEarlyWeight, typename Reduce, typename RowMax>
+SGL_DEVICE void shaped_row(
+    const Params& p, const EpiArgs& a, int64_t row, uint32_t lane, Reduce reduce, RowMax row_max) {
+  const RowSet& s = p.set[0];
+  Policy<kEpi, T, static_cast<int>(K::kPer)> epilogue(a, row, K::kVecs * K::kN, lane);
+  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight, false>(
+      static_cast<const T*>(s.in) + row * s.in_s0,
+      s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
+      kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
+      static_cast<const T*>(s.weight),
+      lane,
+      K::kGroup,
+      K::kVecs,
+      K::kExact && !(kFused && kEarlyWeight && K::kPer == 1),  // as row_kernel
+      1.f / static_cast<float>(K::kVecs * K::kN),
+      p.eps,
+      reduce,
+      epilogue);
+  epilogue.finish(row_max);
+}
+
 // One row per CTA (or kRowsPerCta rows, one warp each) of a hidden size known at compile time:
 // rmsnorm.cuh's row_kernel with an epilogue.
 template <Epi kEpi, typename T, int64_t kHidden, bool kFused, bool kEarlyWeight, int kRowsPerCta>
@@ -344,21 +368,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       return device::cta::all_reduce_max_nonneg(v, smem_max);
     }
   };
-  Policy<kEpi, T, static_cast<int>(K::kPer)> epilogue(a, row, kHidden, lane);
-  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight, false>(
-      static_cast<const T*>(s.in) + row * s.in_s0,
-      s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
-      kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
-      static_cast<const T*>(s.weight),
-      lane,
-      K::kGroup,
-      K::kVecs,
-      K::kExact && !(kFused && kEarlyWeight && K::kPer == 1),  // as row_kernel
-      1.f / static_cast<float>(kHidden),
-      p.eps,
-      reduce,
-      epilogue);
-  epilogue.finish(row_max);
+  shaped_row<kEpi, T, K, kFused, kEarlyWeight>(p, a, row, lane, reduce, row_max);
 }
 
 // Few rows: a row over a cluster of kCluster CTAs (sm_90+), RowShape's threads split among them in
@@ -374,7 +384,6 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / kC
   constexpr int kThreads = K::kThreads / kCluster;
   static_assert(kThreads % 32 == 0 && K::kThreads / 32 <= 32, "whole warps, at most 32 per row");
   __shared__ device::cluster::WarpExchange<kCluster, kThreads / 32, kEpi == Epi::kToken ? 2 : 1> exchange;
-  const RowSet& s = p.set[0];
   const int64_t row = blockIdx.x / kCluster;  // the grid is rows * kCluster CTAs
   const uint32_t lane = device::cluster::block_rank() * kThreads + threadIdx.x;
   exchange.init();
@@ -388,21 +397,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / kC
       return v;  // only the per-token epilogue takes the row's maximum
     }
   };
-  Policy<kEpi, T, static_cast<int>(K::kPer)> epilogue(a, row, kHidden, lane);
-  normalize_row<T, static_cast<int>(K::kPer), kFused, true, false>(
-      static_cast<const T*>(s.in) + row * s.in_s0,
-      s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
-      kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
-      static_cast<const T*>(s.weight),
-      lane,
-      K::kGroup,
-      K::kVecs,
-      K::kExact && !(kFused && K::kPer == 1),  // as row_kernel with the early weight load
-      1.f / static_cast<float>(kHidden),
-      p.eps,
-      reduce,
-      epilogue);
-  epilogue.finish(row_max);
+  shaped_row<kEpi, T, K, kFused, true>(p, a, row, lane, reduce, row_max);
 }
 
 // When the cluster kernel runs, from H100 timings (D 4096 bf16, CUDA-graph replays): with a row of 16
