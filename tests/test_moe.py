@@ -298,6 +298,26 @@ def test_ties_pick_the_lowest_index() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("e", "groups", "topk_group"), [(256, 8, 4), (256, 1, 1), (512, 16, 4), (96, 3, 2), (160, 8, 3)]
+)
+def test_ties_between_lanes_with_a_bias(e: int, groups: int, topk_group: int, dtype: torch.dtype) -> None:
+    """Every third row has five distinct logits (ties between lanes, and between groups), the others none,
+    in one launch: a warp whose picks meet a tie redoes them with the exact rule, the others keep the
+    fast ones. Both as the stable reference."""
+    t = 64
+    tied = torch.randint(-2, 3, (t, e), device="cuda").to(dtype)
+    x = torch.where((torch.arange(t, device="cuda") % 3 == 0)[:, None], tied, _logits(t, e, dtype))
+    bias = torch.zeros(e, device="cuda")  # a bias (64-bit candidate words) that keeps the ties
+    got = jit_kernel.grouped_topk(x, 8, groups, topk_group, True, bias, 2.5)
+    expected = ref_route(
+        x, 8, softmax=False, renormalize=True, bias=bias, groups=groups, topk_group=topk_group, scale=2.5
+    )
+    _check_route(got, expected)
+
+
+@pytest.mark.gpu
 def test_strided_logits() -> None:
     x = _logits(9, 256, torch.bfloat16)
     wide = torch.zeros(9, 300, device="cuda", dtype=torch.bfloat16)

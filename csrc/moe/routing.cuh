@@ -15,14 +15,16 @@
 //
 // Layout: lane l holds experts l, l + 32, l + 64, ... (kVPT values per lane, experts <= 32 * kVPT), all
 // in registers; the loads of one step are 32 consecutive logits. Each lane sorts its candidates once;
-// each pick is then one `redux.sync` over the lanes' heads (the best rank) and a ballot of the lanes
-// holding it (a second `redux.sync`, the lowest expert, only when several do), two shuffles (its weight
-// and id) and a shift of the owner's list. bf16 logits without a bias rank by the logit itself, whose
-// 16 bits and the expert's fit one 32-bit word: a pick is then one `redux.sync` that names the expert
-// (and its lane), and one shuffle for its weight. Grouped routing with groups of 32 experts scores each group
-// with `redux.sync` in registers (value j of every lane is group j); other group sizes stage the ranks in
-// shared memory, where several lanes score each group. A group is kept when fewer than topk_group groups
-// rank above it. No global scratch; one launch.
+// each pick is then one `redux.sync` over the lanes' heads and a shift of the owner's list. bf16 logits
+// without a bias rank by the logit itself, whose 16 bits and the expert's fit one 32-bit word: the best
+// word names its expert and lane. Otherwise words are 64-bit (key, expert) and a pick reduces the key
+// alone; ties between lanes, found by a ballot off the picks' path, redo the picks with a second
+// `redux.sync` that takes the lowest expert. At one warp per token the latency is the chain of warp-wide
+// round trips, so the picks and the group scores keep ballots off it. Grouped routing with groups of 32
+// experts scores the groups in registers (value j of every lane is group j): a `redux.sync` per group,
+// or with a bias, which sums a group's two best, shuffles that halve the groups a lane holds each round.
+// Other group sizes stage the ranks in shared memory, where several lanes score each group. A group is
+// kept when fewer than topk_group groups rank above it. No global scratch; one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -132,6 +134,53 @@ SGL_DEVICE void sort_descending(Word (&v)[kN], float (&w)[kN]) {
   sort_descending(v, w, std::make_index_sequence<MergeSortNetwork<kN>::kSize>{});
 }
 
+// The two best keys of each of kN arrays over the warp (lane l holds element l of every array; the second
+// is the best of the rest once one holder of the best is left out), by a transposing shuffle reduction:
+// while a lane holds several arrays, each round halves them (it keeps one half, sends the other to its
+// partner lane ^ offset and merges what it receives). 32 lanes reduce 8 arrays in 4 + 2 + 1 + 1 + 1
+// rounds of two shuffles, where a redux.sync and a ballot per array wait on each other. Lane l ends
+// with the array whose index is its bits 4, 3, ... read from the top (lane_of: a lane that holds h).
+template <int kN>
+struct TopTwo {
+  static_assert(kN > 0 && kN <= 32 && (kN & (kN - 1)) == 0, "a power of two up to 32");
+  static constexpr int kLog2 = [] {
+    int log2 = 0;
+    while ((1 << log2) < kN) ++log2;
+    return log2;
+  }();
+  static constexpr int lane_of(int h) {
+    int lane = 0;
+    for (int k = 0; k < kLog2; ++k) lane |= ((h >> (kLog2 - 1 - k)) & 1) << (4 - k);
+    return lane;
+  }
+
+  // The multiset union's two best: (first, second) merged with (other_first, other_second).
+  SGL_DEVICE static void merge(uint32_t& first, uint32_t& second, uint32_t other_first, uint32_t other_second) {
+    second = max(min(first, other_first), max(second, other_second));
+    first = max(first, other_first);
+  }
+
+  template <int kM = kN, int kOffset = 16>
+  SGL_DEVICE static void reduce(uint32_t (&first)[kN], uint32_t (&second)[kN], uint32_t lane) {
+    if constexpr (kOffset > 0) {
+      constexpr int kHalf = kM > 1 ? kM / 2 : 1;
+      const bool upper = kM > 1 && (lane & kOffset);
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        constexpr int kOther = kM > 1 ? kHalf : 0;  // the index paired with i (i itself once one is left)
+        const uint32_t lo_first = first[i], hi_first = first[i + kOther];
+        const uint32_t lo_second = second[i], hi_second = second[i + kOther];
+        const uint32_t other_first = __shfl_xor_sync(kFull, upper ? lo_first : hi_first, kOffset);
+        const uint32_t other_second = __shfl_xor_sync(kFull, upper ? lo_second : hi_second, kOffset);
+        first[i] = upper ? hi_first : lo_first;
+        second[i] = upper ? hi_second : lo_second;
+        merge(first[i], second[i], other_first, other_second);
+      }
+      reduce<kHalf, kOffset / 2>(first, second, lane);
+    }
+  }
+};
+
 struct RouteParams {
   float* weights;      // [tokens, topk]
   int32_t* ids;        // [tokens, topk]
@@ -155,6 +204,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
   __shared__ uint32_t group_score[kWarpsPerBlock][kMaxGroups];
+  __shared__ float picked_weight[kWarpsPerBlock][kMaxTopk + 1];  // the r-th choice of each warp
+  __shared__ int32_t picked_id[kWarpsPerBlock][kMaxTopk + 1];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -226,21 +277,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
 
   const bool grouped = p.groups > 1 && p.topk_group < p.groups;
   if (grouped && p.experts == p.groups * 32) {
-    // Groups of 32 experts: lane l's value j (expert j * 32 + l) is in group j. A group's best key is one
-    // redux.sync; its second is the best of the others once the lowest lane holding the best is left
-    // out (a ballot). No shared memory; the groups' reductions are independent.
+    // Groups of 32 experts: lane l's value j (expert j * 32 + l) is in group j. Without a bias a group's key
+    // is its best key, one redux.sync (independent across groups); with one, the sum of its two best,
+    // from TopTwo's shuffles, then gathered by every lane.
     uint32_t group_key[kVPT];  // warp-uniform
+    uint32_t first[kVPT], second[kVPT];
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
-      const uint32_t key = (out >> j) & 1u ? 0u : order_key(rank[j]);
-      const uint32_t first = __reduce_max_sync(kFull, key);
-      float value = key_value(first);
-      if (has_bias) {
-        const uint32_t holders = __ballot_sync(kFull, key == first);
-        const uint32_t rest = lane == __ffs(holders) - 1 ? 0u : key;
-        value += key_value(__reduce_max_sync(kFull, rest));
-      }
-      group_key[j] = order_key(value);
+      first[j] = (out >> j) & 1u ? 0u : order_key(rank[j]);
+      second[j] = 0u;
+    }
+    if (has_bias) {
+      TopTwo<kVPT>::reduce(first, second, lane);
+      const uint32_t key = order_key(key_value(first[0]) + key_value(second[0]));
+#pragma unroll
+      for (int h = 0; h < kVPT; ++h) group_key[h] = __shfl_sync(kFull, key, TopTwo<kVPT>::lane_of(h));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) group_key[j] = __reduce_max_sync(kFull, first[j]);
     }
     // Lane g keeps group g when fewer than topk_group groups rank above it (a larger key, or an equal key
     // and a lower index).
@@ -339,39 +393,81 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   sort_descending(cand, weight);
   float chosen_weight = 0.f;  // lane r keeps the r-th choice
   int chosen_id = 0;
-  float total = 0.f;
-  for (int r = 0; r < p.topk; ++r) {
-    int owner, id;
-    if constexpr (kShortKeys) {
-      // Words are unique: the best one names its expert, and so its lane.
+  float total = 0.f;  // the chosen weights' sum, in rank order
+  if constexpr (kShortKeys) {
+    // Words are unique: the best one names its expert, and so its lane. A pick is one redux.sync, one
+    // shuffle for the weight, and a shift of the owner's list.
+    for (int r = 0; r < p.topk; ++r) {
       const uint32_t best = __reduce_max_sync(kFull, cand[0]);
-      id = static_cast<int>(~best & 0xffffu);
-      owner = id & 31;
-    } else {
-      const uint32_t key = static_cast<uint32_t>(cand[0] >> 32);
-      const uint32_t expert = ~static_cast<uint32_t>(cand[0]);
-      // The owner of the best key: the one lane holding it (a ballot), or among several the lane of
-      // the lowest expert (a second redux.sync, warp-uniform branch: only on ties). Keys never run
-      // out (topk <= the candidates), so the best key is a candidate's.
-      const uint32_t best = __reduce_max_sync(kFull, key);
-      const uint32_t holders = __ballot_sync(kFull, key == best);
-      owner = __ffs(holders) - 1;
-      if (holders & (holders - 1)) owner = __reduce_min_sync(kFull, key == best ? expert : 0xffffffffu) & 31;
-      id = __shfl_sync(kFull, static_cast<int>(expert), owner);
-    }
-    const float w = __shfl_sync(kFull, weight[0], owner);
-    total += w;
-    if (lane == r) {
-      chosen_weight = w;
-      chosen_id = id;
-    }
-    if (lane == owner) {
-#pragma unroll
-      for (int i = 0; i + 1 < kVPT; ++i) {
-        cand[i] = cand[i + 1];
-        weight[i] = weight[i + 1];
+      const int id = static_cast<int>(~best & 0xffffu);
+      const int owner = id & 31;
+      const float w = __shfl_sync(kFull, weight[0], owner);
+      total += w;
+      if (lane == r) {
+        chosen_weight = w;
+        chosen_id = id;
       }
-      cand[kVPT - 1] = 0u;
+      if (lane == owner) {
+#pragma unroll
+        for (int i = 0; i + 1 < kVPT; ++i) {
+          cand[i] = cand[i + 1];
+          weight[i] = weight[i + 1];
+        }
+        cand[kVPT - 1] = 0u;
+      }
+    }
+  } else {
+    // 64-bit words: each pick runs on the key alone, as if keys were unique: one redux.sync, and the lane
+    // holding the best key owns it, records it in shared memory and shifts its list (selects, no
+    // branch). A ballot per pick, off that path (its round trip would double a pick's), notes whether
+    // another lane held the same key. If one did (rare), the picks are redone from the sorted lists with
+    // the exact rule: among the holders, the lane of the lowest expert (a second redux.sync). Keys never
+    // run out (topk <= the candidates), so the best key is a candidate's.
+    const auto pick_all = [&]<bool kExact>() -> bool {
+      Word c[kVPT];
+      float w[kVPT];
+#pragma unroll
+      for (int i = 0; i < kVPT; ++i) {
+        c[i] = cand[i];
+        w[i] = weight[i];
+      }
+      uint32_t tied = 0;
+      for (int r = 0; r < p.topk; ++r) {
+        const uint32_t key = static_cast<uint32_t>(c[0] >> 32);
+        const uint32_t expert = ~static_cast<uint32_t>(c[0]);
+        bool owner = key == __reduce_max_sync(kFull, key);
+        const uint32_t holders = __ballot_sync(kFull, owner);
+        if constexpr (kExact) {
+          if (holders & (holders - 1)) {  // warp-uniform; every lane takes part in the redux
+            const uint32_t lowest = __reduce_min_sync(kFull, owner ? expert : 0xffffffffu);
+            owner = owner && expert == lowest;
+          }
+        } else {
+          tied |= holders & (holders - 1);
+        }
+        const int slot = owner ? r : kMaxTopk;  // every lane stores, the others to a spare slot
+        picked_weight[warp][slot] = w[0];
+        picked_id[warp][slot] = static_cast<int32_t>(expert);
+#pragma unroll
+        for (int i = 0; i + 1 < kVPT; ++i) {
+          c[i] = owner ? c[i + 1] : c[i];
+          w[i] = owner ? w[i + 1] : w[i];
+        }
+        c[kVPT - 1] = owner ? Word{0} : c[kVPT - 1];
+      }
+      return tied != 0;
+    };
+    if (pick_all.template operator()<false>()) {
+      __syncwarp();
+      pick_all.template operator()<true>();
+    }
+    __syncwarp();
+    if (p.renormalize) {
+      for (int r = 0; r < p.topk; ++r) total += picked_weight[warp][r];
+    }
+    if (lane < p.topk) {
+      chosen_weight = picked_weight[warp][lane];
+      chosen_id = picked_id[warp][lane];
     }
   }
   const float factor = p.renormalize && total > 0.f ? p.scale / total : p.scale;
