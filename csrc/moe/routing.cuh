@@ -204,8 +204,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
   __shared__ uint32_t group_score[kWarpsPerBlock][kMaxGroups];
-  __shared__ float picked_weight[kWarpsPerBlock][kMaxTopk + 1];  // the r-th choice of each warp
-  __shared__ int32_t picked_id[kWarpsPerBlock][kMaxTopk + 1];
+  __shared__ float picked_weight[kWarpsPerBlock][kMaxTopk + 32];  // the r-th choice of each warp, then
+  __shared__ int32_t picked_id[kWarpsPerBlock][kMaxTopk + 32];    // a spare slot per lane
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -418,11 +418,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   } else {
     // 64-bit words: each pick runs on the key alone, as if keys were unique: one redux.sync, and the lane
-    // holding the best key owns it, records it in shared memory and shifts its list (selects, no
-    // branch). A ballot per pick, off that path (its round trip would double a pick's), notes whether
-    // another lane held the same key. If one did (rare), the picks are redone from the sorted lists with
-    // the exact rule: among the holders, the lane of the lowest expert (a second redux.sync). Keys never
-    // run out (topk <= the candidates), so the best key is a candidate's.
+    // holding the best key owns it, records it in shared memory and shifts its list (selects, no branch;
+    // the other lanes store to spare slots of their own). A ballot per pick, off that path (its round trip
+    // would double a pick's), notes whether another lane held the same key. If one did (rare), the picks
+    // are redone from the sorted lists with the exact rule: among the holders, the lane of the lowest
+    // expert (a second redux.sync). Keys never run out (topk <= the candidates), so the best key is a
+    // candidate's.
     const auto pick_all = [&]<bool kExact>() -> bool {
       Word c[kVPT];
       float w[kVPT];
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
         } else {
           tied |= holders & (holders - 1);
         }
-        const int slot = owner ? r : kMaxTopk;  // every lane stores, the others to a spare slot
+        const int slot = owner ? r : kMaxTopk + lane;  // every lane stores: the others to a slot of their own
         picked_weight[warp][slot] = w[0];
         picked_id[warp][slot] = static_cast<int32_t>(expert);
 #pragma unroll
