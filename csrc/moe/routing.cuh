@@ -418,12 +418,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   } else {
     // 64-bit words: each pick runs on the key alone, as if keys were unique: one redux.sync, and the lane
-    // holding the best key owns it, records it in shared memory and shifts its list (selects, no branch;
-    // the other lanes store to spare slots of their own). A ballot per pick, off that path (its round trip
-    // would double a pick's), notes whether another lane held the same key. If one did (rare), the picks
-    // are redone from the sorted lists with the exact rule: among the holders, the lane of the lowest
-    // expert (a second redux.sync). Keys never run out (topk <= the candidates), so the best key is a
-    // candidate's.
+    // holding the best key owns it, records it in shared memory and shifts its list (selects, no branch).
+    // A ballot per pick, off that path (its round trip would double a pick's), notes whether another lane
+    // held the same key. If one did (rare), the picks are redone from the sorted lists with the exact
+    // rule: among the holders, the lane of the lowest expert (a second redux.sync). Keys never run out
+    // (topk <= the candidates), so the best key is a candidate's.
     const auto pick_all = [&]<bool kExact>() -> bool {
       Word c[kVPT];
       float w[kVPT];
@@ -438,15 +437,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
         const uint32_t expert = ~static_cast<uint32_t>(c[0]);
         bool owner = key == __reduce_max_sync(kFull, key);
         const uint32_t holders = __ballot_sync(kFull, owner);
+        const bool sole = (holders & (holders - 1)) == 0;
         if constexpr (kExact) {
-          if (holders & (holders - 1)) {  // warp-uniform; every lane takes part in the redux
+          if (!sole) {  // warp-uniform; every lane takes part in the redux
             const uint32_t lowest = __reduce_min_sync(kFull, owner ? expert : 0xffffffffu);
             owner = owner && expert == lowest;
           }
         } else {
-          tied |= holders & (holders - 1);
+          tied |= !sole;
         }
-        const int slot = owner ? r : kMaxTopk + lane;  // every lane stores: the others to a slot of their own
+        // Every lane stores, all but the owner to a spare slot of its own (tied holders too: that pass is
+        // redone). The store waits for the ballot; the next pick does not.
+        const int slot = owner && (kExact || sole) ? r : kMaxTopk + lane;
         picked_weight[warp][slot] = w[0];
         picked_id[warp][slot] = static_cast<int32_t>(expert);
 #pragma unroll
