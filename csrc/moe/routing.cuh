@@ -38,6 +38,7 @@
 #include <tvm/ffi/optional.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -143,11 +144,7 @@ SGL_DEVICE void sort_descending(Word (&v)[kN], float (&w)[kN]) {
 template <int kN>
 struct TopTwo {
   static_assert(kN > 0 && kN <= 32 && (kN & (kN - 1)) == 0, "a power of two up to 32");
-  static constexpr int kLog2 = [] {
-    int log2 = 0;
-    while ((1 << log2) < kN) ++log2;
-    return log2;
-  }();
+  static constexpr int kLog2 = std::countr_zero(static_cast<unsigned>(kN));
   static constexpr int lane_of(int h) {
     int lane = 0;
     for (int k = 0; k < kLog2; ++k) lane |= ((h >> (kLog2 - 1 - k)) & 1) << (4 - k);
