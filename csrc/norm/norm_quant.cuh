@@ -196,13 +196,14 @@ struct Policy<Epi::kTensor, T, kPer> {
   SGL_DEVICE void finish(RowMax) const {}
 };
 
-// Per-token and group quantisers keep the row's vectors (slot k holds vector at[k], -1: none) for
+// Per-token and group quantisers keep the row's vectors (slot k holds vector at[k], -1: none; a row
+// has fewer than 2^31 vectors, and 32-bit indices keep the epilogue's address arithmetic short) for
 // the reduction that sizes their scale.
 template <typename T, int kPer>
 struct Held {
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   Vec held[kPer];
-  int64_t at[kPer];
+  int32_t at[kPer];
   SGL_DEVICE Held() {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) at[k] = -1;
@@ -223,7 +224,7 @@ struct Policy<Epi::kToken, T, kPer> : Held<T, kPer> {
   SGL_DEVICE void operator()(T* out, const Vec& y, int64_t v, int k) {
     store_normed(out, v, y, a.normed_aligned);
     this->held[k] = y;
-    this->at[k] = v;
+    this->at[k] = static_cast<int32_t>(v);
     m = token_quant::absmax_vec(m, y);
   }
   template <typename RowMax>
@@ -283,12 +284,14 @@ struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
   const EpiArgs& a;
   int64_t row;
   uint8_t* q;
+  float absmax[kPer] = {};  // of each held vector (0 for none), taken as it is normalised
   SGL_DEVICE Policy(const EpiArgs& args, int64_t r, int64_t dim, uint32_t) : a(args), row(r), q(args.q + r * dim) {}
   template <typename Vec>
   SGL_DEVICE void operator()(T* out, const Vec& y, int64_t v, int k) {
     store_normed(out, v, y, a.normed_aligned);
     this->held[k] = y;
-    this->at[k] = v;
+    this->at[k] = static_cast<int32_t>(v);
+    absmax[k] = absmax_of(y);
   }
   template <typename RowMax>
   SGL_DEVICE void finish(RowMax) {
@@ -302,8 +305,8 @@ struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
   SGL_DEVICE void finish_groups() {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const int64_t v = this->at[k];
-      const float m = group_max_nonneg<kGroupVecs>(v >= 0 ? absmax_of(this->held[k]) : 0.f);
+      const int32_t v = this->at[k];
+      const float m = group_max_nonneg<kGroupVecs>(absmax[k]);
       if (v < 0) continue;
       const float scale = group_scale(m, a);
       if (v % kGroupVecs == 0) store_group_scale(a, row, v / kGroupVecs, scale);

@@ -54,8 +54,11 @@ SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
 }
 
 // 1 / scale, and 0 for a zero scale (a zero row, or a zero static scale): q is then 0, not NaN.
+// The reciprocal (rcp.rn, the correctly rounded 1 / scale) is taken whatever the scale and then
+// selected, which leaves no branch around it.
 SGL_DEVICE float inverse(float scale) {
-  return scale > 0.f ? 1.f / scale : 0.f;
+  const float r = __frcp_rn(scale);
+  return scale > 0.f ? r : 0.f;
 }
 
 // Quantises vector `x` and stores it as fp8 vector number `v` of `out`.
