@@ -196,10 +196,9 @@ struct Policy<Epi::kTensor, T, kPer> {
   SGL_DEVICE void finish(RowMax) const {}
 };
 
-// Per-token and group quantisers keep the row's vectors (slot k holds vector at[k], -1: none; 32-bit,
-// which keeps the epilogue's address arithmetic short: these kernels take rows of at most 2048
-// vectors, longer ones the two-pass kernel) for
-// the reduction that sizes their scale.
+// Per-token and group quantisers keep the row's vectors for the reduction that sizes their scale:
+// slot k holds vector at[k] (-1: none). The index is 32-bit, which keeps the epilogue's address
+// arithmetic short: these kernels take rows of at most 2048 vectors, longer ones the two-pass kernel.
 template <typename T, int kPer>
 struct Held {
   using Vec = device::AlignedVector<T, kVecElems<T>>;

@@ -1,5 +1,5 @@
 // store_fp8: kN scaled floats as kN float8_e4m3 values, shared by the per-token quant kernels
-// and the KV-cache store.
+// and the KV-cache store; inverse: the scale's reciprocal every fp8 quantiser multiplies by.
 #pragma once
 
 #include <sgl_kernel/type.cuh>
@@ -9,6 +9,14 @@
 #include <cuda_fp8.h>
 
 namespace jit_kernel::fp8 {
+
+// 1 / scale, and 0 for a zero scale (a zero row, or a zero static scale): q is then 0, not NaN.
+// The reciprocal (rcp.rn, the correctly rounded 1 / scale) is taken whatever the scale and then
+// selected, which leaves no branch around it.
+SGL_DEVICE float inverse(float scale) {
+  const float r = __frcp_rn(scale);
+  return scale > 0.f ? r : 0.f;
+}
 
 // y[0..kN) (already scaled, kN even) as kN fp8 values, in pairs (cvt.rn.satfinite.e4m3x2.f32, or
 // e5m2x2). SATFINITE: values beyond the largest finite one (448, e5m2 57344) saturate, NaN stays NaN.

@@ -41,6 +41,8 @@
 
 namespace jit_kernel::quant {
 
+using fp8::inverse;
+
 inline constexpr float kFp8Max = 448.f;
 inline constexpr uint32_t kThreads = 512;
 // The small path: one block (or, on sm_90+, one cluster of kSmallCluster blocks: one SM alone
@@ -112,10 +114,6 @@ SGL_DEVICE void quant_range(fp8_e4m3_t* out, const T* in, int64_t n, float inv_s
     quantise_vec(out, v, x, inv_scale);
   }
   for (int64_t i = nvec * kN + first; i < n; i += step) out[i] = to_fp8(dtype_trait<fp32_t>::from(in[i]), inv_scale);
-}
-
-SGL_DEVICE float inverse(float scale) {
-  return scale > 0.f ? 1.f / scale : 0.f;
 }
 
 // One block or one cluster (kCluster blocks): absmax, scale, quantise. With P threads in all, round r

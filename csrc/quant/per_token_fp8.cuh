@@ -37,6 +37,7 @@
 
 namespace jit_kernel::token_quant {
 
+using fp8::inverse;
 using fp8::store_fp8;
 
 inline constexpr float kFp8Max = 448.f;
@@ -51,14 +52,6 @@ SGL_DEVICE float absmax_vec(float m, const device::AlignedVector<T, kN>& x) {
 #pragma unroll
   for (std::size_t j = 0; j < kN; ++j) m = fmaxf(m, fabsf(f[j]));
   return m;
-}
-
-// 1 / scale, and 0 for a zero scale (a zero row, or a zero static scale): q is then 0, not NaN.
-// The reciprocal (rcp.rn, the correctly rounded 1 / scale) is taken whatever the scale and then
-// selected, which leaves no branch around it.
-SGL_DEVICE float inverse(float scale) {
-  const float r = __frcp_rn(scale);
-  return scale > 0.f ? r : 0.f;
 }
 
 // Quantises vector `x` and stores it as fp8 vector number `v` of `out`.
