@@ -515,7 +515,12 @@ def test_bench_moe_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
         summary = capsys.readouterr().out.split("device: Fake GPU")[1]
         rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
         assert len(rows) == sum(len(bench.tokens_of(op)) for op in bench.OPS)
-        assert bench.tokens_of("moe_align_block_size") == bench.TOKENS  # the CI-sized grid
+        # the CI-sized grid: routing at every size, the align also at 16,384, the combine at two
+        assert [bench.tokens_of(op) for op in bench.OPS] == [
+            *[[1, 16, 128, 1024, 4096]] * 3,
+            [16, 4096, 16384],
+            [16, 4096],
+        ]
     finally:
         monkeypatch.undo()
 

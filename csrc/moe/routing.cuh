@@ -18,13 +18,14 @@
 // each pick is then one `redux.sync` over the lanes' heads and a shift of the owner's list. bf16 logits
 // without a bias rank by the logit itself, whose 16 bits and the expert's fit one 32-bit word: the best
 // word names its expert and lane. Otherwise words are 64-bit (key, expert) and a pick reduces the key
-// alone; ties between lanes, found by a ballot off the picks' path, redo the picks with a second
-// `redux.sync` that takes the lowest expert. At one warp per token the latency is the chain of warp-wide
-// round trips, so the picks and the group scores keep ballots off it. Grouped routing with groups of 32
-// experts scores the groups in registers (value j of every lane is group j): a `redux.sync` per group,
-// or with a bias, which sums a group's two best, shuffles that halve the groups a lane holds each round.
-// Other group sizes stage the ranks in shared memory, where several lanes score each group. A group is
-// kept when fewer than topk_group groups rank above it. No global scratch; one launch.
+// alone, its weight and expert reaching lane r by shuffles off the next pick's path; ties between
+// lanes, found by a ballot off that path, redo the picks with a second `redux.sync` that takes the
+// lowest expert. At one warp per token the latency is the chain of warp-wide round trips, so the picks
+// and the group scores keep ballots off it. Grouped routing with groups of 32 experts scores the groups
+// in registers (value j of every lane is group j): a `redux.sync` per group, or with a bias, which sums
+// a group's two best, shuffles that halve the groups a lane holds each round. Other group sizes stage
+// the ranks in shared memory, where several lanes score each group. A group is kept when fewer than
+// topk_group groups rank above it. No global scratch; one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
@@ -201,8 +202,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   static_assert(kVPT <= 32, "the taken / excluded masks hold 32 bits");
   __shared__ float staged[kWarpsPerBlock][kMaxExperts];
   __shared__ uint32_t group_score[kWarpsPerBlock][kMaxGroups];
-  __shared__ float picked_weight[kWarpsPerBlock][kMaxTopk + 32];  // the r-th choice of each warp, then
-  __shared__ int32_t picked_id[kWarpsPerBlock][kMaxTopk + 32];    // a spare slot per lane
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
@@ -415,7 +414,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   } else {
     // 64-bit words: each pick runs on the key alone, as if keys were unique: one redux.sync, and the lane
-    // holding the best key owns it, records it in shared memory and shifts its list (selects, no branch).
+    // holding the best key owns it and shifts its list (selects, no branch).
     // A ballot per pick, off that path (its round trip would double a pick's), notes whether another lane
     // held the same key. If one did (rare), the picks are redone from the sorted lists with the exact
     // rule: among the holders, the lane of the lowest expert (a second redux.sync). Keys never run out
@@ -429,6 +428,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
         w[i] = weight[i];
       }
       uint32_t tied = 0;
+      float sum = 0.f, my_weight = 0.f;
+      int my_id = 0;
       for (int r = 0; r < p.topk; ++r) {
         const uint32_t key = static_cast<uint32_t>(c[0] >> 32);
         const uint32_t expert = ~static_cast<uint32_t>(c[0]);
@@ -443,11 +444,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
         } else {
           tied |= !sole;
         }
-        // Every lane stores, all but the owner to a spare slot of its own (tied holders too: that pass is
-        // redone). The store waits for the ballot; the next pick does not.
-        const int slot = owner && (kExact || sole) ? r : kMaxTopk + lane;
-        picked_weight[warp][slot] = w[0];
-        picked_id[warp][slot] = static_cast<int32_t>(expert);
+        // The pick's weight and expert reach every lane by shuffles from the owner (a tied pass takes
+        // the lowest holder's and is redone); they wait for the ballot, the next pick does not.
+        const int from = __ffs(kExact ? __ballot_sync(kFull, owner) : holders) - 1;
+        const float picked_weight = __shfl_sync(kFull, w[0], from);
+        const int picked_id = __shfl_sync(kFull, static_cast<int>(expert), from);
+        sum += picked_weight;
+        my_weight = lane == r ? picked_weight : my_weight;
+        my_id = lane == r ? picked_id : my_id;
 #pragma unroll
         for (int i = 0; i + 1 < kVPT; ++i) {
           c[i] = owner ? c[i + 1] : c[i];
@@ -455,20 +459,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
         }
         c[kVPT - 1] = owner ? Word{0} : c[kVPT - 1];
       }
+      total = sum;
+      chosen_weight = my_weight;
+      chosen_id = my_id;
       return tied != 0;
     };
-    if (pick_all.template operator()<false>()) {
-      __syncwarp();
-      pick_all.template operator()<true>();
-    }
-    __syncwarp();
-    if (p.renormalize) {
-      for (int r = 0; r < p.topk; ++r) total += picked_weight[warp][r];
-    }
-    if (lane < p.topk) {
-      chosen_weight = picked_weight[warp][lane];
-      chosen_id = picked_id[warp][lane];
-    }
+    if (pick_all.template operator()<false>()) pick_all.template operator()<true>();
   }
   const float factor = p.renormalize && total > 0.f ? p.scale / total : p.scale;
   if (lane < p.topk) {

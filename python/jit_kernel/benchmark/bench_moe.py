@@ -6,8 +6,9 @@ measured in the same run. Times are CUDA-graph medians in microseconds.
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_moe    # CI-sized grid
     python -m jit_kernel.benchmark.bench_moe --json-dir bench-json    # + JSON results (report.py)
 
-Grid: tokens 1, 16, 128, 1024, 4096, and 16,384 for moe_align_block_size (CI-sized grid: 16, 4096,
-and 16,384 for the align). Cases:
+Grid: tokens 1, 16, 128, 1024, 4096, and 16,384 for moe_align_block_size. The CI-sized grid keeps
+every size for the three routing ops (their FlashInfer and torch.compile comparisons span decode and
+prefill) and takes 16 and 4096 for the others, and 16,384 for the align. Cases:
 
 - ``grouped_topk``: DeepSeek-V3 routing, bf16 logits of 256 experts, 8 groups, top-4 groups, top-8
   experts, sigmoid scores + float32 correction bias, renormalised, x 2.5. ``flashinfer``:
@@ -43,7 +44,9 @@ from jit_kernel.benchmark._tables import (
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 
 DT = torch.bfloat16
-TOKENS = get_benchmark_range([1, 16, 128, 1024, 4096], [16, 4096])
+FULL_TOKENS = [1, 16, 128, 1024, 4096]
+TOKENS = get_benchmark_range(FULL_TOKENS, [16, 4096])
+ROUTING_OPS = ("grouped_topk", "topk_softmax", "topk_sigmoid")
 TINY_TOKENS = 16
 # moe_align_block_size also at 16,384 tokens x top-8 (in every grid), where its target compares it
 # with torch.compile.
@@ -193,6 +196,8 @@ def moe_case(provider: str, op: str, tokens: int, device: str = DEFAULT_DEVICE) 
 
 
 def tokens_of(op: str) -> list[int]:
+    if op in ROUTING_OPS:
+        return FULL_TOKENS
     return ALIGN_TOKENS if op == "moe_align_block_size" else TOKENS
 
 
