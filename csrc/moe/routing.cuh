@@ -20,12 +20,13 @@
 // word names its expert and lane. Otherwise words are 64-bit (key, expert) and a pick reduces the key
 // alone, its weight and expert reaching lane r by shuffles off the next pick's path; ties between
 // lanes, found by a ballot off that path, redo the picks with a second `redux.sync` that takes the
-// lowest expert. At one warp per token the latency is the chain of warp-wide round trips, so the picks
-// and the group scores keep ballots off it. Grouped routing with groups of 32 experts scores the groups
-// in registers (value j of every lane is group j): a `redux.sync` per group, or with a bias, which sums
-// a group's two best, shuffles that halve the groups a lane holds each round. Other group sizes stage
-// the ranks in shared memory, where several lanes score each group. A group is kept when fewer than
-// topk_group groups rank above it. No global scratch; one launch.
+// lowest expert. At one warp per token the latency is the chain of dependent instructions, warp-wide
+// round trips among them, so the picks and the group scores keep ballots off it. Grouped routing with
+// groups of 32 experts scores the groups in registers (value j of every lane is group j): a
+// `redux.sync` per group, or with a bias, which sums a group's two best, shuffles that halve the groups
+// a lane holds each round. Other group sizes stage the ranks in shared memory, where several lanes
+// score each group. A group is kept when fewer than topk_group groups rank above it. No global scratch;
+// one launch.
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>
