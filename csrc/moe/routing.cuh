@@ -415,11 +415,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   } else {
     // 64-bit words: each pick runs on the key alone, as if keys were unique: one redux.sync, and the lane
-    // holding the best key owns it and shifts its list (selects, no branch).
-    // A ballot per pick, off that path (its round trip would double a pick's), notes whether another lane
-    // held the same key. If one did (rare), the picks are redone from the sorted lists with the exact
-    // rule: among the holders, the lane of the lowest expert (a second redux.sync). Keys never run out
-    // (topk <= the candidates), so the best key is a candidate's.
+    // holding the best key owns it and shifts its list (selects, no branch). A ballot per pick, off that
+    // path (its round trip would double a pick's), notes whether another lane held the same key. If one did
+    // (rare), the picks are redone from the sorted lists with the exact rule: among the holders, the lane
+    // of the lowest expert (a second redux.sync). Keys never run out (topk <= the candidates), so the best
+    // key is a candidate's.
     const auto pick_all = [&]<bool kExact>() -> bool {
       Word c[kVPT];
       float w[kVPT];
