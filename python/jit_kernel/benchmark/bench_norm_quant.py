@@ -7,8 +7,8 @@ measured in the same run. Times are CUDA-graph medians in microseconds.
     python -m jit_kernel.benchmark.bench_norm_quant --save-path bench-out/norm_quant  # + plots, CSVs, summary
     python -m jit_kernel.benchmark.bench_norm_quant --json-dir bench-json             # + JSON results (report.py)
 
-Grid: bfloat16 rows of 4096, tokens 1, 16, 128, 1024, 4096, 16384 (CI-sized grid: tokens 16, 4096,
-16384). At 4096 tokens the copy's 25-60 MB stays partly in the 50 MB L2 between replays; at 16384
+Grid: bfloat16 rows of 4096, tokens 1, 16, 128, 256, 512, 1024, 4096, 16384 (CI-sized grid, the one
+the docs show: tokens 1, 16, 128, 1024, 4096, 16384). At 4096 tokens the copy's 25-60 MB stays partly in the 50 MB L2 between replays; at 16384
 tokens neither the copy nor the op does.
 One ``triton.testing.perf_report`` benchmark per op, with these providers as lines:
 
@@ -65,7 +65,7 @@ GROUP = 128
 SCALE = 0.02  # the static scale: a float32 tensor of one element
 DT = torch.bfloat16
 HIDDEN = 4096
-TOKENS = get_benchmark_range([1, 16, 128, 1024, 4096, 16384], [16, 4096, 16384])
+TOKENS = get_benchmark_range([1, 16, 128, 256, 512, 1024, 4096, 16384], [1, 16, 128, 1024, 4096, 16384])
 TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
 
 QUANT_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
