@@ -326,9 +326,12 @@ def test_strided_logits() -> None:
 
 
 def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, dtype: torch.dtype) -> None:
-    ids = torch.randint(0, e, (t, k), device="cuda", dtype=dtype)
+    _check_align_ids(torch.randint(0, e, (t, k), device="cuda", dtype=dtype), e, block, map_)
+
+
+def _check_align_ids(ids: torch.Tensor, e: int, block: int, map_: torch.Tensor | None) -> None:
     sorted_ids, expert_ids, post = jit_kernel.moe_align_block_size(ids, e, block, map_)
-    numel = t * k
+    numel = ids.numel()
     assert sorted_ids.numel() == numel + min(numel, e) * (block - 1)
     segments, blocks, total = ref_align(ids, e, block, map_)
     assert int(post.item()) == total
@@ -354,8 +357,11 @@ def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, 
         (128, 8, 60, 24),  # 1024 pairs: the largest one-pair-per-thread case, a block size not a power of two
         (1000, 8, 128, 128),
         (1024, 8, 256, 64),  # 8192 pairs: the largest one-CTA case
-        (1025, 8, 1024, 1),  # 8200 pairs: count + scatter kernels, the most experts, blocks of one
+        (1025, 8, 1024, 1),  # 8200 pairs: histogram, count and scatter kernels, the most experts, blocks of one
         (4096, 8, 257, 16),
+        (512, 17, 33, 8),  # 8704 pairs: two histogram chunks, the second partial
+        (16384, 8, 256, 64),  # the benchmark's size: 32 chunks
+        (3000, 8, 600, 4),  # 600 experts: one histogram row sum per expert
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -370,6 +376,13 @@ def test_moe_align_expert_map(t: int) -> None:
     map_ = torch.full((e,), -1, dtype=torch.int32, device="cuda")
     map_[16:32] = torch.arange(16, dtype=torch.int32, device="cuda")
     _check_align(t, 8, e, 32, map_, torch.int32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_moe_align_skips_invalid_ids_beyond_one_cta(dtype: torch.dtype) -> None:
+    """The histogram path skips ids outside [0, num_experts) as the one-CTA paths do."""
+    _check_align_ids(torch.randint(-3, 67, (1500, 8), device="cuda", dtype=dtype), 64, 16, None)
 
 
 @pytest.mark.gpu

@@ -11,10 +11,12 @@
 // Up to 1024 pairs: one CTA, a pair and an expert per thread (align_small_kernel, one id load, four
 // barriers). Up to kSmallPairs pairs: one CTA of 1024 threads counts the pairs per expert in shared memory, takes
 // the exclusive prefix sum of the padded counts (cub::BlockScan), then scatters through per-expert
-// cursors (shared-memory atomics). Beyond: that CTA counts and lays out the blocks and the padding,
-// leaving each expert's first position in a workspace; then a grid of CTAs scatters, each ranking its
-// chunk's pairs per expert in shared memory and reserving one range per expert with one global atomic
-// (launched with PDL after the first kernel).
+// cursors (shared-memory atomics). Beyond, three kernels launched with PDL, so that no single CTA
+// reads every id (one CTA's shared-memory atomics, conflicting in their banks, took most of the time):
+// a grid of CTAs counts its chunks' pairs per expert into a workspace histogram; one CTA sums it
+// and lays out the blocks and the padding, leaving each expert's first position in the workspace;
+// then a grid of CTAs scatters, each ranking its chunk's pairs per expert in shared memory and
+// reserving one range per expert with one global atomic.
 #pragma once
 
 #include <sgl_kernel/ffi.h>
@@ -40,6 +42,9 @@ inline constexpr int64_t kSmallPairs = 8192;
 inline constexpr int kScatterThreads = 256;
 inline constexpr int kScatterItems = 4;  // pairs per thread of the scatter kernel
 inline constexpr int kBatch = 8;         // ids a thread of the one-CTA loops loads before using them
+inline constexpr int kHistThreads = 256;
+inline constexpr int kHistItems = 16;  // pairs per thread of the histogram kernel
+inline constexpr int kHistPairs = kHistThreads * kHistItems;
 
 struct AlignParams {
   const void* topk_ids;
@@ -47,7 +52,9 @@ struct AlignParams {
   int32_t* sorted_ids;
   int32_t* expert_ids;
   int32_t* post_padded;
-  int32_t* cursor;  // [experts] workspace of the two-kernel path, else nullptr
+  int32_t* cursor;  // [experts] workspace of the three-kernel path, else nullptr
+  int32_t* hist;    // [chunks, experts] workspace of the three-kernel path: pairs per chunk and expert
+  int32_t chunks;   // of kHistPairs pairs
   int32_t numel;
   int32_t experts;
   int32_t block_size;
@@ -85,11 +92,11 @@ SGL_DEVICE void for_each_pair(const AlignParams& p, F&& f) {
   }
 }
 
-// The layout's counting part, by one CTA of kThreads: counts per expert, offsets (into `start`),
-// expert_ids, num_tokens_post_padded, and numel in every sorted position that holds no pair (each
-// expert's padding and the tail): every position is written once, by this or by the scatter.
-// Returns the padded total to every thread.
-template <typename Id>
+// The layout's counting part, by one CTA of kThreads: counts per expert (from the ids, or kFromHist:
+// the sum of the histogram's rows), offsets (into `start`), expert_ids, num_tokens_post_padded, and
+// numel in every sorted position that holds no pair (each expert's padding and the tail): every
+// position is written once, by this or by the scatter. Returns the padded total to every thread.
+template <typename Id, bool kFromHist = false>
 SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start) {
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -98,7 +105,19 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
   if (t < p.experts) counts[t] = 0;
   __syncthreads();
   device::PDLWaitPrimary();
-  for_each_pair<Id>(p, [&](int32_t, int32_t e) { atomicAdd(&counts[e], 1); });
+  if constexpr (kFromHist) {
+    // kThreads / experts threads per expert (at least one), each summing every so many rows.
+    const int per_expert = kThreads / p.experts;
+    if (t < per_expert * p.experts) {
+      const int e = t % p.experts;
+      int32_t n = 0;
+#pragma unroll 8
+      for (int c = t / p.experts; c < p.chunks; c += per_expert) n += p.hist[static_cast<int64_t>(c) * p.experts + e];
+      if (n > 0) atomicAdd(&counts[e], n);
+    }
+  } else {
+    for_each_pair<Id>(p, [&](int32_t, int32_t e) { atomicAdd(&counts[e], 1); });
+  }
   __syncthreads();
   const int32_t count = t < p.experts ? counts[t] : 0;
   const int32_t padded = (count + p.block_size - 1) / p.block_size * p.block_size;
@@ -194,12 +213,37 @@ __global__ void __launch_bounds__(kThreads) align_kernel(const AlignParams p) {
   device::PDLTriggerSecondary();
 }
 
-// Beyond: the layout, and each expert's start in the workspace for the scatter.
+// Beyond: first each CTA's kHistPairs pairs counted per expert, into row blockIdx.x of the histogram
+// (every entry written: the workspace needs no zeroing).
 template <typename Id>
+__global__ void __launch_bounds__(kHistThreads) histogram_kernel(const AlignParams p) {
+  __shared__ int32_t local[kMaxExperts];
+  const int t = threadIdx.x;
+  for (int e = t; e < p.experts; e += kHistThreads) local[e] = 0;
+  __syncthreads();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kHistPairs;
+  int32_t expert[kHistItems];
+  device::PDLWaitPrimary();  // whatever produced topk_ids
+#pragma unroll
+  for (int j = 0; j < kHistItems; ++j) {
+    const int64_t i = base + j * kHistThreads + t;
+    expert[j] = i < p.numel ? expert_of<Id>(p, i) : -1;
+  }
+#pragma unroll
+  for (int j = 0; j < kHistItems; ++j) {
+    if (expert[j] >= 0) atomicAdd(&local[expert[j]], 1);
+  }
+  __syncthreads();
+  device::PDLTriggerSecondary();
+  int32_t* row = p.hist + static_cast<int64_t>(blockIdx.x) * p.experts;
+  for (int e = t; e < p.experts; e += kHistThreads) row[e] = local[e];
+}
+
+// Then the layout from the histogram, and each expert's start in the workspace for the scatter.
 __global__ void __launch_bounds__(kThreads) count_kernel(const AlignParams p) {
   __shared__ int32_t counts[kMaxExperts];
   __shared__ int32_t start[kMaxExperts];
-  lay_out<Id>(p, counts, start);
+  lay_out<int32_t, true>(p, counts, start);  // the ids are not read
   device::PDLTriggerSecondary();
   for (int e = threadIdx.x; e < p.experts; e += kThreads) p.cursor[e] = start[e];
 }
@@ -214,7 +258,7 @@ __global__ void __launch_bounds__(kScatterThreads) scatter_kernel(const AlignPar
   const int32_t base = static_cast<int32_t>(blockIdx.x) * kScatterThreads * kScatterItems;
   int32_t expert[kScatterItems];
   int32_t rank[kScatterItems];
-  device::PDLWaitPrimary();  // the first kernel's starts (and whatever produced topk_ids)
+  device::PDLWaitPrimary();  // the count kernel's starts (and whatever produced topk_ids)
 #pragma unroll
   for (int j = 0; j < kScatterItems; ++j) {
     const int32_t i = base + j * kScatterThreads + t;
@@ -301,6 +345,8 @@ struct MoeAlign {
         static_cast<int32_t*>(expert_ids.data_ptr()),
         static_cast<int32_t*>(num_tokens_post_padded.data_ptr()),
         nullptr,
+        nullptr,
+        0,
         static_cast<int32_t>(numel),
         static_cast<int32_t>(num_experts),
         static_cast<int32_t>(block_size),
@@ -317,12 +363,18 @@ struct MoeAlign {
       LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(wide ? align_kernel<int64_t> : align_kernel<int32_t>, p);
       return;
     }
-    // Freed when the call returns, reused by the caching allocator in stream order.
-    const auto cursor = ffi::empty({num_experts}, dl_dtype_v<int32_t>, dev);
-    p.cursor = static_cast<int32_t*>(cursor.data_ptr());
-    LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(wide ? count_kernel<int64_t> : count_kernel<int32_t>, p);
+    // The cursors, then the histogram: freed when the call returns, reused by the caching allocator
+    // in stream order.
+    const int64_t chunks = div_ceil(numel, int64_t{kHistPairs});
+    const auto workspace = ffi::empty({(chunks + 1) * num_experts}, dl_dtype_v<int32_t>, dev);
+    p.cursor = static_cast<int32_t*>(workspace.data_ptr());
+    p.hist = p.cursor + num_experts;
+    p.chunks = static_cast<int32_t>(chunks);
+    // Each kernel reads what the one before wrote: with PDL it waits for that kernel to end.
+    LaunchKernel(static_cast<uint32_t>(chunks), kHistThreads, dev)
+        .enable_pdl(pdl)(wide ? histogram_kernel<int64_t> : histogram_kernel<int32_t>, p);
+    LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(count_kernel, p);
     const auto grid = static_cast<uint32_t>(div_ceil(numel, int64_t{kScatterThreads} * kScatterItems));
-    // The scatter reads the starts the first kernel wrote: with PDL it waits for that kernel to end.
     LaunchKernel(grid, kScatterThreads, dev)
         .enable_pdl(pdl)(wide ? scatter_kernel<int64_t> : scatter_kernel<int32_t>, p);
   }
