@@ -370,7 +370,7 @@ def test_moe_align_block_size(t: int, k: int, e: int, block: int, dtype: torch.d
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [300, 2000])  # 2400 pairs: one CTA; 16000: the count + scatter kernels
+@pytest.mark.parametrize("t", [300, 2000])  # 2400 pairs: one CTA; 16000: histogram, count and scatter kernels
 def test_moe_align_expert_map(t: int) -> None:
     e = 64
     map_ = torch.full((e,), -1, dtype=torch.int32, device="cuda")
@@ -613,7 +613,7 @@ def test_fast_paths_raise_the_full_paths_errors() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [True, False])
-@pytest.mark.parametrize("t", [16, 2048])  # align: one CTA; count + scatter with its workspace
+@pytest.mark.parametrize("t", [16, 2048])  # align: one CTA; histogram, count and scatter with their workspace
 def test_cuda_graph_replays_a_moe_layer(t: int, pdl: bool) -> None:
     """grouped_topk, moe_align_block_size and moe_sum_reduce captured in one CUDA graph (PDL on or
     off), replayed on new inputs into poisoned outputs: the eager calls' results on those inputs."""
