@@ -215,27 +215,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   const int topk = kTopk > 0 ? kTopk : p.topk;
   constexpr int kPickUnroll = kTopk > 0 ? kTopk : 1;  // the run-time top-k keeps its loop
   device::PDLWaitPrimary();
+  // The next kernel may launch now (it waits for this grid to finish before it reads): at one warp per
+  // token this grid is short, and an early trigger hides more of the next launch (as the norm kernels).
+  device::PDLTriggerSecondary();
   if (token >= p.tokens) return;
   const T* row = static_cast<const T*>(p.logits) + token * p.stride;
 
+  // Every load is issued before any is used, none predicated (an absent expert reads the last one's
+  // values): predicated loads let the register allocator give a later load the register of an earlier
+  // one's value, and the later load then waited a whole memory round trip for it.
+  T raw[kVPT];
+  float bias[kVPT];  // loaded with the logits: one memory round trip for both
+#pragma unroll
+  for (int j = 0; j < kVPT; ++j) raw[j] = row[min(j * 32 + lane, p.experts - 1)];
+#pragma unroll
+  for (int j = 0; j < kVPT; ++j) {
+    const int e = min(j * 32 + lane, p.experts - 1);
+    bias[j] = !has_bias     ? 0.f
+              : p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
+                            : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]);
+  }
   float score[kVPT];  // the score (the weight)
   float rank[kVPT];   // what the choice compares
-  float bias[kVPT];   // loaded with the logits: one memory round trip for both
   uint32_t out = 0;   // bit j: expert j * 32 + lane cannot be chosen (absent or in a dropped group)
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
-    const int e = j * 32 + lane;
-    bias[j] = 0.f;
-    if (e < p.experts) {
-      score[j] = dtype_trait<fp32_t>::from(row[e]);
-      if (has_bias) {
-        bias[j] = p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
-                              : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]);
-      }
-    } else {
-      score[j] = -INFINITY;
-      out |= 1u << j;
-    }
+    const bool absent = j * 32 + lane >= p.experts;
+    score[j] = absent ? -INFINITY : dtype_trait<fp32_t>::from(raw[j]);
+    out |= static_cast<uint32_t>(absent) << j;
     rank[j] = score[j];
   }
   if constexpr (kSoftmax) {
@@ -285,6 +292,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     // is its best key, one redux.sync (independent across groups); with one, the sum of its two best,
     // from TopTwo's shuffles, then gathered by every lane.
     uint32_t group_key[kVPT];  // warp-uniform
+    uint32_t mine = 0;         // lane g: group g's key
     uint32_t first[kVPT], second[kVPT];
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
@@ -296,19 +304,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
       const uint32_t key = order_key(key_value(first[0]) + key_value(second[0]));
 #pragma unroll
       for (int h = 0; h < kVPT; ++h) group_key[h] = __shfl_sync(kFull, key, TopTwo<kVPT>::lane_of(h));
+      mine = __shfl_sync(kFull, key, TopTwo<kVPT>::lane_of(lane % kVPT));  // with the others, not after
     } else {
 #pragma unroll
       for (int j = 0; j < kVPT; ++j) group_key[j] = __reduce_max_sync(kFull, first[j]);
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) mine = lane == j ? group_key[j] : mine;
     }
     // Lane g keeps group g when fewer than topk_group groups rank above it (a larger key, or an equal key
-    // and a lower index).
-    uint32_t mine = 0;
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) mine = lane == j ? group_key[j] : mine;
+    // and a lower index). Bitwise, not short-circuit: the terms are independent selects, not branches.
     int above = 0;
 #pragma unroll
     for (int h = 0; h < kVPT; ++h) {
-      above += h < p.groups && (group_key[h] > mine || (group_key[h] == mine && h < lane));
+      const bool better = (group_key[h] > mine) | ((group_key[h] == mine) & (h < lane));
+      above += static_cast<int>(h < p.groups) & static_cast<int>(better);
     }
     const uint32_t kept = __ballot_sync(kFull, lane < p.groups && above < p.topk_group);
     out |= ~kept;  // bit j: group j
@@ -371,7 +380,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
       if (e < p.experts && !((kept >> group_of(e)) & 1u)) out |= 1u << j;
     }
   }
-  device::PDLTriggerSecondary();
 
   // This lane's candidates as one word each, a larger word ranking first (word 0: not a candidate):
   // key << 32 | ~expert (a larger key, then a lower expert), or with kShortKeys the key's top 16 bits
