@@ -58,6 +58,8 @@ inline constexpr int kMaxTopk = 32;
 // tokens, 26% at 1,024, on the H100). Other top-k take the loop.
 inline constexpr int kUnrolledTopk = 8;
 inline constexpr unsigned kFull = 0xffffffffu;
+// Grids of at most this many CTAs per SM trigger their PDL dependents at the start (RouteParams).
+inline constexpr uint32_t kEarlyTriggerCtasPerSm = 4;
 
 // A float as an unsigned integer of the same order (-inf < ... < 0 < ... < +inf < NaN; the two zeros and
 // all NaNs are equal); 0 is below every float and marks "no candidate".
@@ -197,6 +199,12 @@ struct RouteParams {
   int topk_group;
   bool bias_fp32;
   bool renormalize;
+  // PDL: the next kernel may launch at this grid's start (it waits for this grid to finish before it
+  // reads), else once the scores and groups are done. Early hides more of the next launch, but the next
+  // kernel's CTAs then wait beside this grid's warps. On the H100, early took 0.17-0.19 us off
+  // 256-expert routing at 1-128 tokens (0.15 us slower for 128 experts without a bias), was as fast or
+  // faster at 1,024-2,048 tokens, and up to 28% slower at 4,096 (1,024 CTAs).
+  bool early_trigger;
   float scale;
 };
 
@@ -215,25 +223,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   const int topk = kTopk > 0 ? kTopk : p.topk;
   constexpr int kPickUnroll = kTopk > 0 ? kTopk : 1;  // the run-time top-k keeps its loop
   device::PDLWaitPrimary();
-  // The next kernel may launch now (it waits for this grid to finish before it reads): at one warp per
-  // token this grid is short, and an early trigger hides more of the next launch (as the norm kernels).
-  device::PDLTriggerSecondary();
+  if (p.early_trigger) device::PDLTriggerSecondary();
   if (token >= p.tokens) return;
   const T* row = static_cast<const T*>(p.logits) + token * p.stride;
 
-  // Every load is issued before any is used, none predicated (an absent expert reads the last one's
-  // values): predicated loads let the register allocator give a later load the register of an earlier
-  // one's value, and the later load then waited a whole memory round trip for it.
+  // Every load is issued before any is used: converting each value as it came let the register
+  // allocator give a later load the register of an earlier one's value, and the later load then waited
+  // a whole memory round trip for it.
   T raw[kVPT];
   float bias[kVPT];  // loaded with the logits: one memory round trip for both
 #pragma unroll
-  for (int j = 0; j < kVPT; ++j) raw[j] = row[min(j * 32 + lane, p.experts - 1)];
+  for (int j = 0; j < kVPT; ++j) raw[j] = j * 32 + lane < p.experts ? row[j * 32 + lane] : T{};
 #pragma unroll
   for (int j = 0; j < kVPT; ++j) {
-    const int e = min(j * 32 + lane, p.experts - 1);
-    bias[j] = !has_bias     ? 0.f
-              : p.bias_fp32 ? static_cast<const float*>(p.bias)[e]
-                            : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]);
+    const int e = j * 32 + lane;
+    bias[j] = !has_bias || e >= p.experts ? 0.f
+              : p.bias_fp32               ? static_cast<const float*>(p.bias)[e]
+                                          : dtype_trait<fp32_t>::from(static_cast<const T*>(p.bias)[e]);
   }
   float score[kVPT];  // the score (the weight)
   float rank[kVPT];   // what the choice compares
@@ -380,6 +386,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
       if (e < p.experts && !((kept >> group_of(e)) & 1u)) out |= 1u << j;
     }
   }
+  if (!p.early_trigger) device::PDLTriggerSecondary();
 
   // This lane's candidates as one word each, a larger word ranking first (word 0: not a candidate):
   // key << 32 | ~expert (a larger key, then a lower expert), or with kShortKeys the key's top 16 bits
@@ -566,6 +573,7 @@ struct MoeRoute {
     RuntimeCheck(tokens < (int64_t{1} << 31) * kWarpsPerBlock, "moe routing: too many tokens: ", tokens);
     if (tokens == 0 || has_no_data(weights)) return;  // nothing to do, or a fake call's checks alone
     const DLDevice dev = device.unwrap();
+    const auto grid = static_cast<uint32_t>(div_ceil(tokens, int64_t{kWarpsPerBlock}));
     const RouteParams p{
         static_cast<float*>(weights.data_ptr()),
         static_cast<int32_t*>(ids.data_ptr()),
@@ -579,8 +587,8 @@ struct MoeRoute {
         static_cast<int>(topk_group),
         bias_fp32,
         renormalize,
+        grid <= kEarlyTriggerCtasPerSm * runtime::sm_count(dev.device_id),
         static_cast<float>(routed_scaling_factor)};
-    const auto grid = static_cast<uint32_t>(div_ceil(tokens, int64_t{kWarpsPerBlock}));
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     auto go = [&](auto kernel) { LaunchKernel(grid, kWarpsPerBlock * 32, dev).enable_pdl(pdl)(kernel, p); };
     if (softmax) {
