@@ -284,6 +284,18 @@ def test_grouped_topk(t: int, e: int, groups: int, topk_group: int, k: int, scor
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("enable_pdl", [False, True])
+def test_grouped_topk_on_a_grid_beyond_four_ctas_per_sm(enable_pdl: bool) -> None:
+    # 8,192 tokens are 2,048 CTAs of 4 tokens: more than 4 per SM on any current GPU, so the kernel
+    # triggers its PDL dependents after the scores instead of at its start.
+    x = _logits(8192, 256, torch.bfloat16)
+    bias = (torch.rand(256, device="cuda") * 1e-3).to(torch.float32)
+    got = jit_kernel.grouped_topk(x, 8, 8, 4, True, bias, 2.5, "sigmoid", enable_pdl)
+    expected = ref_route(x, 8, softmax=False, renormalize=True, bias=bias, groups=8, topk_group=4, scale=2.5)
+    _check_route(got, expected)
+
+
+@pytest.mark.gpu
 def test_ties_pick_the_lowest_index() -> None:
     x = torch.zeros(3, 64, device="cuda")
     x[1, 10] = x[1, 40] = 1.0  # two equal maxima: 10 first

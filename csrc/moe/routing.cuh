@@ -202,7 +202,7 @@ struct RouteParams {
   // PDL: the next kernel may launch at this grid's start (it waits for this grid to finish before it
   // reads), else once the scores and groups are done. Early hides more of the next launch, but the next
   // kernel's CTAs then wait beside this grid's warps. On the H100, early took 0.17-0.19 us off
-  // 256-expert routing at 1-128 tokens (0.15 us slower for 128 experts without a bias), was as fast or
+  // 256-expert routing at 1-128 tokens (0.12-0.15 us slower for 128 experts without a bias), was as fast or
   // faster at 1,024-2,048 tokens, and up to 28% slower at 4,096 (1,024 CTAs).
   bool early_trigger;
   float scale;
