@@ -337,6 +337,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   if (token >= p.tokens) return;
   const int base = lane * kVPT;  // this lane's first expert
   const T* row = static_cast<const T*>(p.logits) + token * p.stride + base;
+  // This lane's output slot (-1: none), computed here and held: recomputed at the end, it put the thread
+  // and block id reads (S2R, tens of cycles) on the path to the stores.
+  int64_t out_slot = lane < topk ? token * topk + lane : -1;
+  asm("" : "+l"(out_slot));
 
   // Every load is issued before any is used: converting each value as it came let the register
   // allocator give a later load the register of an earlier one's value, and the later load then waited
@@ -347,7 +351,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     const bool any = base < p.experts;  // a lane has all its experts or none
     LaneVectors<T, kVPT> logits_in, bias_in;
     LaneVectors<float, kVPT> bias_in_fp32;
-    logits_in.load(row, any);
+    // Unpredicated, so that the address is computed before the row's predicate: a lane past the experts
+    // reads the last lane's (its values count as absent).
+    logits_in.load(row - base + min(base, p.experts - kVPT), true);
     bias_in_fp32.load(static_cast<const float*>(p.bias) + base, any && has_bias && p.bias_fp32);
     bias_in.load(static_cast<const T*>(p.bias) + base, any && has_bias && !p.bias_fp32);
 #pragma unroll
@@ -582,9 +588,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
     }
   }
   const float factor = p.renormalize && picked.total > 0.f ? p.scale / picked.total : p.scale;
-  if (lane < topk) {
-    p.weights[token * topk + lane] = picked.weight * factor;
-    p.ids[token * topk + lane] = picked.id;
+  if (out_slot >= 0) {
+    p.weights[out_slot] = picked.weight * factor;
+    p.ids[out_slot] = picked.id;
   }
 }
 
