@@ -375,6 +375,36 @@ def test_lane_aligned_and_general_kernels_agree(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("e", "groups", "topk_group", "softmax", "renormalize"),
+    [(256, 8, 4, False, True), (256, 1, 1, False, False), (128, 1, 1, True, True), (512, 1, 1, True, False)],
+)
+def test_weights_within_1e_6_of_a_float64_reference(
+    e: int, groups: int, topk_group: int, softmax: bool, renormalize: bool, dtype: torch.dtype
+) -> None:
+    """The weights of the chosen experts (ids as the fp32 reference chooses them) within 1e-6 relative of
+    the same weights computed in float64: the scores, the softmax denominator, the renormalising sum."""
+    t = 64
+    x = _logits(t, e, dtype)
+    bias = None if softmax else torch.randn(e, device="cuda") * 0.1
+    w, ids = jit_kernel.grouped_topk(
+        x, 8, groups, topk_group, renormalize, bias, 2.5, "softmax" if softmax else "sigmoid"
+    )
+    _, ref_ids = ref_route(
+        x, 8, softmax=softmax, renormalize=renormalize, bias=bias, groups=groups, topk_group=topk_group, scale=2.5
+    )
+    assert torch.equal(ids, ref_ids)
+    x64 = x.double()
+    scores = torch.softmax(x64, dim=-1) if softmax else torch.sigmoid(x64)
+    w64 = scores.gather(1, ids.long())
+    if renormalize:
+        w64 = w64 / w64.sum(-1, keepdim=True)
+    w64 = w64 * 2.5
+    assert ((w.double() - w64).abs() / w64.abs()).max().item() <= 1e-6
+
+
+@pytest.mark.gpu
 def test_strided_logits() -> None:
     x = _logits(9, 256, torch.bfloat16)
     wide = torch.zeros(9, 300, device="cuda", dtype=torch.bfloat16)
