@@ -126,8 +126,8 @@ struct MergeSortNetwork {
   }();
 };
 
-// a > b, computed where the compiler cannot rewrite the selects on it into min / max: it lowered each
-// 64-bit min and max to its own compare, three compares per exchange of the sort instead of one.
+// a > b, computed where the compiler cannot rewrite the selects on it into min / max, which it lowers to
+// a compare each: three compares per exchange of the sort instead of one.
 SGL_DEVICE bool greater_opaque(uint64_t a, uint64_t b) {
   uint32_t greater;
   asm("{\n .reg .pred p;\n setp.gt.u64 p, %1, %2;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(greater) : "l"(a), "l"(b));
@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_kernel(const RouteP
   if (token >= p.tokens) return;
   const int base = lane * kVPT;  // this lane's first expert
   const T* row = static_cast<const T*>(p.logits) + token * p.stride + base;
-  // This lane's output slot (-1: none), computed here and held: recomputed at the end, it put the thread
-  // and block id reads (S2R, tens of cycles) on the path to the stores.
+  // This lane's output slot (-1: none), computed here and held (the asm hides how): recomputed at the
+  // end, it would put the thread and block id reads (S2R, tens of cycles) on the path to the stores.
   int64_t out_slot = lane < topk ? token * topk + lane : -1;
   asm("" : "+l"(out_slot));
 
