@@ -622,12 +622,16 @@ def test_bench_moe_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
         summary = capsys.readouterr().out.split("device: Fake GPU")[1]
         rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
         assert len(rows) == sum(len(bench.tokens_of(op)) for op in bench.OPS)
-        # the CI-sized grid: routing at every size, the align also at 16,384, the combine at two
+        # the CI-sized grid: routing at every size, the align also at 128 and 16,384, the combine at two
         assert [bench.tokens_of(op) for op in bench.OPS] == [
             *[[1, 16, 128, 1024, 4096]] * 3,
-            [16, 4096, 16384],
+            [16, 128, 4096, 16384],
             [16, 4096],
         ]
+        # "vs empty": up to 16 tokens, for the align up to 1,024 token-expert pairs (128 tokens)
+        tiny = {t.name: [c[3] for c in t.configs] for t in bench.summary_tables()}
+        assert tiny["moe_align_block_size"] == [True, True, False, False]
+        assert tiny["grouped_topk"] == [True, True, False, False, False]
     finally:
         monkeypatch.undo()
 

@@ -8,7 +8,7 @@ measured in the same run. Times are CUDA-graph medians in microseconds.
 
 Grid: tokens 1, 16, 128, 1024, 4096, and 16,384 for moe_align_block_size. The CI-sized grid keeps
 every size for the three routing ops (their FlashInfer and torch.compile comparisons span decode and
-prefill) and takes 16 and 4096 for the others, and 16,384 for the align. Cases:
+prefill) and takes 16 and 4096 for the others, and 128 and 16,384 for the align. Cases:
 
 - ``grouped_topk``: DeepSeek-V3 routing, bf16 logits of 256 experts, 8 groups, top-4 groups, top-8
   experts, sigmoid scores + float32 correction bias, renormalised, x 2.5. ``flashinfer``:
@@ -20,8 +20,8 @@ prefill) and takes 16 and 4096 for the others, and 16,384 for the align. Cases:
   ``copy``: a copy of its minimal bytes, ``tokens * 7168 * 2 * 9 + tokens * 8 * 4``.
 
 ``eager`` is the torch code a model would otherwise run; ``compile`` is torch.compile of it (one
-static-shape graph per shape). The summary's "vs empty" column (up to 16 tokens) is the time in
-empty-kernel CUDA-graph replays.
+static-shape graph per shape). The summary's "vs empty" column (up to 16 tokens; for the align, up to
+1,024 token-expert pairs, 128 tokens x top-8) is the time in empty-kernel CUDA-graph replays.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ FULL_TOKENS = [1, 16, 128, 1024, 4096]
 TOKENS = get_benchmark_range(FULL_TOKENS, [16, 4096])
 ROUTING_OPS = ("grouped_topk", "topk_softmax", "topk_sigmoid")
 TINY_TOKENS = 16
-# moe_align_block_size also at 16,384 tokens x top-8 (in every grid), where its target compares it
-# with torch.compile.
-ALIGN_TOKENS = [*TOKENS, 16384]
+# moe_align_block_size also at 128 tokens x top-8 (1,024 pairs, the end of its "vs empty" range) and
+# 16,384 (where its target compares it with torch.compile), in every grid.
+ALIGN_TINY_PAIRS = 1024
+ALIGN_TOKENS = sorted({*TOKENS, 128, 16384})
 HIDDEN = 7168
 TOPK = 8
 DSV3 = {"experts": 256, "groups": 8, "topk_group": 4, "scale": 2.5}
@@ -215,6 +216,13 @@ def bench_moe(tokens: int, op: str, provider: str) -> float:
 REPORTS = [bench_moe]
 
 
+def _tiny(op: str, tokens: int) -> bool:
+    """Whether the row gets a "vs empty" figure."""
+    if op == "moe_align_block_size":
+        return tokens * TOPK <= ALIGN_TINY_PAIRS
+    return tokens <= TINY_TOKENS
+
+
 def summary_tables() -> list[SummaryTable]:
     titles = {
         "grouped_topk": "grouped_topk (DeepSeek-V3: bf16, 256 experts, 8 groups, top-4 groups, top-8, bias, x 2.5)",
@@ -225,7 +233,7 @@ def summary_tables() -> list[SummaryTable]:
     }
     tables = []
     for op, (providers, extras) in OPS.items():
-        configs = [((op, n), [n], op_bytes(op, n), n <= TINY_TOKENS) for n in tokens_of(op)]
+        configs = [((op, n), [n], op_bytes(op, n), _tiny(op, n)) for n in tokens_of(op)]
         tables.append(SummaryTable(op, titles[op], ["tokens"], configs, providers, extras))
     return tables
 

@@ -401,8 +401,9 @@ How to read the tables:
   the data stay in L2 across replays.
 - "vs empty" (decode-sized rows) is jit_kernel's time over an empty kernel (a 1-element torch
   `add_`) replayed just before and after it: 1.00x is the cost of any launch.
-- Decode-sized rows are those of up to 16 tokens (elementwise: up to 128K elements); the summary's
-  "prefill" columns cover the other rows."""
+- Decode-sized rows are those of up to 16 tokens (elementwise: up to 128K elements;
+  moe_align_block_size: up to 1,024 token-expert pairs); the summary's "prefill" columns cover the
+  other rows."""
 
 
 def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | None = None) -> str:
