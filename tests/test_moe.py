@@ -440,7 +440,11 @@ def _check_align_ids(ids: torch.Tensor, e: int, block: int, map_: torch.Tensor |
     [
         (0, 8, 8, 16),
         (1, 2, 8, 16),
-        (7, 8, 256, 64),
+        (1, 2, 4, 1024),  # a sorted range of 2048 positions: the last one-CTA case of the one-pair-per-thread kernel
+        (3, 1, 8, 1024),  # 3072 positions: two CTAs share the stores, slices of 2 and 1 pairs
+        (7, 8, 256, 64),  # 56 pairs over two CTAs
+        (16, 8, 256, 64),  # the benchmark's decode size: four CTAs
+        (128, 8, 256, 64),  # 1024 pairs over eight CTAs
         (128, 8, 60, 24),  # 1024 pairs: the largest one-pair-per-thread case, a block size not a power of two
         (1000, 8, 128, 128),
         (1024, 8, 256, 64),  # 8192 pairs: the largest one-CTA case
@@ -457,7 +461,8 @@ def test_moe_align_block_size(t: int, k: int, e: int, block: int, dtype: torch.d
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [300, 2000])  # 2400 pairs: one CTA; 16000: histogram, count and scatter kernels
+# 512 pairs: the one-pair-per-thread kernel over two CTAs; 2400: one CTA; 16000: histogram, count and scatter
+@pytest.mark.parametrize("t", [64, 300, 2000])
 def test_moe_align_expert_map(t: int) -> None:
     e = 64
     map_ = torch.full((e,), -1, dtype=torch.int32, device="cuda")
@@ -468,8 +473,10 @@ def test_moe_align_expert_map(t: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_moe_align_skips_invalid_ids_beyond_one_cta(dtype: torch.dtype) -> None:
-    """The histogram path skips ids outside [0, num_experts) as the one-CTA paths do."""
+    """The histogram path and the several-CTA one-pair-per-thread kernel skip ids outside
+    [0, num_experts) as the one-CTA paths do."""
     _check_align_ids(torch.randint(-3, 67, (1500, 8), device="cuda", dtype=dtype), 64, 16, None)
+    _check_align_ids(torch.randint(-3, 67, (100, 8), device="cuda", dtype=dtype), 64, 64, None)
 
 
 @pytest.mark.gpu

@@ -8,10 +8,11 @@
 // - num_tokens_post_padded[0]: the sum over experts of round_up(count, block_size).
 // Ids outside [0, num_experts) are skipped (not placed).
 //
-// Up to 1024 pairs: one CTA, a pair and an expert per thread (align_small_kernel, one id load, four
-// barriers). Up to kSmallPairs pairs: one CTA of 1024 threads counts the pairs per expert in shared memory, takes
-// the exclusive prefix sum of the padded counts (cub::BlockScan), then scatters through per-expert
-// cursors (shared-memory atomics). Beyond, three kernels launched with PDL, so that no single CTA
+// Up to 1024 pairs: a pair and an expert per thread (align_small_kernel, one id load, four barriers),
+// one CTA, or up to 8 that share the stores of a longer sorted range. Up to kSmallPairs pairs: one
+// CTA of 1024 threads counts the pairs per expert in shared memory, takes the exclusive prefix sum of
+// the padded counts (cub::BlockScan), then scatters through per-expert cursors (shared-memory
+// atomics). Beyond, three kernels launched with PDL, so that no single CTA
 // reads every id (one CTA's shared-memory atomics, conflicting in their banks, took most of the time):
 // a grid of CTAs counts its chunks' pairs per expert into a workspace histogram; one CTA sums it
 // and lays out the blocks and the padding, leaving each expert's first position in the workspace;
@@ -158,27 +159,58 @@ SGL_DEVICE int32_t lay_out(const AlignParams& p, int32_t* counts, int32_t* start
   return all;
 }
 
-// Up to kThreads pairs: one pair and one expert per thread. Each thread loads its id once; the sorted ids
-// are filled with numel (coalesced) while it arrives; a shared-memory atomic counts the pair and gives its
-// rank within the expert; the experts' padded sizes are scanned (a warp scan, each warp's total in shared
-// memory, the totals before a warp summed with one redux.sync); then each pair lands at its expert's
-// start plus its rank, over the fill (the barrier orders the two stores), and each expert writes its
-// blocks' ids. Four barriers, one global load per thread, no global atomics.
-template <typename Id>
+// Up to kThreads pairs: one pair and one expert per thread. Each thread loads its id once; a
+// shared-memory atomic counts the pair; the experts' padded sizes are scanned (a warp scan, each
+// warp's total in shared memory, the totals before a warp summed with one redux.sync); each pair lands
+// at its expert's start plus its rank, and each expert writes its blocks' ids. Sorted positions that
+// hold no pair get numel. Four barriers, one global id load per thread, no global atomics.
+// - One CTA (!kSliced): the rank is the counting atomic's result; all sorted positions are filled
+//   first, while the id loads are in flight, and the pairs land over them after a barrier.
+// - A sorted range of more than kFillPerCta positions (kSliced): one CTA's stores, the fill and the
+//   scattered pairs, took most of the time, so a grid of CTAs shares them. Every CTA counts every
+//   pair, and those before its slice of the pairs; a pair of its slice lands at its expert's start
+//   plus the pairs before the slice plus its rank within the slice (the same in every CTA, so the
+//   CTAs' positions are disjoint); each CTA fills a share of the padding (a warp per expert) and of
+//   the tail, which no pair's position overlaps.
+inline constexpr int64_t kFillPerCta = 2048;
+inline constexpr int64_t kMaxSlicedCtas = 8;
+
+template <typename Id, bool kSliced>
 __global__ void __launch_bounds__(kThreads) align_small_kernel(const AlignParams p) {
-  __shared__ int32_t counts[kMaxExperts];  // counts, then each expert's start
+  __shared__ int32_t counts[kMaxExperts];                // counts, then each expert's start
+  __shared__ int32_t sizes[kSliced ? kMaxExperts : 1];   // counts
+  __shared__ int32_t before[kSliced ? kMaxExperts : 1];  // pairs before the slice, then its ranks
   __shared__ int32_t warp_total[kThreads / 32];
   const int t = threadIdx.x;
   const int lane = t % 32;
   const int warp = t / 32;
-  if (t < p.experts) counts[t] = 0;
+  const int ctas = kSliced ? static_cast<int>(gridDim.x) : 1;
+  const int cta = kSliced ? static_cast<int>(blockIdx.x) : 0;
+  const int32_t slice = kSliced ? (p.numel + ctas - 1) / ctas : p.numel;
+  const int32_t slice_begin = cta * slice;
+  const bool mine = t >= slice_begin && t < slice_begin + slice;
+  if (t < p.experts) {
+    counts[t] = 0;
+    if constexpr (kSliced) before[t] = 0;
+  }
   device::PDLWaitPrimary();
   const int32_t e = t < p.numel ? expert_of<Id>(p, t) : -1;
   const int32_t mapped = p.expert_map != nullptr && t < p.experts ? p.expert_map[t] : t;  // loaded with the id
-  for (int32_t i = t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
+  if constexpr (!kSliced) {
+    for (int32_t i = t; i < p.sorted_len; i += kThreads) p.sorted_ids[i] = p.numel;
+  }
   __syncthreads();
-  const int32_t rank = e >= 0 ? atomicAdd(&counts[e], 1) : 0;
+  int32_t rank = 0;
+  if constexpr (kSliced) {
+    if (e >= 0) {
+      atomicAdd(&counts[e], 1);
+      if (t < slice_begin) atomicAdd(&before[e], 1);
+    }
+  } else {
+    rank = e >= 0 ? atomicAdd(&counts[e], 1) : 0;
+  }
   __syncthreads();
+  if constexpr (kSliced) rank = e >= 0 && mine ? atomicAdd(&before[e], 1) : 0;
   const int32_t count = t < p.experts ? counts[t] : 0;
   const int32_t blocks = blocks_of(p, count);
   int32_t inclusive = blocks;  // in blocks: the scan of block counts
@@ -190,16 +222,29 @@ __global__ void __launch_bounds__(kThreads) align_small_kernel(const AlignParams
   if (lane == 31) warp_total[warp] = inclusive;
   __syncthreads();
   const int32_t other = warp_total[lane];
-  const int32_t before = __reduce_add_sync(0xffffffffu, lane < warp ? other : 0);
+  const int32_t preceding = __reduce_add_sync(0xffffffffu, lane < warp ? other : 0);
   const int32_t all_blocks = __reduce_add_sync(0xffffffffu, other);
-  const int32_t first_block = before + inclusive - blocks;
-  if (t < p.experts) counts[t] = first_block * p.block_size;
-  if (t == 0) p.post_padded[0] = all_blocks * p.block_size;
+  const int32_t first_block = preceding + inclusive - blocks;
+  if (t < p.experts) {
+    counts[t] = first_block * p.block_size;
+    if constexpr (kSliced) sizes[t] = count;
+  }
+  if (t == 0 && cta == 0) p.post_padded[0] = all_blocks * p.block_size;
   device::PDLTriggerSecondary();
-  for (int32_t b = 0; b < blocks; ++b) p.expert_ids[first_block + b] = mapped;  // blocks is 0 past the experts
-  for (int32_t b = all_blocks + t; b < p.blocks_len; b += kThreads) p.expert_ids[b] = 0;
+  if (!kSliced || t % ctas == cta) {  // blocks is 0 past the experts
+    for (int32_t b = 0; b < blocks; ++b) p.expert_ids[first_block + b] = mapped;
+  }
+  for (int32_t b = all_blocks + cta * kThreads + t; b < p.blocks_len; b += ctas * kThreads) p.expert_ids[b] = 0;
   __syncthreads();
-  if (e >= 0) p.sorted_ids[counts[e] + rank] = t;
+  if (e >= 0 && mine) p.sorted_ids[counts[e] + rank] = t;
+  if constexpr (kSliced) {
+    for (int x = cta * (kThreads / 32) + warp; x < p.experts; x += ctas * (kThreads / 32)) {
+      const int32_t end = counts[x] + blocks_of(p, sizes[x]) * p.block_size;
+      for (int32_t i = counts[x] + sizes[x] + lane; i < end; i += 32) p.sorted_ids[i] = p.numel;
+    }
+    const int32_t all = all_blocks * p.block_size;
+    for (int32_t i = all + cta * kThreads + t; i < p.sorted_len; i += ctas * kThreads) p.sorted_ids[i] = p.numel;
+  }
 }
 
 // Up to kSmallPairs pairs: everything in one CTA.
@@ -355,8 +400,14 @@ struct MoeAlign {
         static_cast<int32_t>(B.unwrap())};
     const bool wide = is_type<int64_t>(topk_ids.dtype());
     if (numel <= kThreads) {
-      LaunchKernel(1, kThreads, dev)
-          .enable_pdl(pdl)(wide ? align_small_kernel<int64_t> : align_small_kernel<int32_t>, p);
+      const int64_t ctas = std::clamp(div_ceil(S.unwrap(), kFillPerCta), int64_t{1}, kMaxSlicedCtas);
+      if (ctas == 1) {
+        LaunchKernel(1, kThreads, dev)
+            .enable_pdl(pdl)(wide ? align_small_kernel<int64_t, false> : align_small_kernel<int32_t, false>, p);
+      } else {
+        LaunchKernel(static_cast<uint32_t>(ctas), kThreads, dev)
+            .enable_pdl(pdl)(wide ? align_small_kernel<int64_t, true> : align_small_kernel<int32_t, true>, p);
+      }
       return;
     }
     if (numel <= kSmallPairs) {
