@@ -12,12 +12,12 @@
 // one CTA, or up to 8 that share the stores of a longer sorted range. Up to kSmallPairs pairs: one
 // CTA of 1024 threads counts the pairs per expert in shared memory, takes the exclusive prefix sum of
 // the padded counts (cub::BlockScan), then scatters through per-expert cursors (shared-memory
-// atomics). Beyond, three kernels launched with PDL, so that no single CTA
-// reads every id (one CTA's shared-memory atomics, conflicting in their banks, took most of the time):
-// a grid of CTAs counts its chunks' pairs per expert into a workspace histogram; one CTA sums it
-// and lays out the blocks and the padding, leaving each expert's first position in the workspace;
-// then a grid of CTAs scatters, each ranking its chunk's pairs per expert in shared memory and
-// reserving one range per expert with one global atomic.
+// atomics). Beyond, three kernels launched with PDL, so that no single CTA reads every id (one CTA's
+// shared-memory atomics, conflicting in their banks, took most of the time): a grid of CTAs counts
+// its chunks' pairs per expert into a workspace histogram; one CTA sums it and lays out the blocks and
+// the padding, leaving each expert's first position in the workspace; then a grid of CTAs scatters,
+// each ranking its chunk's pairs per expert in shared memory and reserving one range per expert with
+// one global atomic.
 #pragma once
 
 #include <sgl_kernel/ffi.h>
