@@ -129,8 +129,11 @@ STATIC_SHAPES = [
 STATIC_SHAPES += [pytest.param(2048, 1024, id="big-2048-1024"), pytest.param(4097, 4096, id="big-4097-4096")]
 # The last row count whose rows run over a cluster of CTAs (norm_quant.cuh's kClusterMaxRows) and the
 # first that does not, at the hidden sizes whose rows are split (12 or more warps with the residual).
-CLUSTER_EDGE_SHAPES = [(n, d) for n in (16, 17) for d in (4096, 5120, 7168, 8192)]
-STATIC_SHAPES += CLUSTER_EDGE_SHAPES
+KERNEL_EDGE_SHAPES = [(n, d) for n in (16, 17) for d in (4096, 5120, 7168, 8192)]
+# Rows of one vector a thread with the residual (D 4096) run two vectors a thread from there up to
+# norm_quant.cuh's kPairedMaxRows (epilogue_paired_kernel): its last row count and the first after.
+KERNEL_EDGE_SHAPES += [(256, 4096), (257, 4096)]
+STATIC_SHAPES += KERNEL_EDGE_SHAPES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +195,7 @@ def test_static_scale_forms_and_e5m2(fused: bool, dtype: torch.dtype) -> None:
 
 TOKEN_SHAPES = [(n, d) for n in (1, 7, 300) for d in (64, 1000, 1001, 1024, 4096, 5120, 7168, 12288, 16384, 40000)]
 TOKEN_SHAPES += [pytest.param(2048, 1024, id="big-2048-1024"), pytest.param(4097, 8192, id="big-4097-8192")]
-TOKEN_SHAPES += CLUSTER_EDGE_SHAPES
+TOKEN_SHAPES += KERNEL_EDGE_SHAPES
 # The scale's closeness to the float64 reference: one rounding of the largest element to the dtype
 # (at most half a step: 2^-8 relative in bf16, 2^-11 in fp16), with room for rrms's last bits.
 SCALE_RTOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-5}
@@ -229,7 +232,7 @@ def test_per_token_matches_composition(n: int, d: int, fused: bool, dtype: torch
 
 GROUP_SHAPES = [(n, d) for n in (1, 7, 300) for d in (128, 1024, 2048, 4096, 5120, 7168, 16384, 40960)]
 GROUP_SHAPES += [pytest.param(4097, 7168, id="big-4097-7168")]
-GROUP_SHAPES += CLUSTER_EDGE_SHAPES
+GROUP_SHAPES += KERNEL_EDGE_SHAPES
 
 
 def _group_scales(layout: str, n: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,7 +316,7 @@ def test_group_matches_composition(n: int, d: int, group: int, fused: bool, dtyp
 @pytest.mark.parametrize(
     ("layout", "ue8m0"), [("row", True), ("column", False), ("column", True), ("padded", False), ("packed", True)]
 )
-@pytest.mark.parametrize(("n", "d"), [(1, 4096), (37, 7168), (300, 1024), (5, 40960), (9, 640)])
+@pytest.mark.parametrize(("n", "d"), [(1, 4096), (37, 4096), (37, 7168), (300, 1024), (5, 40960), (9, 640)])
 def test_group_scale_layouts(n: int, d: int, layout: str, ue8m0: bool, fused: bool, dtype: torch.dtype) -> None:
     """Row-, column-major and TMA-padded float32 scales, power-of-two scales, and the packed UE8M0
     words (d 640: 5 groups of 128, a partial last word) against a reference packing."""

@@ -92,6 +92,31 @@ SGL_DEVICE void add_squares(const device::AlignedVector<T, kN>& x, float& sum) {
   }
 }
 
+// cta::all_reduce_sum's total from the per-warp partials smem[0, kWarps) (stored before a
+// barrier), computed by each thread from shared memory: the second butterfly's additions in its
+// order (lanes i and i + off for off = 16, 8, ..., 1, lanes from kWarps on holding 0), bit for bit
+// its result without its five shuffle round trips. An addition of a zero lane is skipped: exact for
+// every partial but -0, which a sum of squares never is.
+template <int kWarps>
+SGL_DEVICE float sum_warp_partials(const float* smem) {
+  static_assert(kWarps >= 1 && kWarps <= 32);
+  float a[kWarps];
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) a[i] = smem[i];
+  const auto level = [&]<int kOff>() {
+#pragma unroll
+    for (int i = 0; i < kOff; ++i) {
+      if (i + kOff < kWarps) a[i] = a[i] + a[i + kOff];
+    }
+  };
+  level.template operator()<16>();
+  level.template operator()<8>();
+  level.template operator()<4>();
+  level.template operator()<2>();
+  level.template operator()<1>();
+  return a[0];
+}
+
 // What normalize_row does with each normalised vector y (T, rounded once): an epilogue policy,
 // called as epilogue(out, y, v, k) for the row's vector number v, held in slot k < kPer (a
 // constant once the loop is unrolled). The default stores y to `out`; other policies (norm_quant.cuh)
@@ -125,14 +150,17 @@ SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64
 // rows, bandwidth needs occupancy instead and the weight is loaded after the reduction (not live
 // across it). `reduce` sums over every thread that holds part of the row. Callers make every
 // argument but the row a constant where they can; this is inlined. kCast (see the top of this
-// file) also keeps the unrounded fp32 sums in registers for the output. `epilogue`: what becomes
-// of each normalised vector (StoreRow: stored to `out`).
+// file) also keeps the unrounded fp32 sums in registers for the output. kSlotSums (two vectors a
+// thread): each vector's squares are summed on their own and `reduce` takes the two sums, to
+// combine them in the order of a reduction over one vector a thread. `epilogue`: what becomes of
+// each normalised vector (StoreRow: stored to `out`).
 template <
     typename T,
     int kPer,
     bool kFused,
     bool kEarlyWeight,
     bool kCast,
+    bool kSlotSums = false,
     typename Reduce,
     typename Epilogue = StoreRow>
 SGL_DEVICE void normalize_row(
@@ -184,7 +212,9 @@ SGL_DEVICE void normalize_row(
       if constexpr (kFused) __builtin_memcpy(&r[k], &rr[k], sizeof(Vec));
     }
   }
+  static_assert(!kSlotSums || (kPer == 2 && !kCast), "kSlotSums: two vectors a thread, no kCast");
   float sum = 0.f;
+  float slot_sum[kSlotSums ? kPer : 1] = {};
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t v = lane + k * group;
@@ -202,11 +232,17 @@ SGL_DEVICE void normalize_row(
           add_rounded<kPairedAdd>(x[k], r[k]);
           x[k].store(res, v);
         }
-        add_squares<kPairedAdd>(x[k], sum);
+        add_squares<kPairedAdd>(x[k], kSlotSums ? slot_sum[k] : sum);
       }
     }
   }
-  const float rrms = rsqrtf(reduce(sum) * inv_dim + eps);
+  float total;
+  if constexpr (kSlotSums) {
+    total = reduce(slot_sum[0], slot_sum[1]);
+  } else {
+    total = reduce(sum);
+  }
+  const float rrms = rsqrtf(total * inv_dim + eps);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t v = lane + k * group;

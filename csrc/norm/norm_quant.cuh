@@ -21,7 +21,9 @@
 // of y now and then. Row shapes (as rmsnorm.cuh, whose RowShape and tuning constants this file uses):
 // - a config specialised for a hidden size (kHidden > 0, 16-bit T): RowShape kernels, the row
 //   in registers, no bounds checks; up to 16 rows of 12 or more warps on sm_90+, each row over a
-//   cluster of CTAs that reduces it in the same order (epilogue_cluster_kernel);
+//   cluster of CTAs that reduces it in the same order (epilogue_cluster_kernel); up to 256 rows of
+//   12 or more warps of one vector a thread, two vectors a thread on half the threads, again in the
+//   same order (epilogue_paired_kernel);
 // - the generic config (kHidden = 0): the same kernels with the shape chosen at run time, for the
 //   sizes rmsnorm specialises (kRmsnormHiddenSizes) the RowShape one, else bounded_row_kernel's;
 // - rows that are not whole aligned 16-byte vectors (input, residual, weight), or longer than 2048
@@ -159,11 +161,13 @@ SGL_DEVICE void store_group_scale(const EpiArgs& a, int64_t row, int64_t g, floa
 // kernel); `finish`, called by every thread of the row after normalize_row, runs what needs the
 // whole row or group: `row_max` is the maximum over the row's threads.
 
-template <Epi kEpi, typename T, int kPer>
+// kSlotVecs: how many vectors apart a thread's slots are, where that is less than a group
+// (epilogue_paired_kernel); 0: slots are whole warps apart.
+template <Epi kEpi, typename T, int kPer, int kSlotVecs = 0>
 struct Policy;
 
-template <typename T, int kPer>
-struct Policy<Epi::kGemma, T, kPer> {
+template <typename T, int kPer, int kSlotVecs>
+struct Policy<Epi::kGemma, T, kPer, kSlotVecs> {
   static constexpr bool kWeightPlusOne = true;
   bool aligned;
   SGL_DEVICE Policy(const EpiArgs& a, int64_t, int64_t, uint32_t) : aligned(a.normed_aligned) {}
@@ -175,8 +179,8 @@ struct Policy<Epi::kGemma, T, kPer> {
   SGL_DEVICE void finish(RowMax) const {}
 };
 
-template <typename T, int kPer>
-struct Policy<Epi::kTensor, T, kPer> {
+template <typename T, int kPer, int kSlotVecs>
+struct Policy<Epi::kTensor, T, kPer, kSlotVecs> {
   static constexpr bool kWeightPlusOne = false;
   const EpiArgs& a;
   uint8_t* q;
@@ -210,8 +214,8 @@ struct Held {
   }
 };
 
-template <typename T, int kPer>
-struct Policy<Epi::kToken, T, kPer> : Held<T, kPer> {
+template <typename T, int kPer, int kSlotVecs>
+struct Policy<Epi::kToken, T, kPer, kSlotVecs> : Held<T, kPer> {
   static constexpr bool kWeightPlusOne = false;
   const EpiArgs& a;
   uint8_t* q;
@@ -278,8 +282,10 @@ SGL_DEVICE float group_max_nonneg(float m) {
 
 // Slot k of the row's lanes holds consecutive vectors (lane + k * group, group a multiple of 32),
 // so a group is group_vecs adjacent lanes of one warp (the cluster kernel splits rows at warps).
-template <typename T, int kPer>
-struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
+// With kSlotVecs < group_vecs (epilogue_paired_kernel), a thread's kPer slots are vectors of one
+// group and the group is group_vecs / kPer adjacent lanes: one maximum and one scale a thread.
+template <typename T, int kPer, int kSlotVecs>
+struct Policy<Epi::kGroup, T, kPer, kSlotVecs> : Held<T, kPer> {
   static constexpr bool kWeightPlusOne = false;
   const EpiArgs& a;
   int64_t row;
@@ -298,11 +304,25 @@ struct Policy<Epi::kGroup, T, kPer> : Held<T, kPer> {
     switch (a.group_vecs) {  // 64 or 128 elements: 8 or 16 vectors of 16-bit T, 16 or 32 of fp32
       case 8: finish_groups<8>(); break;
       case 16: finish_groups<16>(); break;
-      default: finish_groups<32>(); break;
+      default:
+        if constexpr (sizeof(T) == 4) finish_groups<32>();
+        break;
     }
   }
   template <int kGroupVecs>
   SGL_DEVICE void finish_groups() {
+    if constexpr (kSlotVecs > 0 && kSlotVecs < kGroupVecs) {
+      static_assert(kSlotVecs * kPer == kGroupVecs, "the slots of a thread are one whole group's");
+      float m = absmax[0];
+#pragma unroll
+      for (int k = 1; k < kPer; ++k) m = fmaxf(m, absmax[k]);
+      const float scale = group_scale(group_max_nonneg<kSlotVecs>(m), a);
+      if (this->at[0] % kGroupVecs == 0) store_group_scale(a, row, this->at[0] / kGroupVecs, scale);
+      const float inv = token_quant::inverse(scale);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) quantise_dynamic(q, this->at[k], this->held[k], inv, a.q_aligned);
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int32_t v = this->at[k];
@@ -348,7 +368,7 @@ template <Epi kEpi, typename T, int64_t kHidden, bool kFused, bool kEarlyWeight,
 __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kThreads)
     epilogue_row_kernel(const Params p, const EpiArgs a) {
   using K = RowShape<T, kHidden, kFused, kRowsPerCta>;
-  __shared__ float smem[32];
+  alignas(16) __shared__ float smem[32];
   __shared__ float smem_max[32];
   const RowSet& s = p.set[0];
   const int64_t row =
@@ -361,7 +381,10 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
     if constexpr (kRowsPerCta > 1) {
       return device::warp::reduce_sum(v);
     } else {
-      return device::cta::all_reduce_sum(v, smem);
+      v = device::warp::reduce_sum(v);  // cta::all_reduce_sum's, its second butterfly from smem
+      if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
+      __syncthreads();
+      return sum_warp_partials<K::kThreads / 32>(smem);
     }
   };
   const auto row_max = [&](float v) {
@@ -416,6 +439,70 @@ inline constexpr int kClusterFor = [] {
   if (warps < kClusterMinWarps) return 1;
   return warps % 4 == 0 ? 4 : warps % 2 == 0 ? 2 : 1;
 }();
+
+// Rows of at least kClusterMinWarps warps of one vector a thread (RowShape's kPer == 1: D 4096 with
+// the fused add) on half the threads, two vectors of one group each, reduced bit for bit as
+// epilogue_row_kernel (and rmsnorm) reduce them. Each 16 threads stand for one warp of the row
+// shape: thread j holds that warp's lanes l and l + 8 (l = j / 8 * 16 + j % 8). The warp's butterfly
+// over distances 16, 8, 4, 2, 1 becomes: each of the thread's two sums plus the same one of thread
+// j ^ 8, then the two added (distance 8 is within the thread), then threads j ^ 4, ^ 2, ^ 1; the
+// warps' partials are added as cta::all_reduce_sum adds them. A group of 16 vectors (128 elements of
+// 16-bit T) is then 8 adjacent threads, and a thread takes one maximum and one scale for its two
+// vectors (groups of 64: one a slot, as in the row kernel). What a thread does once a row (addresses,
+// reductions, scales) is done once for two vectors: with a row or two to an SM the launch is bound
+// by the issue of its instructions.
+template <typename K>
+inline constexpr bool kPairable = K::kPer == 1 && K::kExact && K::kThreads % 64 == 0 &&
+                                  K::kThreads / 32 >= kClusterMinWarps && K::kThreads / 32 <= 32;
+
+template <Epi kEpi, typename T, int64_t kHidden, bool kFused>
+__global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / 2)
+    epilogue_paired_kernel(const Params p, const EpiArgs a) {
+  using K = RowShape<T, kHidden, kFused, 1>;
+  static_assert(kPairable<K>);
+  constexpr int kWarps = K::kThreads / 32;  // of the row shape
+  alignas(16) __shared__ float smem[kWarps];
+  __shared__ float smem_max[kWarps / 2];
+  const RowSet& s = p.set[0];
+  const int64_t row = blockIdx.x;
+  const uint32_t j = threadIdx.x % 16;
+  const uint32_t warp = threadIdx.x / 16;  // the row shape's warp of this thread
+  const uint32_t lane = warp * 32 + j / 8 * 16 + j % 8;
+  if (row >= s.rows) return;
+  device::PDLWaitPrimary();
+  device::PDLTriggerSecondary();
+  const auto reduce = [&](float sum, float sum_plus_8) {
+    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum_plus_8 = sum_plus_8 + __shfl_xor_sync(0xffffffffu, sum_plus_8, 8);
+    const float v = device::warp::reduce_sum<float, 8>(sum + sum_plus_8);
+    if (j == 0) smem[warp] = v;
+    __syncthreads();
+    return sum_warp_partials<kWarps>(smem);
+  };
+  const auto row_max = [&](float v) { return device::cta::all_reduce_max_nonneg(v, smem_max); };
+  Policy<kEpi, T, 2, 8> epilogue(a, row, K::kVecs * K::kN, lane);
+  normalize_row<T, 2, kFused, true, false, true>(
+      static_cast<const T*>(s.in) + row * s.in_s0,
+      s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
+      kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
+      static_cast<const T*>(s.weight),
+      lane,
+      8,
+      K::kVecs,
+      true,
+      1.f / static_cast<float>(K::kVecs * K::kN),
+      p.eps,
+      reduce,
+      epilogue);
+  epilogue.finish(row_max);
+}
+
+// When the paired kernel runs instead of epilogue_row_kernel, from H100 timings (D 4096 bf16 with
+// the fused add, CUDA-graph replays, against epilogue_row_kernel): above the cluster kernel's rows,
+// up to 256 rows. At 128 rows the per-token and static kinds are 5-12% faster; the group kind
+// (normed_out written) is 6% faster at 32 and 64 rows and level at 128 and 256; at 512 rows every
+// kind is slower (4-20%).
+inline constexpr int64_t kPairedMaxRows = 256;
 
 // The same for a hidden size known at run time: kPer vectors per thread, the row over blockDim.x
 // threads (or one warp per row), weight loaded with the row (bounded_row_kernel's shape).
@@ -652,6 +739,13 @@ void launch_specialised(const Params& p, const EpiArgs& a, DLDevice device, bool
       host::LaunchKernel(static_cast<uint32_t>(rows * kCluster), static_cast<uint32_t>(K::kThreads / kCluster), device)
           .enable_pdl(pdl)
           .enable_cluster(kCluster)(epilogue_cluster_kernel<kEpi, T, kHidden, kFused, kCluster>, p, a);
+      return;
+    }
+  }
+  if constexpr (kRowsPerCta == 1 && kPairable<K>) {
+    if (rows <= kPairedMaxRows) {
+      host::LaunchKernel(static_cast<uint32_t>(rows), static_cast<uint32_t>(K::kThreads / 2), device)
+          .enable_pdl(pdl)(epilogue_paired_kernel<kEpi, T, kHidden, kFused>, p, a);
       return;
     }
   }
