@@ -321,16 +321,16 @@ struct Policy<Epi::kGroup, T, kPer, kSlotVecs> : Held<T, kPer> {
       const float inv = token_quant::inverse(scale);
 #pragma unroll
       for (int k = 0; k < kPer; ++k) quantise_dynamic(q, this->at[k], this->held[k], inv, a.q_aligned);
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int32_t v = this->at[k];
-      const float m = group_max_nonneg<kGroupVecs>(absmax[k]);
-      if (v < 0) continue;
-      const float scale = group_scale(m, a);
-      if (v % kGroupVecs == 0) store_group_scale(a, row, v / kGroupVecs, scale);
-      quantise_dynamic(q, v, this->held[k], token_quant::inverse(scale), a.q_aligned);
+      for (int k = 0; k < kPer; ++k) {
+        const int32_t v = this->at[k];
+        const float m = group_max_nonneg<kGroupVecs>(absmax[k]);
+        if (v < 0) continue;
+        const float scale = group_scale(m, a);
+        if (v % kGroupVecs == 0) store_group_scale(a, row, v / kGroupVecs, scale);
+        quantise_dynamic(q, v, this->held[k], token_quant::inverse(scale), a.q_aligned);
+      }
     }
   }
 };
