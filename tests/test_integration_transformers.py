@@ -85,6 +85,12 @@ class Counting:
             rope=count("rope", base.rope),
             qknorm_rope=count("qknorm_rope", base.qknorm_rope),
             topk_softmax=count("topk_softmax", base.topk_softmax),  # type: ignore[arg-type]
+            group_quant=count("group_quant", base.group_quant),  # type: ignore[arg-type]
+            rmsnorm_group_quant=count("rmsnorm_group_quant", base.rmsnorm_group_quant),  # type: ignore[arg-type]
+            fused_add_rmsnorm_group_quant=count(
+                "fused_add_rmsnorm_group_quant",
+                base.fused_add_rmsnorm_group_quant,  # type: ignore[arg-type]
+            ),
         )
 
 
@@ -577,6 +583,177 @@ def test_kernel_mapping_is_a_valid_kernels_layer() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Fine-grained fp8 linear layers (transformers' FP8Linear)
+
+# Every linear layer's in_features a multiple of 512 (FP8_IN_ALIGN): hidden 512, intermediate 1024,
+# 4 query heads of 128.
+FP8_SHAPE = dict(hidden_size=512, intermediate_size=1024, head_dim=128)
+
+
+def fp8_model(model_type: str = "llama", dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> Any:
+    """A tiny model whose decoder layers' linear layers are transformers' FP8Linear."""
+    from jit_kernel.benchmark.bench_model import fine_grained_fp8
+
+    return fine_grained_fp8(tiny_model(model_type, dtype, **{**FP8_SHAPE, **overrides}))
+
+
+def fp8_reference(model: Any) -> Any:
+    """``model`` in fp32 with its fp8 weights dequantised, every activation before an fp8 linear
+    layer quantised and dequantised by 1 x 128 groups (the computation the patched model runs,
+    in transformers' own forwards)."""
+    from jit_kernel.benchmark.bench_model import dequantized_fp32
+
+    reference = dequantized_fp32(model)
+
+    def quantize_input(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        x = args[0]
+        rows = x.reshape(-1, x.shape[-1]).to(model.dtype)
+        q = torch.empty_like(rows, dtype=torch.float8_e4m3fn)
+        s = rows.new_empty((rows.shape[0], rows.shape[1] // 128), dtype=torch.float32)
+        jt.TORCH.group_quant(rows, q, s)  # type: ignore[misc]
+        return (jt._dequantize(q, s, 1).view(x.shape),)
+
+    for name, module in reference.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+            module.register_forward_pre_hook(quantize_input)
+    return reference
+
+
+def test_fine_grained_fp8_quantises_as_transformers_does() -> None:
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    model = tiny_model("llama", torch.bfloat16, **FP8_SHAPE)
+    weight = model.model.layers[0].mlp.down_proj.weight.detach().float().clone()
+    fp8 = fp8_model("llama")
+    layer = fp8.model.layers[0]
+    assert all(type(getattr(layer.self_attn, p)) is FP8Linear for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert type(fp8.lm_head) is torch.nn.Linear
+    down = layer.mlp.down_proj
+    assert down.weight.dtype == torch.float8_e4m3fn and down.weight_scale_inv.shape == (4, 8)
+    dequantized = jt._dequantize(down.weight, down.weight_scale_inv, 128)
+    # e4m3 keeps 3 mantissa bits: each element within half an ulp (1/16 relative) of its block's max
+    block_max = down.weight_scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1) * 448
+    assert ((dequantized - weight).abs() <= block_max / 16 + 1e-12).all()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_fp8_layers_run_on_group_quant_fed_by_the_norms(model_type: str) -> None:
+    model = fp8_model(model_type)
+    reference = fp8_reference(model)
+    counting = Counting()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jt.apply(model, backend=counting.backend)
+    assert report.fp8 == 2 * 7 and report.rope == 2 and report.fused_add_rmsnorm == 2
+    assert report.mlp == 0 and report.qkv == 0  # fp8 projections are not merged
+    assert not caught and not report.skipped
+    with torch.inference_mode():
+        got = model(ids()).logits
+        expected = reference(ids()).logits
+    # Per forward of 2 layers: the first layer's two norms without a residual to add (its input is
+    # the embedding), the next two with it; only o_proj and down_proj quantise their own input.
+    assert counting.calls["rmsnorm_group_quant"] == 2
+    assert counting.calls["fused_add_rmsnorm_group_quant"] == 2
+    assert counting.calls["group_quant"] == 2 * 2
+    assert counting.calls["rmsnorm"] == 0 and counting.calls["fused_add_rmsnorm"] == 1  # the final norm
+    # bf16 activations against the fp32 reference's: a group's rounding can move a value across
+    # an fp8 step, so not bit for bit
+    assert cosine(got, expected) > 0.995
+
+
+def test_fp8_fused_norm_quant_equals_norm_then_quant() -> None:
+    """The layers' norm + quant in one op, against the linear layers quantising their own inputs
+    after the model's own residual adds and norms: the same logits."""
+    model = fp8_model("qwen3")
+    unfused = copy.deepcopy(model)
+    jt.apply(model, backend="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = jt.apply(unfused, backend="torch", fused_add_rmsnorm=False)
+    assert report.fp8 == 14 and report.fused_add_rmsnorm == 0
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids()).logits, unfused(ids()).logits, rtol=0, atol=0)
+
+
+def test_fp8_generate_and_hidden_states() -> None:
+    model = fp8_model("llama")
+    reference = fp8_reference(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jt.apply(model, backend="torch")
+    prompt = ids(2, 5)
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        got = model(ids(), output_hidden_states=True)
+        expected = reference(ids(), output_hidden_states=True)
+        for g, e in zip(got.hidden_states, expected.hidden_states, strict=True):
+            assert cosine(g, e) > 0.995
+        assert model.generate(prompt, **kwargs).shape == (2, 11)
+
+
+def test_fp8_state_dict_is_unchanged() -> None:
+    model = fp8_model("qwen3")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jt.apply(model, backend="torch")
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k].view(torch.uint8), v.view(torch.uint8)) for k, v in before.items())
+
+
+def test_fp8_compile_fullgraph_has_no_graph_break() -> None:
+    model = fp8_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jt.apply(model, backend="torch")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explanation = torch._dynamo.explain(model)(ids(), use_cache=False)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        eager = model(ids(), use_cache=False).logits
+        torch.testing.assert_close(compiled(ids(), use_cache=False).logits, eager, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+def test_fp8_option_off_and_backend_without_group_quant_leave_the_layers() -> None:
+    model = fp8_model("llama")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jt.apply(model, backend="torch", fp8=False)
+    assert report.fp8 == 0 and "forward" not in model.model.layers[0].self_attn.q_proj.__dict__
+    assert not any("fp8:" in str(w.message) for w in caught)
+    model = fp8_model("llama")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jt.apply(model, backend=dataclasses.replace(jt.TORCH, name="plain", group_quant=None))
+    assert report.fp8 == 0
+    assert "fp8: the plain backend has no fp8 group quantisation" in str(caught[0].message)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda m: setattr(m, "block_size", (64, 64)), "weight blocks (64, 64)"),
+        (lambda m: setattr(m, "activation_scale", torch.nn.Parameter(torch.ones(()))), "static activation"),
+        (lambda m: setattr(m, "weight_scale_inv", torch.nn.Parameter(m.weight_scale_inv.double())), "float64"),
+    ],
+)
+def test_fp8_layer_it_cannot_run_is_left_with_its_reason(change: Callable[[Any], None], reason: str) -> None:
+    model = fp8_model("llama")
+    change(model.model.layers[1].self_attn.o_proj)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jt.apply(model, backend="torch")
+    assert report.fp8 == 13
+    message = str(caught[0].message)
+    assert "fp8: 1 of 14 fp8 linear layers (model.layers.1.self_attn.o_proj: " in message and reason in message
+    # its attention layer then stays transformers' (its projections are not all patched)
+    assert report.rope == 0 and "rope, qkv, qk_norm: " in message
+
+
+# ---------------------------------------------------------------------------------------------
 # GPU: jit_kernel's ops
 
 
@@ -662,14 +839,12 @@ def test_gpu_generate_fp32_matches_unpatched(model_type: str) -> None:
     assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), expected)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_moe"])
-def test_gpu_decode_step_replays_in_a_cuda_graph(model_type: str) -> None:
-    """The benchmark's decode step (StaticCache, 4D mask) captured and replayed."""
+def assert_decode_step_replays(model: Any, batch: int) -> None:
+    """The benchmark's decode step (StaticCache, 4D mask) captured in a CUDA graph: its replay (into
+    poisoned logits) gives the eager step's logits."""
     from jit_kernel.benchmark.bench_model import DecodeStep
 
-    patched, _, _ = gpu_models(model_type)
-    step = DecodeStep(patched, 2, 64, "cuda")
+    step = DecodeStep(model, batch, 64, "cuda")
     with torch.inference_mode():
         step.rewind()
         expected = step().logits.clone()
@@ -690,6 +865,13 @@ def test_gpu_decode_step_replays_in_a_cuda_graph(model_type: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_moe"])
+def test_gpu_decode_step_replays_in_a_cuda_graph(model_type: str) -> None:
+    patched, _, _ = gpu_models(model_type)
+    assert_decode_step_replays(patched, 2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_gpu_compile_fullgraph_inductor(model_type: str) -> None:
     patched, unpatched, _ = gpu_models(model_type)
@@ -704,6 +886,57 @@ def test_gpu_compile_fullgraph_inductor(model_type: str) -> None:
         base = unpatched(tokens, use_cache=False).logits
     assert cosine(got, eager) > 0.9999
     assert cosine(got, base) > 0.999
+    torch._dynamo.reset()
+
+
+def gpu_fp8_models(model_type: str) -> tuple[Any, Any, Any]:
+    """(jit_kernel-patched, patched with the norm and the group quant as two launches, the fp32
+    reference of :func:`fp8_reference`), one fp8 model of :func:`gpu_config`'s shape."""
+    from jit_kernel.benchmark.bench_model import fine_grained_fp8, two_launch_backend
+
+    torch.manual_seed(0)
+    # intermediate 3072: torch._scaled_mm's blockwise GEMM takes in_features in multiples of 512
+    model = AutoModelForCausalLM.from_config(gpu_config(model_type, intermediate_size=3072), dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model = fine_grained_fp8(model.cuda().eval())
+    two_launch = copy.deepcopy(model)
+    reference = fp8_reference(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jt.apply(model).fp8 == 14
+        assert jt.apply(two_launch, backend=two_launch_backend(jt.get_backend("jit_kernel"))).fp8 == 14
+    return model, two_launch, reference
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_gpu_fp8_logits_equal_two_launches_and_match_the_reference(model_type: str) -> None:
+    model, two_launch, reference = gpu_fp8_models(model_type)
+    # 1 to 9 tokens: torch._scaled_mm's row padding; 64: a prefill
+    for batch, length in ((1, 1), (3, 1), (4, 1), (5, 1), (9, 1), (2, 64)):
+        tokens = torch.randint(3, 2048, (batch, length), generator=torch.Generator().manual_seed(batch)).cuda()
+        with torch.inference_mode():
+            got = model(tokens, use_cache=False).logits
+            torch.testing.assert_close(got, two_launch(tokens, use_cache=False).logits, rtol=0, atol=0)
+            # bf16 activations against the reference's fp32 ones, each a possible fp8 step apart
+            assert cosine(got, reference(tokens, use_cache=False).logits) > 0.995, (batch, length)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_decode_step_replays_in_a_cuda_graph_and_compiles() -> None:
+    model, _, _ = gpu_fp8_models("qwen3")
+    assert_decode_step_replays(model, 3)  # 3 rows: the GEMM's padding to 4
+    with torch.inference_mode():
+        torch._dynamo.reset()
+        tokens = torch.randint(3, 2048, (2, 32), generator=torch.Generator().manual_seed(4)).cuda()
+        explanation = torch._dynamo.explain(model)(tokens, use_cache=False)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        compiled = torch.compile(model, fullgraph=True)
+        # Inductor's own bf16 arithmetic around the kernels, a quantisation step apart in places
+        assert cosine(compiled(tokens, use_cache=False).logits, model(tokens, use_cache=False).logits) > 0.999
     torch._dynamo.reset()
 
 
@@ -784,7 +1017,7 @@ def test_bench_model_arguments() -> None:
 
     args = bench_model.parse_args([])
     assert (args.models, args.layers, args.batches, args.context, args.prefill) == (
-        ["llama", "qwen3", "qwen3_moe"],
+        ["llama", "qwen3", "qwen3_moe", "qwen3_fp8"],
         4,
         [1, 8, 32],
         1024,
@@ -844,4 +1077,18 @@ def test_bench_model_builds_and_checks_tiny_models_on_cpu(name: str) -> None:
     assert ("model.layers.1.mlp.gate" in patched) == (name == "qwen3_moe")
     rows = bench_model.correctness(models, fp32, "cpu")
     assert [row[0] for row in rows] == ["unpatched", "jit_kernel"]
-    assert float(rows[1][1]) > 0.999 and float(rows[1][2]) > 0.999
+    assert float(rows[1][1]) > 0.999 and float(rows[1][3]) > 0.999
+
+
+def test_bench_model_fp8_variants_build_and_agree_on_cpu() -> None:
+    from jit_kernel.benchmark import bench_model
+
+    shape = dict(vocab_size=256, hidden_size=512, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2)
+    config = bench_model.model_config("qwen3_fp8", 2, head_dim=128, **shape)
+    variants = ["jit_kernel_two_launch", "jit_kernel"]
+    models, fp32, missing = bench_model.build_models(config, "cpu", variants, fp8=True)
+    assert not missing and list(models) == variants
+    assert type(fp32.model.layers[0].mlp.up_proj) is torch.nn.Linear  # dequantised
+    assert all(jt.patched_modules(m) for m in models.values())
+    rows = bench_model.correctness(models, fp32, "cpu", reference="jit_kernel_two_launch")
+    assert [row[2] for row in rows] == ["yes", "yes"] and float(rows[1][3]) > 0.99

@@ -9,22 +9,29 @@ medians of CUDA-event pairs around each call after warm-up, in microseconds.
     python -m jit_kernel.benchmark.bench_model --json-dir bench-json # + JSON results (report.py)
 
 Models: Llama-3-8B-, Qwen3-8B- and Qwen3-30B-A3B-shaped configs written here (no download),
-``--layers`` decoder layers (default 4), bf16, random weights, sdpa attention. The mixture of experts
-runs transformers' default experts implementation in every variant (``grouped_mm`` on an H100; the
-tables name it); jit_kernel routes with ``topk_softmax``, FlashInfer's variant keeps transformers'
-router (FlashInfer has no softmax top-k). A decode step is one token per sequence at batch
-``--batches`` (default 1, 8, 32) against a ``StaticCache`` of ``--context`` tokens (default 1024;
-the step attends to all of them through a 4D mask given to the model, built once, so the mask is no
-part of the step); the prefill is ``--prefill`` tokens (default 1024) of one sequence, eager.
-Before the timings, a correctness check: logits of a 2 x 128-token prompt from each variant
-against the unpatched bf16 model and an fp32 copy (cosine similarity, and the argmax on the rows
-whose fp32 top-1 leads its top-2 by more than half the row's standard deviation).
+``--layers`` decoder layers (default 4), bf16, random weights, sdpa attention; and Qwen3-8B-FP8, the
+Qwen3-8B shape with its decoder layers' linear layers as transformers' fine-grained fp8 ones
+(:func:`fine_grained_fp8`), timed patched by jit_kernel (each norm and the group quant of its output
+in one launch) against the same integration with the norm and the quant as two launches; the
+unpatched fp8 model needs the ``kernels`` package's Hub kernel, and reads n/a where it cannot load.
+The mixture of experts runs transformers' default experts implementation in every variant
+(``grouped_mm`` on an H100; the tables name it); jit_kernel routes with ``topk_softmax``,
+FlashInfer's variant keeps transformers' router (FlashInfer has no softmax top-k). A decode step is
+one token per sequence at batch ``--batches`` (default 1, 8, 32) against a ``StaticCache`` of
+``--context`` tokens (default 1024; the step attends to all of them through a 4D mask given to the
+model, built once, so the mask is no part of the step); the prefill is ``--prefill`` tokens (default
+1024) of one sequence, eager. Before the timings, a correctness check: logits of a 2 x 128-token
+prompt from each variant against the unpatched bf16 model (the fp8 model: its two-launch variant;
+cosine similarity, and whether they are equal bit for bit) and an fp32 copy (the fp8 model: its
+dequantised weights in fp32; cosine similarity, and the argmax on the rows whose fp32 top-1 leads
+its top-2 by more than half the row's standard deviation).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import inspect
 import statistics
 import time
@@ -36,7 +43,10 @@ import torch
 
 from jit_kernel.benchmark import results
 
-MODELS = ("llama", "qwen3", "qwen3_moe")
+MODELS = ("llama", "qwen3", "qwen3_moe", "qwen3_fp8")
+# Models whose decoder layers' linear layers are transformers' fine-grained fp8 ones (FP8Linear),
+# and the bf16 config they are quantised from.
+FP8_MODELS = {"qwen3_fp8": "qwen3"}
 # variant -> apply() keywords (None: the model as transformers builds it)
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "unpatched": None,
@@ -44,12 +54,15 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "flashinfer": {"backend": "flashinfer"},
     # --ablate: jit_kernel without the merged GEMMs (the model's own MLP, and q/k/v projections)
     "jit_kernel_unmerged": {"backend": "jit_kernel", "mlp": False, "qkv": False},
+    # fp8 models: each norm before fp8 linear layers as our two launches (the norm, then the group quant)
+    "jit_kernel_two_launch": {"backend": "jit_kernel_two_launch"},
 }
 LABELS_VARIANT = {
     "unpatched": "unpatched",
     "jit_kernel": "jit_kernel",
     "flashinfer": "FlashInfer",
     "jit_kernel_unmerged": "jit_kernel, unmerged",
+    "jit_kernel_two_launch": "jit_kernel, norm then quant",
 }
 MODES = ("eager", "graph", "compile")
 # Compiled: the unpatched model and jit_kernel's (each compile costs tens of seconds; FlashInfer's
@@ -117,14 +130,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         eos_token_id=151645,
     ),
 }
-LABELS = {"llama": "Llama-3-8B", "qwen3": "Qwen3-8B", "qwen3_moe": "Qwen3-30B-A3B"}
+LABELS = {"llama": "Llama-3-8B", "qwen3": "Qwen3-8B", "qwen3_moe": "Qwen3-30B-A3B", "qwen3_fp8": "Qwen3-8B-FP8"}
 
 
 def model_config(name: str, layers: int, **overrides: Any) -> Any:
     """The transformers config of ``name`` (one of :data:`MODELS`) with ``layers`` decoder layers."""
     from transformers import AutoConfig
 
-    values = dict(CONFIGS[name])
+    values = dict(CONFIGS[FP8_MODELS.get(name, name)])
     model_type = values.pop("model_type")
     rope_theta = values.pop("rope_theta")
     values.update(num_hidden_layers=layers, **overrides)
@@ -137,10 +150,90 @@ def model_config(name: str, layers: int, **overrides: Any) -> Any:
     return config
 
 
-def build_models(config: Any, device: str, variants: Sequence[str]) -> tuple[dict[str, Any], Any, dict[str, str]]:
+def fine_grained_fp8(model: Any) -> Any:
+    """``model`` with every ``nn.Linear`` of its decoder layers replaced, in place, by transformers'
+    ``FP8Linear`` (128 x 128 weight blocks, dynamic activation scales), its weight quantised the way
+    transformers' ``FineGrainedFP8Config`` quantises a checkpoint on load: per block ``scale =
+    absmax / 448`` (1 for an all-zero block), ``weight_scale_inv = scale``, ``q = e4m3(clamp(w /
+    scale))``. The embedding and the head stay as they are (the config's default)."""
+    from torch import nn
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    block = 128
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or ".layers." not in f".{name}":
+            continue
+        weight = module.weight.detach()
+        n, k = weight.shape
+        with torch.device("meta"):
+            fp8 = FP8Linear(k, n, block_size=(block, block), has_bias=module.bias is not None)
+        blocks = weight.float().reshape(n // block, block, k // block, block)
+        absmax = blocks.abs().amax(dim=(1, 3))
+        scale = torch.where(absmax > 0, absmax / 448.0, torch.ones_like(absmax))
+        q = (blocks / scale[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).reshape(n, k)
+        fp8.weight = nn.Parameter(q, requires_grad=False)
+        fp8.weight_scale_inv = nn.Parameter(scale, requires_grad=False)
+        if module.bias is not None:
+            fp8.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
+        model.set_submodule(name, fp8)
+    return model
+
+
+def dequantized_fp32(model: Any) -> Any:
+    """A float32 copy of ``model`` whose fp8 linear layers are ``nn.Linear`` layers holding their
+    dequantised weights: the exact model of the fp8 weights (only the activations' quantisation
+    separates an fp8 run from it)."""
+    from torch import nn
+
+    copy_ = copy.deepcopy(model)
+    for name, module in list(copy_.named_modules()):
+        if type(module).__name__ != "FP8Linear":
+            continue
+        n, k = module.weight.shape
+        scale = module.weight_scale_inv.float().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        linear = nn.Linear(k, n, bias=module.bias is not None, device=module.weight.device)
+        with torch.no_grad():
+            linear.weight.copy_(module.weight.float() * scale)
+            if module.bias is not None:
+                linear.bias.copy_(module.bias.float())
+        copy_.set_submodule(name, linear)
+    return copy_.float()
+
+
+def two_launch_backend(backend: Any) -> Any:
+    """``backend`` (an integration Backend) with its fused norm + fp8 group quant ops replaced by
+    two of its launches each: the norm (``rmsnorm``, ``fused_add_rmsnorm``), then ``group_quant``
+    of its output. The same results, bit for bit, where the fused ops equal that composition (as
+    jit_kernel's do)."""
+
+    def rmsnorm_group_quant(x: torch.Tensor, w: torch.Tensor, eps: float, q: torch.Tensor, s: torch.Tensor) -> Any:
+        normed = backend.rmsnorm(x, w, eps)
+        backend.group_quant(normed, q, s)
+        return normed
+
+    def fused_add_rmsnorm_group_quant(
+        x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, q: torch.Tensor, s: torch.Tensor
+    ) -> Any:
+        backend.fused_add_rmsnorm(x, residual, w, eps)
+        backend.group_quant(x, q, s)
+        return x
+
+    return dataclasses.replace(
+        backend,
+        name=f"{backend.name}_two_launch",
+        rmsnorm_group_quant=rmsnorm_group_quant,
+        fused_add_rmsnorm_group_quant=fused_add_rmsnorm_group_quant,
+    )
+
+
+def build_models(
+    config: Any, device: str, variants: Sequence[str], fp8: bool = False
+) -> tuple[dict[str, Any], Any, dict[str, str]]:
     """(bf16 model per variant that could be built, the fp32 copy, variant -> why it is missing).
-    Random weights, the same in every variant. On a CPU the patched variants use the integration's
-    torch reference backend (a check of the benchmark's own code, not a measurement)."""
+    Random weights, the same in every variant. ``fp8``: the decoder layers' linear layers become
+    transformers' fine-grained fp8 ones (:func:`fine_grained_fp8`), and the fp32 copy holds their
+    dequantised weights. On a CPU the patched variants use the integration's torch reference
+    backend (a check of the benchmark's own code, not a measurement)."""
     from transformers import AutoModelForCausalLM
 
     import jit_kernel.integrations.transformers as jt
@@ -151,12 +244,17 @@ def build_models(config: Any, device: str, variants: Sequence[str]) -> tuple[dic
     models: dict[str, Any] = {}
     missing: dict[str, str] = {}
     base = copy.deepcopy(fp32).to(torch.bfloat16)
+    if fp8:
+        base = fine_grained_fp8(base)
+        fp32 = dequantized_fp32(base)
     for variant in variants:
         options = VARIANTS[variant]
         model = base if options is None else copy.deepcopy(base)
         if options is not None:
-            if device != "cuda":
-                options = {**options, "backend": "torch"}
+            backend = options["backend"] if device == "cuda" else "torch"
+            if options["backend"] == "jit_kernel_two_launch":
+                backend = two_launch_backend(jt.TORCH if device != "cuda" else jt.get_backend("jit_kernel"))
+            options = {**options, "backend": backend}
             try:
                 report = jt.apply(model, **options)
             except ImportError as error:
@@ -174,23 +272,41 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def correctness(
-    models: dict[str, Any], fp32: Any, device: str, batch: int = 2, length: int = 128
+    models: dict[str, Any],
+    fp32: Any,
+    device: str,
+    batch: int = 2,
+    length: int = 128,
+    notes: list[str] | None = None,
+    reference: str = "unpatched",
 ) -> list[list[object]]:
-    """Per variant: cosine against the unpatched bf16 model and against fp32, and the argmax on the
-    decisive rows of the fp32 logits (top-1 ahead of top-2 by more than DECISIVE_MARGIN)."""
+    """Per variant: cosine against the ``reference`` variant and against fp32, whether its logits
+    equal the reference's bit for bit, and the argmax on the decisive rows of the fp32 logits (top-1
+    ahead of top-2 by more than DECISIVE_MARGIN). A variant whose forward fails is removed from
+    ``models``, the error in ``notes``."""
     vocab = fp32.config.vocab_size
     tokens = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(1)).to(device)
+    logits: dict[str, torch.Tensor] = {}
     with torch.inference_mode():
         exact = fp32(tokens, use_cache=False).logits.float()
-        logits = {name: model(tokens, use_cache=False).logits.float() for name, model in models.items()}
+        for name, model in list(models.items()):
+            try:
+                logits[name] = model(tokens, use_cache=False).logits.float()
+            except Exception as error:  # e.g. transformers' fp8 layers without their Hub kernel
+                del models[name]
+                first = str(error).splitlines()[0] if str(error) else ""
+                (notes if notes is not None else []).append(f"{name} does not run: {type(error).__name__}: {first}")
     top = exact.topk(2, dim=-1).values
     decisive = (top[..., 0] - top[..., 1]) > DECISIVE_MARGIN * exact.std(-1)
     expected = exact.argmax(-1)[decisive]
     rows: list[list[object]] = []
     for name, got in logits.items():
         agree = int((got.argmax(-1)[decisive] == expected).sum())
-        vs_unpatched = _cosine(got, logits["unpatched"]) if "unpatched" in logits else float("nan")
-        rows.append([name, f"{vs_unpatched:.6f}", f"{_cosine(got, exact):.6f}", f"{agree}/{int(decisive.sum())}"])
+        base = logits.get(reference)
+        vs_reference = _cosine(got, base) if base is not None else float("nan")
+        equal = "n/a" if base is None else ("yes" if torch.equal(got, base) else "no")
+        cosine_exact = f"{_cosine(got, exact):.6f}"
+        rows.append([name, f"{vs_reference:.6f}", equal, cosine_exact, f"{agree}/{int(decisive.sum())}"])
     return rows
 
 
@@ -316,27 +432,29 @@ def _us(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def time_header(variants: Sequence[str]) -> list[str]:
-    """Per variant its time, and for the patched ones the unpatched time over theirs."""
+def time_header(variants: Sequence[str], baseline: str = "unpatched") -> list[str]:
+    """Per variant its time, and for the others the ``baseline`` variant's time over theirs."""
     header = []
     for variant in variants:
         header.append(f"{LABELS_VARIANT[variant]} us")
-        if variant != "unpatched":
+        if variant != baseline:
             header.append(f"{LABELS_VARIANT[variant]} speedup")
     return header
 
 
-def time_cells(variants: Sequence[str], times: dict[str, float | None]) -> list[object]:
-    base = times.get("unpatched")
+def time_cells(variants: Sequence[str], times: dict[str, float | None], baseline: str = "unpatched") -> list[object]:
+    base = times.get(baseline)
     cells: list[object] = []
     for variant in variants:
         cells.append(_us(times.get(variant)))
-        if variant != "unpatched":
+        if variant != baseline:
             cells.append(_ratio(base, times.get(variant)))
     return cells
 
 
-CORRECTNESS_HEADER = ["variant", "cosine vs unpatched", "cosine vs fp32", "argmax = fp32 on decisive rows"]
+def correctness_header(reference: str) -> list[str]:
+    label = LABELS_VARIANT[reference]
+    return ["variant", f"cosine vs {label}", f"= {label}", "cosine vs fp32", "argmax = fp32 on decisive rows"]
 
 
 def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -366,22 +484,32 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
     device = "cuda"
     started = time.perf_counter()
     config = model_config(name, args.layers)
-    variants = ["unpatched", "jit_kernel"] + ([] if args.no_flashinfer else ["flashinfer"])
-    variants += ["jit_kernel_unmerged"] if args.ablate else []
-    models, fp32, missing = build_models(config, device, variants)
+    fp8 = name in FP8_MODELS
+    if fp8:  # FlashInfer's backend has no group quant: its variant would be transformers' fp8 layers
+        variants, baseline = ["unpatched", "jit_kernel_two_launch", "jit_kernel"], "jit_kernel_two_launch"
+    else:
+        variants, baseline = ["unpatched", "jit_kernel"] + ([] if args.no_flashinfer else ["flashinfer"]), "unpatched"
+    variants += ["jit_kernel_unmerged"] if args.ablate and not fp8 else []
+    models, fp32, missing = build_models(config, device, variants, fp8=fp8)
     variants = [v for v in variants if v not in missing]
     notes.extend(f"{LABELS[name]}: {why}" for why in missing.values())
-    label = f"{LABELS[name]}-shaped, {args.layers} layer{'s' if args.layers != 1 else ''}, bf16"
+    precision = "bf16 activations, fp8 linear layers (128 x 128 blocks)" if fp8 else "bf16"
+    label = f"{LABELS[name]}-shaped, {args.layers} layer{'s' if args.layers != 1 else ''}, {precision}"
     experts = getattr(next(iter(models.values())).config, "_experts_implementation", None)
     if getattr(config, "num_experts", 0) and experts:
         label += f", experts: {experts}"
 
-    rows = correctness(models, fp32, device)
+    model_notes: list[str] = []
+    rows = correctness(models, fp32, device, notes=model_notes, reference=baseline)
+    notes.extend(f"{LABELS[name]}: {note}" for note in model_notes)
+    variants = [v for v in variants if v in models]
     del fp32
     torch.cuda.empty_cache()
-    title = f"correctness, {label}: logits of 2 x 128 tokens"
-    _print_table(title, CORRECTNESS_HEADER, rows)
-    tables.append(results.cells_table(f"{name}_correctness", title, CORRECTNESS_HEADER, rows))
+    exact = "its dequantised weights in fp32" if fp8 else "an fp32 copy"
+    title = f"correctness, {label}: logits of 2 x 128 tokens (fp32: {exact})"
+    header = correctness_header(baseline)
+    _print_table(title, header, rows)
+    tables.append(results.cells_table(f"{name}_correctness", title, header, rows))
 
     decode_rows: list[list[object]] = []
     compiled = {}
@@ -404,11 +532,11 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
                         tag, lambda s=step, c=compiled[variant]: time_compile(s, c, args.warmup, args.iters), notes
                     )
                 del step
-            row = [mode, batch, *time_cells(variants, times)]
+            row = [mode, batch, *time_cells(variants, times, baseline)]
             decode_rows.append(row)
             print(f"  [{time.perf_counter() - started:6.1f} s] {name} {mode} b{batch}: " + ", ".join(map(str, row[2:])))
     title = f"decode step, {label}, StaticCache of {args.context} tokens"
-    header = ["mode", "batch", *time_header(variants)]
+    header = ["mode", "batch", *time_header(variants, baseline)]
     _print_table(title, header, decode_rows)
     tables.append(results.cells_table(f"{name}_decode", title, header, decode_rows))
 
@@ -421,8 +549,8 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
             )
             for variant, model in models.items()
         }
-        prefill_row = [args.prefill, *time_cells(variants, times)]
-        header = ["tokens", *time_header(variants)]
+        prefill_row = [args.prefill, *time_cells(variants, times, baseline)]
+        header = ["tokens", *time_header(variants, baseline)]
         title = f"prefill, eager, {label}, one sequence"
         _print_table(title, header, [prefill_row])
         tables.append(results.cells_table(f"{name}_prefill", title, header, [prefill_row]))

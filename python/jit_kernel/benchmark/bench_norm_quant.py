@@ -8,8 +8,8 @@ measured in the same run. Times are CUDA-graph medians in microseconds.
     python -m jit_kernel.benchmark.bench_norm_quant --json-dir bench-json             # + JSON results (report.py)
 
 Grid: bfloat16 rows of 4096, tokens 1, 16, 128, 256, 512, 1024, 4096, 16384 (CI-sized grid, the one
-the docs show: tokens 1, 16, 128, 1024, 4096, 16384). At 4096 tokens the copy's 25-60 MB stays partly in the 50 MB L2 between replays; at 16384
-tokens neither the copy nor the op does.
+the docs show: tokens 1, 16, 128, 1024, 4096, 16384). At 4096 tokens the copy's 25-60 MB stays
+partly in the 50 MB L2 between replays; at 16384 tokens neither the copy nor the op does.
 One ``triton.testing.perf_report`` benchmark per op, with these providers as lines:
 
 - ``jit``: jit_kernel's fused op, outputs preallocated; ``copy``: a device-to-device copy of the

@@ -28,6 +28,11 @@ What changes, per part (each one an option of :func:`apply`):
 - ``router``: Qwen3-MoE's router (softmax over the experts, top-k, renormalised with the config's
   ``norm_topk_prob``) in one ``topk_softmax`` call after its GEMM; it returns what transformers'
   router returns (the same expert ids, as int64; the weights in transformers' dtype).
+- ``fp8``: transformers' fine-grained fp8 linear layers (``FP8Linear``: 128 x 128 weight blocks,
+  dynamic activation scales, as ``FineGrainedFP8Config`` loads them) run as ``torch._scaled_mm`` on
+  the input quantised by 1 x 128 groups (``per_token_group_quant_fp8``); where a decoder layer's norm
+  feeds them (q/k/v, gate/up), the norm quantises in the same launch
+  (``fused_add_rmsnorm_per_token_group_quant_fp8``) and hands q and scales to the projections.
 
 The patched forwards run jit_kernel's ops on CUDA tensors with autograd off (``torch.no_grad()`` or
 ``torch.inference_mode()``, as ``generate()`` runs); with autograd on they run the model's own
@@ -78,6 +83,16 @@ ACTIVATIONS = {
     "gelu_python": "gelu",
 }
 _PLAN = "_jit_kernel_plan"
+# Fine-grained fp8: 1 x 128 activation groups against 128 x 128 weight blocks (DeepSeek-V3's recipe,
+# transformers' FineGrainedFP8Config default).
+FP8_BLOCK = 128
+FP8_E4M3_MAX = 448.0
+# torch._scaled_mm's blockwise path on sm_90 (cuBLAS) rejects row counts that are not multiples of
+# 4: activations are quantised into buffers of whole multiples, the padding rows' products dropped.
+FP8_ROW_ALIGN = 4
+# ... and returns wrong products, without an error, where in_features / 128 (the weight scales'
+# row length) is not a multiple of 4 (on the H100: 2816 and 1152 wrong, 1024 and 3072 right).
+FP8_IN_ALIGN = 4 * FP8_BLOCK
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +108,13 @@ class Backend:
     ``qknorm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox)`` in place on
     ``q [tokens, heads, head_dim]`` and ``k``; ``topk_softmax(logits, topk, renormalize) ->
     (weights float32 [T, topk], ids int32 [T, topk])``, or None where the backend has no such op
-    (the router then stays the model's). ``cuda_only``: the ops take CUDA tensors only."""
+    (the router then stays the model's). The fp8 ops quantise ``[T, D]`` rows by groups of 128
+    elements into given buffers (``q`` fp8 ``[T, D]``, ``s`` float32 scales ``[T, D / 128]``,
+    column-major): ``group_quant(x, q, s)``; ``rmsnorm_group_quant(x, w, eps, q, s) -> normed``
+    (the norm's output quantised, and returned); ``fused_add_rmsnorm_group_quant(x, residual, w, eps,
+    q, s) -> normed`` (``residual += x`` in place first; ``x`` may be overwritten by the result); None
+    where the backend has none (fp8 linear layers then stay the model's). ``cuda_only``: the ops take
+    CUDA tensors only."""
 
     name: str
     cuda_only: bool
@@ -103,6 +124,9 @@ class Backend:
     rope: Callable[..., None]
     qknorm_rope: Callable[..., None]
     topk_softmax: Callable[[torch.Tensor, int, bool], tuple[torch.Tensor, torch.Tensor]] | None = None
+    group_quant: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
+    rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
+    fused_add_rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
 
 
 def _torch_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -175,6 +199,32 @@ def _torch_topk_softmax(logits: torch.Tensor, topk: int, renormalize: bool) -> t
     return weights, ids.to(torch.int32)
 
 
+def _torch_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
+    """``per_token_group_quant_fp8``'s computation: ``s = max(absmax(group), 1e-10) / 448``,
+    ``q = fp8(x * (1 / s))``."""
+    rows, d = x.shape
+    groups = x.float().view(rows, d // FP8_BLOCK, FP8_BLOCK)
+    scale = groups.abs().amax(-1).clamp(min=1e-10) / FP8_E4M3_MAX
+    scaled = (groups * (1.0 / scale)[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    q.copy_(scaled.view(rows, d).to(torch.float8_e4m3fn))
+    s.copy_(scale)
+
+
+def _torch_rmsnorm_group_quant(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, q: torch.Tensor, s: torch.Tensor
+) -> torch.Tensor:
+    normed = _torch_rmsnorm(x, weight, eps)
+    _torch_group_quant(normed, q, s)
+    return normed
+
+
+def _torch_fused_add_rmsnorm_group_quant(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, q: torch.Tensor, s: torch.Tensor
+) -> torch.Tensor:
+    residual.copy_(x.float() + residual.float())
+    return _torch_rmsnorm_group_quant(residual, weight, eps, q, s)
+
+
 TORCH = Backend(
     name="torch",
     cuda_only=False,
@@ -188,6 +238,9 @@ TORCH = Backend(
     rope=_torch_rope,
     qknorm_rope=_torch_qknorm_rope,
     topk_softmax=_torch_topk_softmax,
+    group_quant=_torch_group_quant,
+    rmsnorm_group_quant=_torch_rmsnorm_group_quant,
+    fused_add_rmsnorm_group_quant=_torch_fused_add_rmsnorm_group_quant,
 )
 
 
@@ -196,6 +249,18 @@ def _jit_kernel_backend() -> Backend:
 
     def rope(positions, q, k, head_dim, cache, is_neox=True):  # type: ignore[no-untyped-def]
         jit_kernel.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cache, is_neox)
+
+    def rmsnorm_group_quant(x, w, eps, q, s):  # type: ignore[no-untyped-def]
+        normed = torch.empty_like(x)
+        jit_kernel.rmsnorm_per_token_group_quant_fp8(x, w, FP8_BLOCK, eps, output_q=q, output_s=s, normed_out=normed)
+        return normed
+
+    def fused_add_rmsnorm_group_quant(x, residual, w, eps, q, s):  # type: ignore[no-untyped-def]
+        normed = torch.empty_like(x)
+        jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+            x, residual, w, FP8_BLOCK, eps, output_q=q, output_s=s, normed_out=normed
+        )
+        return normed
 
     return Backend(
         name="jit_kernel",
@@ -210,6 +275,9 @@ def _jit_kernel_backend() -> Backend:
         rope=rope,
         qknorm_rope=jit_kernel.fused_qknorm_rope,
         topk_softmax=jit_kernel.topk_softmax,
+        group_quant=lambda x, q, s: jit_kernel.per_token_group_quant_fp8(x, FP8_BLOCK, output_q=q, output_s=s),
+        rmsnorm_group_quant=rmsnorm_group_quant,
+        fused_add_rmsnorm_group_quant=fused_add_rmsnorm_group_quant,
     )
 
 
@@ -422,6 +490,127 @@ def _plain_linear(module: object) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# Fine-grained fp8 linear layers: jit_kernel's group quant, then torch._scaled_mm
+
+
+class _Fp8Input:
+    """An activation quantised for the fp8 linear layers it is handed to: ``src`` (the tensor the
+    layers are called with), ``q [P, K]`` fp8 and ``s [P, K / 128]`` its column-major scales, ``P``
+    its rows padded to :data:`FP8_ROW_ALIGN`. A decoder layer sets it around the calls whose input
+    its norm quantised in the same launch, and clears it after."""
+
+    __slots__ = ("q", "s", "src")
+
+    def __init__(self) -> None:
+        self.src: torch.Tensor | None = None
+        self.q: torch.Tensor | None = None
+        self.s: torch.Tensor | None = None
+
+    def hand(self, src: torch.Tensor | None, quantized: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.src = src
+        self.q, self.s = quantized if quantized is not None else (None, None)
+
+
+def _fp8_buffers(rows: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [P, d]`` fp8 and column-major scales ``[P, d / 128]`` (the transpose of a contiguous
+    ``[d / 128, P]``), ``P`` = ``rows`` rounded up to :data:`FP8_ROW_ALIGN`; the ops write the first
+    ``rows`` rows."""
+    padded = -(-rows // FP8_ROW_ALIGN) * FP8_ROW_ALIGN
+    q = torch.empty(padded, d, dtype=torch.float8_e4m3fn, device=device)
+    s = torch.empty(d // FP8_BLOCK, padded, dtype=torch.float32, device=device).t()
+    return q, s
+
+
+def _norm_quant(
+    op: Callable[..., object], x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``norm`` of the rows ``x [T, D]`` (``residual += x`` first when given) by the backend's
+    ``rmsnorm_group_quant`` / ``fused_add_rmsnorm_group_quant`` ``op``: (normed ``[T, D]``, (q, s))."""
+    rows, d = x.shape
+    q, s = _fp8_buffers(rows, d, x.device)
+    if residual is None:
+        normed = op(x, norm.weight, norm.variance_epsilon, q[:rows], s[:rows])
+    else:
+        normed = op(x, residual, norm.weight, norm.variance_epsilon, q[:rows], s[:rows])
+    return normed, (q, s)  # type: ignore[return-value]
+
+
+def _dequantize(values: torch.Tensor, scales: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """fp32 ``values [R, K]`` times their scales, one per ``block_rows x 128`` block."""
+    rows, cols = values.shape
+    expanded = scales.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+    return values.float() * expanded
+
+
+def _fp8_gemm(q: torch.Tensor, s: torch.Tensor, rows: int, linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """``[rows, N]`` in ``dtype``: the activation ``(q, s)`` (:func:`_fp8_buffers`) times the fp8
+    linear layer's weight ``[N, K]`` with its 128 x 128 block scales ``weight_scale_inv``, plus its
+    bias. On CUDA one ``torch._scaled_mm`` (blockwise 1 x 128 by 128 x 128, fp32 accumulation);
+    elsewhere the same product of the dequantised operands in fp32."""
+    weight, weight_scale = linear.weight, linear.weight_scale_inv
+    if q.is_cuda:
+        out = torch._scaled_mm(q, weight.t(), scale_a=s, scale_b=weight_scale.t(), out_dtype=dtype)[:rows]
+    else:
+        a = _dequantize(q[:rows], s[:rows], 1)
+        out = (a @ _dequantize(weight, weight_scale, FP8_BLOCK).t()).to(dtype)
+    return out if linear.bias is None else out + linear.bias
+
+
+@dataclasses.dataclass(eq=False)
+class _Fp8LinearPlan:
+    backend: Backend
+    handed: _Fp8Input | None  # its decoder layer's hand-off (None: outside the decoder layers)
+    original: Callable[..., Any]
+
+
+def _fp8_linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    """transformers' ``FP8Linear`` (128 x 128 weight blocks, dynamic activation scales): the input
+    quantised by 1 x 128 groups (or taken as its decoder layer's norm quantised it), then
+    :func:`_fp8_gemm`."""
+    plan: _Fp8LinearPlan = self.__dict__[_PLAN]
+    if torch.is_grad_enabled():
+        return plan.original(self, input)
+    k = input.shape[-1]
+    rows = input.numel() // k
+    if rows == 0:
+        return input.new_empty((*input.shape[:-1], self.weight.shape[0]))
+    handed = plan.handed
+    if handed is not None and handed.src is input and handed.q is not None and handed.s is not None:
+        q, s = handed.q, handed.s
+    else:
+        x = input.reshape(rows, k)
+        q, s = _fp8_buffers(rows, k, input.device)
+        _ops_for(plan.backend, input).group_quant(x, q[:rows], s[:rows])  # type: ignore[misc]
+    out = _fp8_gemm(q, s, rows, self, input.dtype)
+    return out.view(*input.shape[:-1], out.shape[-1])
+
+
+def _fp8_linear_unsupported(module: nn.Module) -> str | None:
+    """Why transformers' fp8 linear layer ``module`` cannot run on :func:`_fp8_gemm`, or None."""
+    weight, scale = getattr(module, "weight", None), getattr(module, "weight_scale_inv", None)
+    if not (isinstance(weight, torch.Tensor) and isinstance(scale, torch.Tensor)) or weight.dim() != 2:
+        return f"{type(module).__name__} without an [N, K] weight and weight_scale_inv"
+    if weight.dtype != torch.float8_e4m3fn or scale.dtype != torch.float32:
+        return f"fp8 weights of {weight.dtype} with {scale.dtype} scales (float8_e4m3fn with float32 scales run)"
+    if tuple(getattr(module, "block_size", None) or ()) != (FP8_BLOCK, FP8_BLOCK):
+        return f"weight blocks {getattr(module, 'block_size', None)} (128 x 128 run)"
+    if getattr(module, "activation_scale", None) is not None:
+        return "static activation scales (dynamic ones run)"
+    n, k = weight.shape
+    if k % FP8_IN_ALIGN or n % 16 or scale.shape != (-(-n // FP8_BLOCK), k // FP8_BLOCK):
+        return f"an fp8 weight of {n} x {k} (torch._scaled_mm's blockwise GEMM takes in_features in multiples of 512)"
+    if weight.device.type == "meta" or hasattr(module, "_hf_hook"):
+        return "fp8 weights on the meta device or behind hooks"
+    return None
+
+
+def _is_fp8_linear(module: object) -> bool:
+    """transformers' fine-grained fp8 linear layer (``FP8Linear``, its subclasses excluded)."""
+    cls = type(module)
+    return cls.__name__ == "FP8Linear" and cls.__module__.endswith("finegrained_fp8")
+
+
+# ---------------------------------------------------------------------------------------------
 # Who sees a module's output
 
 
@@ -457,13 +646,15 @@ def _observed(module: nn.Module, collector: Any) -> bool:
 
 class _Chain:
     """The hand-off between consecutive decoder layers: ``normed`` is the next norm of ``src``,
-    computed by the layer that returned ``src``."""
+    computed by the layer that returned ``src``; ``quantized`` its fp8 form (q, s) where the next
+    layer's q/k/v projections are fp8 linear layers."""
 
-    __slots__ = ("normed", "src")
+    __slots__ = ("normed", "quantized", "src")
 
     def __init__(self) -> None:
         self.src: torch.Tensor | None = None
         self.normed: torch.Tensor | None = None
+        self.quantized: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -506,6 +697,7 @@ class _AttentionPlan:
     q_heads: int
     kv_heads: int
     qkv: _Merged | None
+    fp8: bool  # fp8 projections: called as modules (their patched forwards), never merged
     qk_norm: tuple[nn.Module, nn.Module] | None  # fused into the rotation
     separate_qk_norm: bool  # the layer's own q_norm / k_norm modules, then the rotation
     eager_attention: Callable[..., Any]
@@ -533,6 +725,12 @@ class _LayerPlan:
     next_norm: nn.Module
     collector: Any
     original: Callable[..., Any]
+    # fp8 linear layers: the hand-off to this layer's (None: none), and whether the norm before the
+    # q/k/v projections, before gate/up, and the next layer's input norm quantise for them
+    fp8: _Fp8Input | None = None
+    attn_fp8: bool = False
+    mlp_fp8: bool = False
+    next_fp8: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,6 +796,8 @@ def _attention_forward(
     if plan.qkv is not None:
         weight, bias = plan.qkv.tensors()
         q, k, v = F.linear(x, weight, bias).split((hq * d, hk * d, hk * d), -1)
+    elif plan.fp8:  # called on the tensor the layer was given: the one its norm quantised
+        q, k, v = (p(hidden_states).reshape(x.shape[0], -1) for p in (self.q_proj, self.k_proj, self.v_proj))
     else:
         q = F.linear(x, self.q_proj.weight, self.q_proj.bias)
         k = F.linear(x, self.k_proj.weight, self.k_proj.bias)
@@ -634,7 +834,8 @@ def _attention_forward(
             **kwargs,
         )
     o = self.o_proj
-    out = F.linear(out.reshape(x.shape[0], -1), o.weight, o.bias)
+    out = out.reshape(x.shape[0], -1)
+    out = o(out) if plan.fp8 else F.linear(out, o.weight, o.bias)
     return out.view(*input_shape, out.shape[-1]), weights
 
 
@@ -682,42 +883,68 @@ def _packed_decode_attention(
 
 def _decoder_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """residual + attention(norm) + mlp(norm), the adds fused into the norms after them; the last
-    norm of this layer is the next layer's input norm, handed off through the chain."""
+    norm of this layer is the next layer's input norm, handed off through the chain. A norm whose
+    output feeds fp8 linear layers quantises it in the same launch and hands it to them."""
     plan: _LayerPlan = self.__dict__[_PLAN]
     if args or torch.is_grad_enabled():
         return plan.original(self, hidden_states, *args, **kwargs)
     ops = _ops_for(plan.backend, hidden_states)
-    chain, x = plan.chain, hidden_states
+    chain, x, fp8 = plan.chain, hidden_states, plan.fp8
     shape, d = x.shape, x.shape[-1]
-    handed = None
+    handed, quantized = None, None
     if not plan.first and chain.src is x:
-        handed = chain.normed
-    chain.src = chain.normed = None
+        handed, quantized = chain.normed, chain.quantized
+    chain.src = chain.normed = chain.quantized = None
     in_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
     if handed is None:
-        handed = ops.rmsnorm(x.reshape(-1, d), in_norm.weight, in_norm.variance_epsilon).view(shape)
+        if plan.attn_fp8:
+            normed, quantized = _norm_quant(ops.rmsnorm_group_quant, x.reshape(-1, d), in_norm)  # type: ignore[arg-type]
+            handed = normed.view(shape)
+        else:
+            handed = ops.rmsnorm(x.reshape(-1, d), in_norm.weight, in_norm.variance_epsilon).view(shape)
         own_input = False
     else:
         # x is the previous layer's output: this layer may add into it unless someone records it.
         own_input = plan.previous is not None and not _observed(plan.previous, plan.collector)
+    if fp8 is not None:
+        fp8.hand(handed, quantized)
     attn, _ = self.self_attn(hidden_states=handed, **kwargs)
     if not attn.is_contiguous():  # written in place below through a [tokens, hidden] view
         attn = attn.contiguous()
+    quantized = None
     if own_input and not _observed(self.self_attn, plan.collector):
         h = x
-        ops.fused_add_rmsnorm(attn.view(-1, d), h.view(-1, d), post_norm.weight, post_norm.variance_epsilon)
-        normed = attn
+        if plan.mlp_fp8:
+            op = ops.fused_add_rmsnorm_group_quant
+            normed, quantized = _norm_quant(op, attn.view(-1, d), post_norm, h.view(-1, d))  # type: ignore[arg-type]
+            normed = normed.view(shape)
+        else:
+            ops.fused_add_rmsnorm(attn.view(-1, d), h.view(-1, d), post_norm.weight, post_norm.variance_epsilon)
+            normed = attn
     else:
         h = x + attn
-        normed = ops.rmsnorm(h.view(-1, d), post_norm.weight, post_norm.variance_epsilon).view(shape)
+        if plan.mlp_fp8:
+            normed, quantized = _norm_quant(ops.rmsnorm_group_quant, h.view(-1, d), post_norm)  # type: ignore[arg-type]
+            normed = normed.view(shape)
+        else:
+            normed = ops.rmsnorm(h.view(-1, d), post_norm.weight, post_norm.variance_epsilon).view(shape)
+    if fp8 is not None:
+        fp8.hand(normed, quantized)
     mlp_out = self.mlp(normed)
+    if fp8 is not None:
+        fp8.hand(None, None)
     if _observed(self.mlp, plan.collector):
         return h + mlp_out
     if not mlp_out.is_contiguous():
         mlp_out = mlp_out.contiguous()
     nxt = plan.next_norm
-    ops.fused_add_rmsnorm(mlp_out.view(-1, d), h.view(-1, d), nxt.weight, nxt.variance_epsilon)
-    chain.src, chain.normed = h, mlp_out
+    if plan.next_fp8:
+        op = ops.fused_add_rmsnorm_group_quant
+        normed, quantized = _norm_quant(op, mlp_out.view(-1, d), nxt, h.view(-1, d))  # type: ignore[arg-type]
+        chain.src, chain.normed, chain.quantized = h, normed.view(shape), quantized
+    else:
+        ops.fused_add_rmsnorm(mlp_out.view(-1, d), h.view(-1, d), nxt.weight, nxt.variance_epsilon)
+        chain.src, chain.normed = h, mlp_out
     return h
 
 
@@ -736,10 +963,13 @@ class Patched:
     rope: int = 0
     qk_norm: int = 0
     router: int = 0
+    fp8: int = 0
     skipped: list[str] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return any((self.rmsnorm, self.fused_add_rmsnorm, self.mlp, self.qkv, self.rope, self.qk_norm, self.router))
+        return any(
+            (self.rmsnorm, self.fused_add_rmsnorm, self.mlp, self.qkv, self.rope, self.qk_norm, self.router, self.fp8)
+        )
 
 
 def _bind(module: nn.Module, fn: Callable[..., Any], plan: object | None) -> None:
@@ -798,15 +1028,18 @@ def _rope_parameters(rotary: nn.Module, config: Any) -> tuple[torch.Tensor, floa
 
 
 def _attention_plan(
-    attn: nn.Module, backend: Backend, rotary_dim: int, merge_qkv: bool, qk_norm: bool
+    attn: nn.Module, backend: Backend, rotary_dim: int, merge_qkv: bool, qk_norm: bool, fp8: set[nn.Module]
 ) -> _AttentionPlan | str:
-    """The attention layer's plan, or why it is not supported."""
+    """The attention layer's plan, or why it is not supported. ``fp8``: the fp8 linear layers
+    patched (projections all among them run as modules)."""
     needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx", "config")
     missing = [name for name in needed if not hasattr(attn, name)]
     if missing:
         return f"{type(attn).__name__} without {', '.join(missing)}"
-    if not all(_plain_linear(getattr(attn, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        return f"{type(attn).__name__} with projections that are not plain nn.Linear layers"
+    projections = [getattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    fp8_projections = all(p in fp8 for p in projections)
+    if not (fp8_projections or all(_plain_linear(p) for p in projections)):
+        return f"{type(attn).__name__} with projections that are not plain nn.Linear or patched fp8 layers"
     d = attn.head_dim
     if d % 2 or rotary_dim > d:
         return f"head_dim {d} with rotary dim {rotary_dim}"
@@ -824,13 +1057,14 @@ def _attention_plan(
         attention_kwargs = {"sliding_window": getattr(attn.config, "sliding_window", None)}
     else:
         attention_kwargs = {}
-    merged = _Merged([attn.q_proj, attn.k_proj, attn.v_proj]) if merge_qkv else None
+    merged = _Merged([attn.q_proj, attn.k_proj, attn.v_proj]) if merge_qkv and not fp8_projections else None
     return _AttentionPlan(
         backend=backend,
         head_dim=d,
         q_heads=attn.q_proj.out_features // d,
         kv_heads=attn.k_proj.out_features // d,
         qkv=merged,
+        fp8=fp8_projections,
         qk_norm=(attn.q_norm, attn.k_norm) if has_qk_norm and qk_norm else None,
         separate_qk_norm=has_qk_norm and not qk_norm,
         eager_attention=eager,
@@ -911,6 +1145,7 @@ def apply(
     rope: bool = True,
     qk_norm: bool = True,
     router: bool = True,
+    fp8: bool = True,
     backend: str | Backend = "jit_kernel",
 ) -> Patched:
     """Make ``model`` (a transformers Llama, Mistral, Qwen2, Qwen3 or Qwen3-MoE model, any head)
@@ -920,7 +1155,10 @@ def apply(
     fused into the norms, across layer boundaries), ``mlp`` (gate/up as one GEMM + fused gated
     activation), ``qkv`` (q/k/v projections as one GEMM; with ``rope``), ``rope`` (rotary embedding
     from a cos/sin table), ``qk_norm`` (Qwen3's q/k norm fused into the rotation; with ``rope``),
-    ``router`` (Qwen3-MoE's router: softmax top-k in one ``topk_softmax``; not with FlashInfer's ops).
+    ``router`` (Qwen3-MoE's router: softmax top-k in one ``topk_softmax``; not with FlashInfer's ops),
+    ``fp8`` (transformers' fine-grained fp8 linear layers: the input quantised by 1 x 128 groups, by
+    the norm before them in the same launch where there is one, then ``torch._scaled_mm``; not with
+    FlashInfer's ops).
     ``backend``: ``"jit_kernel"``, ``"flashinfer"`` (its ops in the same places, for comparison),
     ``"torch"`` (reference ops in torch, on any device) or a :class:`Backend`. A model whose
     parameters are not on a CUDA device (with a CUDA backend), or of another model type, is left
@@ -950,6 +1188,28 @@ def apply(
     assert base is not None
     layers = list(base.layers)
 
+    # fp8 linear layers first: attention layers whose projections are among them call them as modules.
+    fp8_linears: set[nn.Module] = set()
+    handoffs = {layer: _Fp8Input() for layer in layers}
+    if fp8:
+        found = [(name, m) for name, m in model.named_modules() if _is_fp8_linear(m)]
+        fp8_ops = (ops.group_quant, ops.rmsnorm_group_quant, ops.fused_add_rmsnorm_group_quant)
+        if found and any(op is None for op in fp8_ops):
+            report.skipped.append(f"fp8: the {ops.name} backend has no fp8 group quantisation")
+        elif found:
+            owner = {m: handoffs[layer] for layer in layers for m in layer.modules() if _is_fp8_linear(m)}
+            reasons = []
+            for name, module in found:
+                why = _fp8_linear_unsupported(module)
+                if why is not None:
+                    reasons.append(f"{name}: {why}")
+                    continue
+                _bind(module, _fp8_linear_forward, _Fp8LinearPlan(ops, owner.get(module), type(module).forward))
+                fp8_linears.add(module)
+                report.fp8 += 1
+            if reasons:
+                report.skipped.append(f"fp8: {len(reasons)} of {len(found)} fp8 linear layers ({reasons[0]})")
+
     # RoPE (and with it the attention layers): all or none, as the rotary module changes its output.
     rotary_dim = 0
     attention_plans: list[_AttentionPlan] = []
@@ -965,14 +1225,14 @@ def apply(
             rotary_dim = 2 * inv_freq.numel()
             reasons = []
             for layer in layers:
-                plan = _attention_plan(layer.self_attn, ops, rotary_dim, merge_qkv=False, qk_norm=qk_norm)
+                plan = _attention_plan(layer.self_attn, ops, rotary_dim, False, qk_norm, fp8_linears)
                 if isinstance(plan, str):
                     reasons.append(plan)
             if reasons:
                 report.skipped.append(f"rope, qkv, qk_norm: {reasons[0]}")
             else:
                 for layer in layers:
-                    plan = _attention_plan(layer.self_attn, ops, rotary_dim, merge_qkv=qkv, qk_norm=qk_norm)
+                    plan = _attention_plan(layer.self_attn, ops, rotary_dim, qkv, qk_norm, fp8_linears)
                     assert not isinstance(plan, str)
                     attention_plans.append(plan)
                     _bind(layer.self_attn, _attention_forward, plan)
@@ -990,6 +1250,8 @@ def apply(
         for layer in layers:
             if not (hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "up_proj")):
                 continue  # not a gated MLP (a mixture-of-experts block)
+            if layer.mlp.gate_proj in fp8_linears and layer.mlp.up_proj in fp8_linears:
+                continue  # fp8 projections: the fp8 part runs them, with the input their norm quantised
             act = _mlp_act(layer.mlp, config)
             if act is None:
                 skipped_mlp += 1
@@ -1032,10 +1294,20 @@ def apply(
             report.skipped.append("fused_add_rmsnorm: decoder layers without RMSNorm input and post-attention norms")
         else:
             collector = _capture_collector()
+
+            def fp8_inputs(module: nn.Module, names: Sequence[str]) -> bool:
+                return all(getattr(module, name, None) in fp8_linears for name in names)
+
+            attn_fp8 = [fp8_inputs(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in layers]
             for i, layer in enumerate(layers):
                 nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else base.norm
                 previous = layers[i - 1] if i else None
                 plan = _LayerPlan(ops, chain, i == 0, previous, nxt, collector, type(layer).forward)
+                plan.attn_fp8 = attn_fp8[i]
+                plan.mlp_fp8 = fp8_inputs(layer.mlp, ("gate_proj", "up_proj"))
+                plan.next_fp8 = i + 1 < len(layers) and attn_fp8[i + 1]
+                if plan.attn_fp8 or plan.mlp_fp8:
+                    plan.fp8 = handoffs[layer]
                 _bind(layer, _decoder_layer_forward, plan)
                 report.fused_add_rmsnorm += 1
             _bind(base.norm, _final_norm_forward, _NormPlan(ops, chain))
