@@ -675,6 +675,18 @@ def test_fp8_fused_norm_quant_equals_norm_then_quant() -> None:
         torch.testing.assert_close(model(ids()).logits, unfused(ids()).logits, rtol=0, atol=0)
 
 
+def test_fp8_biases_are_added() -> None:
+    """Qwen2's q/k/v projections have biases: the fp8 GEMM adds them."""
+    model = fp8_model("qwen2")
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    reference = fp8_reference(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jt.apply(model, backend="torch").fp8 == 14
+    with torch.inference_mode():
+        assert cosine(model(ids()).logits, reference(ids()).logits) > 0.995
+
+
 def test_fp8_generate_and_hidden_states() -> None:
     model = fp8_model("llama")
     reference = fp8_reference(model)
@@ -738,6 +750,7 @@ def test_fp8_option_off_and_backend_without_group_quant_leave_the_layers() -> No
         (lambda m: setattr(m, "block_size", (64, 64)), "weight blocks (64, 64)"),
         (lambda m: setattr(m, "activation_scale", torch.nn.Parameter(torch.ones(()))), "static activation"),
         (lambda m: setattr(m, "weight_scale_inv", torch.nn.Parameter(m.weight_scale_inv.double())), "float64"),
+        (lambda m: setattr(m, "weight", torch.nn.Parameter(m.weight[:, :384], requires_grad=False)), "512 x 384"),
     ],
 )
 def test_fp8_layer_it_cannot_run_is_left_with_its_reason(change: Callable[[Any], None], reason: str) -> None:

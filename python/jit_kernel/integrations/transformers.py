@@ -92,6 +92,7 @@ FP8_E4M3_MAX = 448.0
 FP8_ROW_ALIGN = 4
 # ... and returns wrong products, without an error, where in_features / 128 (the weight scales'
 # row length) is not a multiple of 4 (on the H100: 2816 and 1152 wrong, 1024 and 3072 right).
+# out_features are taken in whole 128-row blocks only (the shapes measured right there).
 FP8_IN_ALIGN = 4 * FP8_BLOCK
 
 
@@ -597,8 +598,11 @@ def _fp8_linear_unsupported(module: nn.Module) -> str | None:
     if getattr(module, "activation_scale", None) is not None:
         return "static activation scales (dynamic ones run)"
     n, k = weight.shape
-    if k % FP8_IN_ALIGN or n % 16 or scale.shape != (-(-n // FP8_BLOCK), k // FP8_BLOCK):
-        return f"an fp8 weight of {n} x {k} (torch._scaled_mm's blockwise GEMM takes in_features in multiples of 512)"
+    if k % FP8_IN_ALIGN or n % FP8_BLOCK or scale.shape != (n // FP8_BLOCK, k // FP8_BLOCK):
+        return (
+            f"an fp8 weight of {n} x {k} (torch._scaled_mm's blockwise GEMM: in_features in multiples of 512, "
+            "out_features of 128)"
+        )
     if weight.device.type == "meta" or hasattr(module, "_hf_hook"):
         return "fp8 weights on the meta device or behind hooks"
     return None
