@@ -775,8 +775,7 @@ def gpu_config(model_type: str, layers: int = 2, **overrides: Any) -> Any:
     moe = (
         {"moe_intermediate_size": 256, "num_experts": 8, "num_experts_per_tok": 2} if model_type == "qwen3_moe" else {}
     )
-    return tiny_config(
-        model_type,
+    shape: dict[str, Any] = dict(
         vocab_size=2048,
         hidden_size=1024,
         intermediate_size=2816,
@@ -785,8 +784,8 @@ def gpu_config(model_type: str, layers: int = 2, **overrides: Any) -> Any:
         num_key_value_heads=2,
         head_dim=128,
         max_position_embeddings=4096,
-        **{**moe, **overrides},
     )
+    return tiny_config(model_type, **{**shape, **moe, **overrides})
 
 
 def gpu_models(model_type: str) -> tuple[Any, Any, Any]:
