@@ -185,15 +185,16 @@ def dequantized_fp32(model: Any) -> Any:
     separates an fp8 run from it)."""
     from torch import nn
 
+    import jit_kernel.integrations.transformers as jt
+
     copy_ = copy.deepcopy(model)
     for name, module in list(copy_.named_modules()):
         if type(module).__name__ != "FP8Linear":
             continue
         n, k = module.weight.shape
-        scale = module.weight_scale_inv.float().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
         linear = nn.Linear(k, n, bias=module.bias is not None, device=module.weight.device)
         with torch.no_grad():
-            linear.weight.copy_(module.weight.float() * scale)
+            linear.weight.copy_(jt._dequantize(module.weight, module.weight_scale_inv, jt.FP8_BLOCK))
             if module.bias is not None:
                 linear.bias.copy_(module.bias.float())
         copy_.set_submodule(name, linear)
