@@ -91,6 +91,7 @@ class Counting:
                 "fused_add_rmsnorm_group_quant",
                 base.fused_add_rmsnorm_group_quant,  # type: ignore[arg-type]
             ),
+            silu_and_mul_group_quant=count("silu_and_mul_group_quant", base.silu_and_mul_group_quant),  # type: ignore[arg-type]
         )
 
 
@@ -645,16 +646,18 @@ def test_fp8_layers_run_on_group_quant_fed_by_the_norms(model_type: str) -> None
         warnings.simplefilter("always")
         report = jt.apply(model, backend=counting.backend)
     assert report.fp8 == 2 * 7 and report.rope == 2 and report.fused_add_rmsnorm == 2
-    assert report.mlp == 0 and report.qkv == 0  # fp8 projections are not merged
+    assert report.mlp == 2 and report.qkv == 2  # q/k/v and gate/up as one fp8 GEMM each
     assert not caught and not report.skipped
     with torch.inference_mode():
         got = model(ids()).logits
         expected = reference(ids()).logits
     # Per forward of 2 layers: the first layer's two norms without a residual to add (its input is
-    # the embedding), the next two with it; only o_proj and down_proj quantise their own input.
+    # the embedding), the next two with it; only o_proj quantises its own input, down_proj's is the
+    # activation's output quantised in the same op.
     assert counting.calls["rmsnorm_group_quant"] == 2
     assert counting.calls["fused_add_rmsnorm_group_quant"] == 2
-    assert counting.calls["group_quant"] == 2 * 2
+    assert counting.calls["group_quant"] == 2
+    assert counting.calls["silu_and_mul_group_quant"] == 2
     assert counting.calls["rmsnorm"] == 0 and counting.calls["fused_add_rmsnorm"] == 1  # the final norm
     # bf16 activations against the fp32 reference's: a group's rounding can move a value across
     # an fp8 step, so not bit for bit
@@ -673,6 +676,34 @@ def test_fp8_fused_norm_quant_equals_norm_then_quant() -> None:
     assert report.fp8 == 14 and report.fused_add_rmsnorm == 0
     with torch.inference_mode():
         torch.testing.assert_close(model(ids()).logits, unfused(ids()).logits, rtol=0, atol=0)
+
+
+def test_fp8_merged_gemms_equal_the_layers_own() -> None:
+    """q/k/v and gate/up as one fp8 GEMM each, the MLP's activation quantised in one op: the
+    products of the separate layers (the activation rounded once: close, not bit for bit)."""
+    model = fp8_model("qwen3")
+    separate = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert jt.apply(model, backend="torch").qkv == 2
+        report = jt.apply(separate, backend="torch", qkv=False, mlp=False)
+    assert report.qkv == 0 and report.mlp == 0 and report.fp8 == 14
+    layer = model.model.layers[0]
+    assert layer.mlp.gate_proj.weight_scale_inv.data_ptr() + 4 * 8 * 4 == layer.mlp.up_proj.weight_scale_inv.data_ptr()
+    with torch.inference_mode():
+        assert cosine(model(ids()).logits, separate(ids()).logits) > 0.999
+
+
+def test_fp8_merged_gemms_follow_a_load_state_dict() -> None:
+    model = fp8_model("llama")
+    other = fp8_model("llama", seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jt.apply(model, backend="torch")
+        jt.apply(other, backend="torch")
+    model.load_state_dict(other.state_dict())
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids()).logits, other(ids()).logits, rtol=0, atol=0)
 
 
 def test_fp8_biases_are_added() -> None:

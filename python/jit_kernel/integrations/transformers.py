@@ -113,9 +113,11 @@ class Backend:
     elements into given buffers (``q`` fp8 ``[T, D]``, ``s`` float32 scales ``[T, D / 128]``,
     column-major): ``group_quant(x, q, s)``; ``rmsnorm_group_quant(x, w, eps, q, s) -> normed``
     (the norm's output quantised, and returned); ``fused_add_rmsnorm_group_quant(x, residual, w, eps,
-    q, s) -> normed`` (``residual += x`` in place first; ``x`` may be overwritten by the result); None
-    where the backend has none (fp8 linear layers then stay the model's). ``cuda_only``: the ops take
-    CUDA tensors only."""
+    q, s) -> normed`` (``residual += x`` in place first; ``x`` may be overwritten by the result);
+    ``silu_and_mul_group_quant(x [T, 2 * I], q, s)`` (``act_and_mul["silu"]``, then quantised); None
+    where the backend has none (fp8 linear layers then stay the model's; without the last, an fp8
+    MLP quantises the activation's output in a launch of its own). ``cuda_only``: the ops take CUDA
+    tensors only."""
 
     name: str
     cuda_only: bool
@@ -128,6 +130,7 @@ class Backend:
     group_quant: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
     rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
     fused_add_rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
+    silu_and_mul_group_quant: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
 
 
 def _torch_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -226,6 +229,10 @@ def _torch_fused_add_rmsnorm_group_quant(
     return _torch_rmsnorm_group_quant(residual, weight, eps, q, s)
 
 
+def _torch_silu_and_mul_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
+    _torch_group_quant(_torch_gated(F.silu)(x), q, s)
+
+
 TORCH = Backend(
     name="torch",
     cuda_only=False,
@@ -242,6 +249,7 @@ TORCH = Backend(
     group_quant=_torch_group_quant,
     rmsnorm_group_quant=_torch_rmsnorm_group_quant,
     fused_add_rmsnorm_group_quant=_torch_fused_add_rmsnorm_group_quant,
+    silu_and_mul_group_quant=_torch_silu_and_mul_group_quant,
 )
 
 
@@ -279,6 +287,9 @@ def _jit_kernel_backend() -> Backend:
         group_quant=lambda x, q, s: jit_kernel.per_token_group_quant_fp8(x, FP8_BLOCK, output_q=q, output_s=s),
         rmsnorm_group_quant=rmsnorm_group_quant,
         fused_add_rmsnorm_group_quant=fused_add_rmsnorm_group_quant,
+        silu_and_mul_group_quant=lambda x, q, s: jit_kernel.silu_and_mul_per_token_group_quant_fp8(
+            x, FP8_BLOCK, output_q=q, output_s=s
+        ),
     )
 
 
@@ -413,12 +424,14 @@ class _Merged:
     writes through to the merged tensor, and ``save_pretrained`` clones the disjoint views. A move
     of the module (``.to()``, ``.half()``) merges again; in eager mode each call checks that the
     parameters still view the merged tensor (``load_state_dict(assign=True)`` replaces them) and
-    merges again where they do not."""
+    merges again where they do not. fp8 linear layers' 128 x 128 block scales (``weight_scale_inv``,
+    whole blocks of rows) are merged the same way, into ``scale``."""
 
     def __init__(self, linears: Sequence[nn.Linear]) -> None:
         self.linears = list(linears)
         self.weight = torch.empty(0)
         self.bias: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
         self.merge()
 
     def merge(self) -> None:
@@ -426,6 +439,8 @@ class _Merged:
             self.weight = self._merge([lin.weight for lin in self.linears])
             biases = [lin.bias for lin in self.linears]
             self.bias = None if biases[0] is None else self._merge(biases)  # type: ignore[arg-type]
+            scales = [getattr(lin, "weight_scale_inv", None) for lin in self.linears]
+            self.scale = None if scales[0] is None else self._merge(scales)  # type: ignore[arg-type]
 
     @staticmethod
     def _merge(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -439,20 +454,15 @@ class _Merged:
 
     def intact(self) -> bool:
         """Every parameter is still its slice of the merged tensors (a host-side check)."""
-        weight, row = self.weight, 0
-        step = weight.stride(0) * weight.element_size()
-        for lin in self.linears:
-            w = lin.weight
-            if w.dtype != weight.dtype or w.data_ptr() != weight.data_ptr() + row * step:
-                return False
-            row += w.shape[0]
-        if self.bias is not None:
-            bias, row = self.bias, 0
+        for merged, name in ((self.weight, "weight"), (self.bias, "bias"), (self.scale, "weight_scale_inv")):
+            if merged is None:
+                continue
+            row, step = 0, merged.stride(0) * merged.element_size()
             for lin in self.linears:
-                b = lin.bias
-                if b is None or b.dtype != bias.dtype or b.data_ptr() != bias.data_ptr() + row * bias.element_size():
+                p = getattr(lin, name, None)
+                if p is None or p.dtype != merged.dtype or p.data_ptr() != merged.data_ptr() + row * step:
                     return False
-                row += b.shape[0]
+                row += p.shape[0]
         return True
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -543,18 +553,36 @@ def _dequantize(values: torch.Tensor, scales: torch.Tensor, block_rows: int) -> 
     return values.float() * expanded
 
 
-def _fp8_gemm(q: torch.Tensor, s: torch.Tensor, rows: int, linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """``[rows, N]`` in ``dtype``: the activation ``(q, s)`` (:func:`_fp8_buffers`) times the fp8
-    linear layer's weight ``[N, K]`` with its 128 x 128 block scales ``weight_scale_inv``, plus its
-    bias. On CUDA one ``torch._scaled_mm`` (blockwise 1 x 128 by 128 x 128, fp32 accumulation);
-    elsewhere the same product of the dequantised operands in fp32."""
-    weight, weight_scale = linear.weight, linear.weight_scale_inv
+def _fp8_gemm(
+    activation: tuple[torch.Tensor, torch.Tensor, int],
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``[rows, N]`` in ``dtype``: the quantised activation ``(q, s, rows)`` (:func:`_fp8_input`)
+    times an fp8 weight ``[N, K]`` with its 128 x 128 block scales, plus the bias. On CUDA one
+    ``torch._scaled_mm`` (blockwise 1 x 128 by 128 x 128, fp32 accumulation); elsewhere the same
+    product of the dequantised operands in fp32."""
+    q, s, rows = activation
     if q.is_cuda:
         out = torch._scaled_mm(q, weight.t(), scale_a=s, scale_b=weight_scale.t(), out_dtype=dtype)[:rows]
     else:
         a = _dequantize(q[:rows], s[:rows], 1)
         out = (a @ _dequantize(weight, weight_scale, FP8_BLOCK).t()).to(dtype)
-    return out if linear.bias is None else out + linear.bias
+    return out if bias is None else out + bias
+
+
+def _fp8_input(x: torch.Tensor, handed: _Fp8Input | None, backend: Backend) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``x [..., K]`` quantised by 1 x 128 groups as ``(q, s, rows)`` (:func:`_fp8_buffers`): the
+    decoder layer's hand-off where ``x`` is the tensor its norm quantised, else by ``group_quant``."""
+    k = x.shape[-1]
+    rows = x.numel() // k
+    if handed is not None and handed.src is x and handed.q is not None and handed.s is not None:
+        return handed.q, handed.s, rows
+    q, s = _fp8_buffers(rows, k, x.device)
+    _ops_for(backend, x).group_quant(x.reshape(rows, k), q[:rows], s[:rows])  # type: ignore[misc]
+    return q, s, rows
 
 
 @dataclasses.dataclass(eq=False)
@@ -571,18 +599,10 @@ def _fp8_linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
     plan: _Fp8LinearPlan = self.__dict__[_PLAN]
     if torch.is_grad_enabled():
         return plan.original(self, input)
-    k = input.shape[-1]
-    rows = input.numel() // k
-    if rows == 0:
+    if input.numel() == 0:
         return input.new_empty((*input.shape[:-1], self.weight.shape[0]))
-    handed = plan.handed
-    if handed is not None and handed.src is input and handed.q is not None and handed.s is not None:
-        q, s = handed.q, handed.s
-    else:
-        x = input.reshape(rows, k)
-        q, s = _fp8_buffers(rows, k, input.device)
-        _ops_for(plan.backend, input).group_quant(x, q[:rows], s[:rows])  # type: ignore[misc]
-    out = _fp8_gemm(q, s, rows, self, input.dtype)
+    activation = _fp8_input(input, plan.handed, plan.backend)
+    out = _fp8_gemm(activation, self.weight, self.weight_scale_inv, self.bias, input.dtype)
     return out.view(*input.shape[:-1], out.shape[-1])
 
 
@@ -673,6 +693,8 @@ class _MLPPlan:
     act: str
     gate_up: _Merged
     original: Callable[..., Any]
+    fp8: bool = False  # fp8 projections: gate/up one fp8 GEMM, the activation quantised for down_proj
+    handed: _Fp8Input | None = None  # the decoder layer's hand-off (fp8)
 
 
 @dataclasses.dataclass(eq=False)
@@ -701,7 +723,8 @@ class _AttentionPlan:
     q_heads: int
     kv_heads: int
     qkv: _Merged | None
-    fp8: bool  # fp8 projections: called as modules (their patched forwards), never merged
+    fp8: bool  # fp8 projections: merged into one fp8 GEMM, or called as modules (their patched forwards)
+    handed: _Fp8Input | None  # the decoder layer's hand-off (fp8)
     qk_norm: tuple[nn.Module, nn.Module] | None  # fused into the rotation
     separate_qk_norm: bool  # the layer's own q_norm / k_norm modules, then the rotation
     eager_attention: Callable[..., Any]
@@ -763,9 +786,19 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     ops = _ops_for(plan.backend, x)
     weight, bias = plan.gate_up.tensors()
     shape = x.shape
-    gate_up = F.linear(x.reshape(-1, shape[-1]), weight, bias)
     down = self.down_proj
-    out = F.linear(ops.act_and_mul[plan.act](gate_up), down.weight, down.bias)
+    if plan.fp8:
+        gate_up = _fp8_gemm(_fp8_input(x, plan.handed, plan.backend), weight, plan.gate_up.scale, bias, x.dtype)  # type: ignore[arg-type]
+        rows, inner = gate_up.shape[0], gate_up.shape[1] // 2
+        q, s = _fp8_buffers(rows, inner, x.device)
+        if plan.act == "silu" and ops.silu_and_mul_group_quant is not None:
+            ops.silu_and_mul_group_quant(gate_up, q[:rows], s[:rows])
+        else:
+            ops.group_quant(ops.act_and_mul[plan.act](gate_up), q[:rows], s[:rows])  # type: ignore[misc]
+        out = _fp8_gemm((q, s, rows), down.weight, down.weight_scale_inv, down.bias, x.dtype)
+    else:
+        gate_up = F.linear(x.reshape(-1, shape[-1]), weight, bias)
+        out = F.linear(ops.act_and_mul[plan.act](gate_up), down.weight, down.bias)
     return out.view(*shape[:-1], out.shape[-1])
 
 
@@ -799,7 +832,12 @@ def _attention_forward(
     d, hq, hk = plan.head_dim, plan.q_heads, plan.kv_heads
     if plan.qkv is not None:
         weight, bias = plan.qkv.tensors()
-        q, k, v = F.linear(x, weight, bias).split((hq * d, hk * d, hk * d), -1)
+        if plan.fp8:  # quantised as the tensor the layer was given: the one its norm quantised
+            activation = _fp8_input(hidden_states, plan.handed, plan.backend)
+            qkv = _fp8_gemm(activation, weight, plan.qkv.scale, bias, x.dtype)  # type: ignore[arg-type]
+        else:
+            qkv = F.linear(x, weight, bias)
+        q, k, v = qkv.split((hq * d, hk * d, hk * d), -1)
     elif plan.fp8:  # called on the tensor the layer was given: the one its norm quantised
         q, k, v = (p(hidden_states).reshape(x.shape[0], -1) for p in (self.q_proj, self.k_proj, self.v_proj))
     else:
@@ -1032,10 +1070,16 @@ def _rope_parameters(rotary: nn.Module, config: Any) -> tuple[torch.Tensor, floa
 
 
 def _attention_plan(
-    attn: nn.Module, backend: Backend, rotary_dim: int, merge_qkv: bool, qk_norm: bool, fp8: set[nn.Module]
+    attn: nn.Module,
+    backend: Backend,
+    rotary_dim: int,
+    merge_qkv: bool,
+    qk_norm: bool,
+    fp8: set[nn.Module],
+    handed: _Fp8Input | None,
 ) -> _AttentionPlan | str:
     """The attention layer's plan, or why it is not supported. ``fp8``: the fp8 linear layers
-    patched (projections all among them run as modules)."""
+    patched (projections all among them run as fp8 GEMMs); ``handed``: its decoder layer's hand-off."""
     needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling", "layer_idx", "config")
     missing = [name for name in needed if not hasattr(attn, name)]
     if missing:
@@ -1061,7 +1105,7 @@ def _attention_plan(
         attention_kwargs = {"sliding_window": getattr(attn.config, "sliding_window", None)}
     else:
         attention_kwargs = {}
-    merged = _Merged([attn.q_proj, attn.k_proj, attn.v_proj]) if merge_qkv and not fp8_projections else None
+    merged = _Merged([attn.q_proj, attn.k_proj, attn.v_proj]) if merge_qkv else None
     return _AttentionPlan(
         backend=backend,
         head_dim=d,
@@ -1069,6 +1113,7 @@ def _attention_plan(
         kv_heads=attn.k_proj.out_features // d,
         qkv=merged,
         fp8=fp8_projections,
+        handed=handed if fp8_projections else None,
         qk_norm=(attn.q_norm, attn.k_norm) if has_qk_norm and qk_norm else None,
         separate_qk_norm=has_qk_norm and not qk_norm,
         eager_attention=eager,
@@ -1077,8 +1122,11 @@ def _attention_plan(
     )
 
 
-def _mlp_act(mlp: nn.Module, config: Any) -> str | None:
-    if not all(_plain_linear(getattr(mlp, p, None)) for p in ("gate_proj", "up_proj", "down_proj")):
+def _mlp_act(mlp: nn.Module, config: Any, fp8: set[nn.Module]) -> str | None:
+    """The gated MLP's activation op, or None where its projections are not plain nn.Linear layers
+    (or all patched fp8 ones, ``fp8``) or its activation has no gated op."""
+    projections = [getattr(mlp, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
+    if not (all(p in fp8 for p in projections) or all(_plain_linear(p) for p in projections)):
         return None
     return ACTIVATIONS.get(getattr(getattr(mlp, "config", config), "hidden_act", None))
 
@@ -1229,14 +1277,14 @@ def apply(
             rotary_dim = 2 * inv_freq.numel()
             reasons = []
             for layer in layers:
-                plan = _attention_plan(layer.self_attn, ops, rotary_dim, False, qk_norm, fp8_linears)
+                plan = _attention_plan(layer.self_attn, ops, rotary_dim, False, qk_norm, fp8_linears, None)
                 if isinstance(plan, str):
                     reasons.append(plan)
             if reasons:
                 report.skipped.append(f"rope, qkv, qk_norm: {reasons[0]}")
             else:
                 for layer in layers:
-                    plan = _attention_plan(layer.self_attn, ops, rotary_dim, qkv, qk_norm, fp8_linears)
+                    plan = _attention_plan(layer.self_attn, ops, rotary_dim, qkv, qk_norm, fp8_linears, handoffs[layer])
                     assert not isinstance(plan, str)
                     attention_plans.append(plan)
                     _bind(layer.self_attn, _attention_forward, plan)
@@ -1254,14 +1302,14 @@ def apply(
         for layer in layers:
             if not (hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "up_proj")):
                 continue  # not a gated MLP (a mixture-of-experts block)
-            if layer.mlp.gate_proj in fp8_linears and layer.mlp.up_proj in fp8_linears:
-                continue  # fp8 projections: the fp8 part runs them, with the input their norm quantised
-            act = _mlp_act(layer.mlp, config)
+            fp8_mlp = all(getattr(layer.mlp, p, None) in fp8_linears for p in ("gate_proj", "up_proj", "down_proj"))
+            act = _mlp_act(layer.mlp, config, fp8_linears if fp8_mlp else set())
             if act is None:
                 skipped_mlp += 1
                 continue
             merged = _Merged([layer.mlp.gate_proj, layer.mlp.up_proj])
-            _bind(layer.mlp, _mlp_forward, _MLPPlan(ops, act, merged, type(layer.mlp).forward))
+            plan = _MLPPlan(ops, act, merged, type(layer.mlp).forward, fp8_mlp, handoffs[layer] if fp8_mlp else None)
+            _bind(layer.mlp, _mlp_forward, plan)
             _merge_on_apply(layer.mlp, [merged])
             report.mlp += 1
         if skipped_mlp:
