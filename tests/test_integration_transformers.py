@@ -645,6 +645,7 @@ def test_fp8_layers_run_on_group_quant_fed_by_the_norms(model_type: str) -> None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = jt.apply(model, backend=counting.backend)
+    counting.calls.clear()  # apply() checks the fp8 GEMM of each weight shape once
     assert report.fp8 == 2 * 7 and report.rope == 2 and report.fused_add_rmsnorm == 2
     assert report.mlp == 2 and report.qkv == 2  # q/k/v and gate/up as one fp8 GEMM each
     assert not caught and not report.skipped
@@ -704,6 +705,25 @@ def test_fp8_merged_gemms_follow_a_load_state_dict() -> None:
     model.load_state_dict(other.state_dict())
     with torch.inference_mode():
         torch.testing.assert_close(model(ids()).logits, other(ids()).logits, rtol=0, atol=0)
+
+
+def test_fp8_layers_whose_gemm_gives_wrong_products_are_left(monkeypatch: Any) -> None:
+    """apply() checks the fp8 GEMM once per weight shape against the dequantised product."""
+    model = fp8_model("llama")
+    gemm = jt._fp8_gemm
+
+    def wrong_for_k_1024(activation: Any, weight: torch.Tensor, *args: Any) -> torch.Tensor:
+        out = gemm(activation, weight, *args)
+        return out * 1.1 if weight.shape[1] == 1024 else out
+
+    monkeypatch.setattr(jt, "_fp8_gemm", wrong_for_k_1024)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jt.apply(model, backend="torch")
+    assert report.fp8 == 12  # each layer's down_proj (in_features 1024) left
+    message = str(caught[0].message)
+    assert "fp8: 2 of 14 fp8 linear layers (model.layers.0.mlp.down_proj: torch._scaled_mm's products on" in message
+    assert "forward" not in model.model.layers[0].mlp.down_proj.__dict__
 
 
 def test_fp8_biases_are_added() -> None:

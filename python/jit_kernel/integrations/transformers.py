@@ -628,6 +628,29 @@ def _fp8_linear_unsupported(module: nn.Module) -> str | None:
     return None
 
 
+def _fp8_gemm_check(weight: torch.Tensor, scale: torch.Tensor, backend: Backend) -> str | None:
+    """Why :func:`_fp8_gemm` cannot serve this weight's shape on its device, or None: it raises, or
+    its product with 4 random quantised rows differs from the dequantised product in the first and
+    last 128 output features (``torch._scaled_mm`` has returned wrong products, without an error,
+    for shapes it accepts)."""
+    n, k = weight.shape
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(0)).to(weight.device, torch.bfloat16)
+    q, s = _fp8_buffers(4, k, weight.device)
+    try:
+        _ops_for(backend, x).group_quant(x, q[:4], s[:4])  # type: ignore[misc]
+        got = _fp8_gemm((q, s, 4), weight, scale, None, torch.float32)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError) as error:
+        first = str(error).splitlines()[0] if str(error) else ""
+        return f"the fp8 GEMM fails on {n} x {k} ({type(error).__name__}: {first})"
+    a = _dequantize(q[:4], s[:4], 1)
+    for block in sorted({0, n // FP8_BLOCK - 1}):
+        rows = slice(block * FP8_BLOCK, (block + 1) * FP8_BLOCK)
+        expected = a @ _dequantize(weight[rows], scale[block : block + 1], FP8_BLOCK).t()
+        if (got[:, rows] - expected).abs().max() > 1e-2 * expected.abs().max():
+            return f"torch._scaled_mm's products on {n} x {k} differ from the dequantised ones"
+    return None
+
+
 def _is_fp8_linear(module: object) -> bool:
     """transformers' fine-grained fp8 linear layer (``FP8Linear``, its subclasses excluded)."""
     cls = type(module)
@@ -1251,8 +1274,15 @@ def apply(
         elif found:
             owner = {m: handoffs[layer] for layer in layers for m in layer.modules() if _is_fp8_linear(m)}
             reasons = []
+            checked: dict[tuple[int, int], str | None] = {}  # GEMM shape -> why it is wrong, or None
             for name, module in found:
                 why = _fp8_linear_unsupported(module)
+                if why is None:
+                    shape = tuple(module.weight.shape)
+                    if shape not in checked:
+                        with torch.no_grad():
+                            checked[shape] = _fp8_gemm_check(module.weight, module.weight_scale_inv, ops)
+                    why = checked[shape]
                 if why is not None:
                     reasons.append(f"{name}: {why}")
                     continue
