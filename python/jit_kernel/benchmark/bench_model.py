@@ -490,7 +490,7 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
         variants, baseline = ["unpatched", "jit_kernel_two_launch", "jit_kernel"], "jit_kernel_two_launch"
     else:
         variants, baseline = ["unpatched", "jit_kernel"] + ([] if args.no_flashinfer else ["flashinfer"]), "unpatched"
-    variants += ["jit_kernel_unmerged"] if args.ablate and not fp8 else []
+    variants += ["jit_kernel_unmerged"] if args.ablate else []
     models, fp32, missing = build_models(config, device, variants, fp8=fp8)
     variants = [v for v in variants if v not in missing]
     notes.extend(f"{LABELS[name]}: {why}" for why in missing.values())
