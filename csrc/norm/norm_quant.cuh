@@ -508,8 +508,9 @@ inline constexpr int64_t kPairedMaxRows = 256;
 // kLatencyBoundRows): it holds nothing past the row's stores, so the weight's registers cost no
 // occupancy, and the weight's round trip after the reduction leaves the row's CTA idle. H100, D
 // 4096 bf16, CUDA-graph replays: 1-3% faster from 512 to 16384 rows with the fused add; without
-// it 1-5% from 1024 rows on (18.6 -> 17.6 us at 4096), 2% slower at 512. The dynamic kinds,
-// which hold the row for their maximum, were level or slower (group: 0.1-1%).
+// it 1-5% from 1024 rows on (18.6 -> 17.6 us at 4096), 2% slower at 512. The dynamic kinds hold
+// the row for their maximum and keep rmsnorm's rule: the group kind was 0.1-1% slower at every
+// count from 512 rows, the per-token kind 2-3% slower at 512 and 1024 (0.2-1.5% faster from 2048).
 template <Epi kEpi>
 inline constexpr bool kEarlyWeightAtAnyRows = kEpi == Epi::kTensor;
 
