@@ -35,12 +35,15 @@ from jit_kernel.benchmark._tables import (
 )
 from jit_kernel.benchmark.results import JSON_DIR_ENV
 from jit_kernel.benchmark.utils import (
+    L2_FLUSH_BYTES,
     SAVE_PATH_ENV,
     copy_fn,
     gbps,
     get_benchmark_range,
     plot_names,
     resolve_save_path,
+    rotated,
+    rotation_count,
     run_reports,
 )
 from jit_kernel.engine.spec import Config, KernelSpec
@@ -153,6 +156,32 @@ def test_measurements_memoize_per_config_and_provider() -> None:
     assert calls == [(("op", 1), "jit"), (("op", 1), "eager"), (("op", 2), "jit")]
     assert results.for_config(("op", 1)) == {"jit": 1.0, "eager": 2.0}
     assert results.for_config(("op", 3)) == {}
+
+
+def test_measurements_keep_the_time_per_call() -> None:
+    results = Measurements(lambda key, provider, make: 40.0)
+    assert results.time(("op", 1), "jit", lambda: lambda: None, calls=4) == 10.0
+    assert results.for_config(("op", 1)) == {"jit": 10.0}
+
+
+def test_rotated_calls_each_copy_in_turn() -> None:
+    assert rotation_count(L2_FLUSH_BYTES) == 1
+    assert rotation_count(L2_FLUSH_BYTES // 4) == 4
+    assert rotation_count(L2_FLUSH_BYTES // 4 - 1) == 5  # the copies span at least L2_FLUSH_BYTES
+    assert rotation_count(0) == L2_FLUSH_BYTES
+    made: list[int] = []
+    ran: list[int] = []
+
+    def make() -> Callable[[], object]:
+        index = len(made)
+        made.append(index)
+        return lambda: ran.append(index)
+
+    run = rotated(make, 3)
+    assert made == [0, 1, 2] and ran == []  # inputs made once, up front
+    run()
+    run()
+    assert ran == [0, 1, 2, 0, 1, 2]
 
 
 def test_paired_measurements_bracket_each_jit_time_with_the_reference() -> None:

@@ -1030,10 +1030,23 @@ def test_bench_norm_quant_on_cpu(
         bench.main([])
         assert list(tmp_path.iterdir()) == []
         expected = sum(len(providers) for providers, _ in bench.OPS.values()) * len(bench.TOKENS)
-        assert len(calls) == len(set(calls)) == expected
+        rotated = {(key, p) for key, p in calls if key[-1] == "rotated"}
+        assert bench.ROTATED_TOKENS == [4096, 16384]
+        assert rotated == {
+            ((op, n, "rotated"), p)
+            for op, (providers, _) in bench.OPS.items()
+            for n in bench.ROTATED_TOKENS
+            for p in providers
+            if p in ("jit", "copy", "flashinfer")
+        }
+        assert len(calls) == len(set(calls)) == expected + len(rotated)
         summary = capsys.readouterr().out.split("device: Fake GPU")[1]
         rows = [line for line in summary.splitlines() if line.startswith("| ") and "jit us" not in line]
-        assert len(rows) == len(bench.OPS) * len(bench.TOKENS)
+        assert len(rows) == len(bench.OPS) * (len(bench.TOKENS) + len(bench.ROTATED_TOKENS))
+        # a rotated time is per call: the timer's 10 us over the copies one timed call makes
+        copies = bench.rotation_count(bench.op_bytes("rmsnorm_quant_fp8", 4096))
+        assert copies == 6  # 48 MB of minimal bytes, 256 MB of rotated copies
+        assert bench.RESULTS.for_config(("rmsnorm_quant_fp8", 4096, "rotated"))["jit"] == 10.0 / copies
     finally:
         monkeypatch.undo()
 

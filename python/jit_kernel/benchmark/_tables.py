@@ -246,13 +246,15 @@ class Measurements:
         """Measured with :func:`time_case`, jit times bracketed by the empty kernel's."""
         return cls(time_case, empty_kernel_now_us)
 
-    def time(self, key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
-        """The median us of ``provider`` at config ``key``; measured on the first request only."""
+    def time(self, key: Hashable, provider: str, make: Callable[[], Callable[[], object]], calls: int = 1) -> float:
+        """The median us of ``provider`` at config ``key``; measured on the first request only.
+        ``calls``: how many calls of the op one call of ``make``'s callable makes (each on inputs
+        of its own, see :func:`rotated`); the time kept is per call."""
         result_files.check_stop()
         if (key, provider) not in self.times:
             paired = self.reference is not None and provider == "jit"
             before = self.reference() if paired else math.nan
-            self.times[(key, provider)] = self.timer(key, provider, make)
+            self.times[(key, provider)] = self.timer(key, provider, make) / calls
             if paired:
                 self.times[(key, EMPTY_PROVIDER)] = (before + self.reference()) / 2
         return self.times[(key, provider)]

@@ -9,7 +9,11 @@ measured in the same run. Times are CUDA-graph medians in microseconds.
 
 Grid: bfloat16 rows of 4096, tokens 1, 16, 128, 256, 512, 1024, 4096, 16384 (CI-sized grid, the one
 the docs show: tokens 1, 16, 128, 1024, 4096, 16384). At 4096 tokens the copy's 25-60 MB stays
-partly in the 50 MB L2 between replays; at 16384 tokens neither the copy nor the op does.
+partly in the 50 MB L2 between replays; at 16384 tokens neither the copy nor the op does. So from
+4096 tokens each op is also timed with its inputs rotated: as many copies of its inputs and outputs
+as span 256 MB, used in turn (the time is per call), and so is the copy: no replay finds its data in
+L2, as in a model, where the layers between two calls evict it. The "rotated" table holds jit_kernel,
+the copy and FlashInfer, and is where the share of the DRAM ceiling is read.
 One ``triton.testing.perf_report`` benchmark per op, with these providers as lines:
 
 - ``jit``: jit_kernel's fused op, outputs preallocated; ``copy``: a device-to-device copy of the
@@ -56,7 +60,7 @@ from jit_kernel.benchmark._tables import (
     run_script,
     tables_markdown,
 )
-from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
+from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range, rotated, rotation_count
 
 EPS = 1e-6
 FP8 = torch.float8_e4m3fn
@@ -67,6 +71,8 @@ DT = torch.bfloat16
 HIDDEN = 4096
 TOKENS = get_benchmark_range([1, 16, 128, 256, 512, 1024, 4096, 16384], [1, 16, 128, 1024, 4096, 16384])
 TINY_TOKENS = 16  # "vs empty" is shown up to this many tokens
+ROTATED_TOKENS = [n for n in TOKENS if n >= 4096]  # also timed with rotated inputs (module docstring)
+ROTATED_PROVIDERS = ("jit", "copy", "flashinfer")
 
 QUANT_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
     **STANDARD_PROVIDERS,
@@ -306,7 +312,33 @@ def bench_norm_quant(tokens: int, op: str, provider: str) -> float:
     return RESULTS.time((op, tokens), provider, lambda: norm_quant_case(provider, op, tokens))
 
 
-REPORTS = [bench_norm_quant]
+def _rotated_providers(op: str) -> dict[str, tuple[str, tuple[str, str]]]:
+    return {p: line for p, line in OPS[op][0].items() if p in ROTATED_PROVIDERS}
+
+
+def _rotated_benchmark(op: str) -> triton.testing.Benchmark:
+    return provider_benchmark(
+        _rotated_providers(op),
+        x_name="tokens",
+        x_vals=ROTATED_TOKENS,
+        xlabel=f"tokens (x {HIDDEN}), inputs rotated",
+        plot_name=f"{op}-bf16-D{HIDDEN}-rotated",
+        args={"op": op},
+    )
+
+
+@triton.testing.perf_report([_rotated_benchmark(op) for op in OPS])
+def bench_norm_quant_rotated(tokens: int, op: str, provider: str) -> float:
+    copies = rotation_count(op_bytes(op, tokens))
+    return RESULTS.time(
+        (op, tokens, "rotated"),
+        provider,
+        lambda: rotated(lambda: norm_quant_case(provider, op, tokens), copies),
+        calls=copies,
+    )
+
+
+REPORTS = [bench_norm_quant, bench_norm_quant_rotated]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +353,14 @@ def summary_tables() -> list[SummaryTable]:
             title = f"{op} (bf16, D={HIDDEN}, groups of {GROUP}, column-major TMA-padded scales, normed_out written)"
         configs = [((op, n), [n], op_bytes(op, n), n <= TINY_TOKENS) for n in TOKENS]
         tables.append(SummaryTable(op, title, ["tokens"], configs, providers, extras))
+    rotated_configs = [((op, n, "rotated"), [op, n], op_bytes(op, n), False) for op in OPS for n in ROTATED_TOKENS]
+    rotated_providers = {p: line for p, line in QUANT_PROVIDERS.items() if p in ROTATED_PROVIDERS}
+    title = f"every op (bf16, D={HIDDEN}), inputs rotated over 256 MB: no L2 reuse between calls"
+    tables.append(
+        SummaryTable(
+            "rotated", title, ["op", "tokens"], rotated_configs, rotated_providers, {"flashinfer": "FlashInfer"}
+        )
+    )
     return tables
 
 

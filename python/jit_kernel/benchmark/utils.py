@@ -101,6 +101,24 @@ def copy_fn(num_bytes: int, device: str = DEFAULT_DEVICE) -> Callable[[], object
     return lambda: dst.copy_(src)
 
 
+def rotation_count(num_bytes: int) -> int:
+    """How many copies of an op's inputs and outputs, used in turn, span :data:`L2_FLUSH_BYTES`:
+    then no call finds the data of its previous call in L2, as a layer's op never does."""
+    return max(1, -(-L2_FLUSH_BYTES // max(num_bytes, 1)))
+
+
+def rotated(make: Callable[[], Callable[[], object]], copies: int) -> Callable[[], object]:
+    """One callable running ``copies`` callables of ``make`` (each allocating its own inputs and
+    outputs) in turn: one call of it is ``copies`` calls of the op."""
+    calls = [make() for _ in range(copies)]
+
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return run
+
+
 def copy_time_us(num_bytes: int, device: str = DEFAULT_DEVICE) -> float:
     """CUDA-graph median time of :func:`copy_fn` (``num_bytes`` moved: half read, half written)."""
     return median_time_us(copy_fn(num_bytes, device))
