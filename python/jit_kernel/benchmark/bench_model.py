@@ -2,7 +2,10 @@
 ``jit_kernel.integrations.transformers.apply`` (and by the same integration with FlashInfer's ops,
 where FlashInfer imports), in eager mode, replayed from a CUDA graph and under
 ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (unpatched and jit_kernel); times are
-medians of CUDA-event pairs around each call after warm-up, in microseconds.
+medians of CUDA-event pairs around each call after warm-up, in microseconds. Eager decode steps are
+bound by the host (transformers' Python and, in the fp8 model, the host side of each
+``torch._scaled_mm``): they follow the machine's CPU more than the kernels, and the CUDA-graph and
+compiled rows are the ones that compare kernels.
 
     python -m jit_kernel.benchmark.bench_model                       # the three models, 4 layers
     python -m jit_kernel.benchmark.bench_model --quick               # 1 layer, batch 1: a smoke test
