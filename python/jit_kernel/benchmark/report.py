@@ -398,7 +398,9 @@ How to read the tables:
   parentheses, its time over jit_kernel's: above 1.00x, jit_kernel is faster.
 - "% of copy" is the time of a device-to-device copy of the op's minimal bytes (measured in the same
   run) over jit_kernel's time: 100% moves the bytes as fast as a plain copy. Above 100% appears where
-  the data stay in L2 across replays.
+  the data stay in L2 across replays. Tables of "inputs rotated" time each call on inputs no recent
+  call left in L2 (copies spanning 256 MB, used in turn), the copy as well: there, % of copy is the
+  share of the DRAM ceiling.
 - "vs empty" (decode-sized rows) is jit_kernel's time over an empty kernel (a 1-element torch
   `add_`) replayed just before and after it: 1.00x is the cost of any launch.
 - Decode-sized rows are those of up to 16 tokens (elementwise: up to 128K elements;
