@@ -296,13 +296,18 @@ def norm_quant_case(provider: str, op: str, tokens: int, device: str = DEFAULT_D
 # perf_report benchmarks: x = tokens, one line per provider, one benchmark per op
 
 
-def _benchmark(op: str) -> triton.testing.Benchmark:
+def _rotated_providers(op: str) -> dict[str, tuple[str, tuple[str, str]]]:
+    return {p: line for p, line in OPS[op][0].items() if p in ROTATED_PROVIDERS}
+
+
+def _benchmark(op: str, rotated_inputs: bool = False) -> triton.testing.Benchmark:
+    suffix = "-rotated" if rotated_inputs else ""
     return provider_benchmark(
-        OPS[op][0],
+        _rotated_providers(op) if rotated_inputs else OPS[op][0],
         x_name="tokens",
-        x_vals=TOKENS,
-        xlabel=f"tokens (x {HIDDEN})",
-        plot_name=f"{op}-bf16-D{HIDDEN}",
+        x_vals=ROTATED_TOKENS if rotated_inputs else TOKENS,
+        xlabel=f"tokens (x {HIDDEN})" + (", inputs rotated" if rotated_inputs else ""),
+        plot_name=f"{op}-bf16-D{HIDDEN}{suffix}",
         args={"op": op},
     )
 
@@ -312,22 +317,7 @@ def bench_norm_quant(tokens: int, op: str, provider: str) -> float:
     return RESULTS.time((op, tokens), provider, lambda: norm_quant_case(provider, op, tokens))
 
 
-def _rotated_providers(op: str) -> dict[str, tuple[str, tuple[str, str]]]:
-    return {p: line for p, line in OPS[op][0].items() if p in ROTATED_PROVIDERS}
-
-
-def _rotated_benchmark(op: str) -> triton.testing.Benchmark:
-    return provider_benchmark(
-        _rotated_providers(op),
-        x_name="tokens",
-        x_vals=ROTATED_TOKENS,
-        xlabel=f"tokens (x {HIDDEN}), inputs rotated",
-        plot_name=f"{op}-bf16-D{HIDDEN}-rotated",
-        args={"op": op},
-    )
-
-
-@triton.testing.perf_report([_rotated_benchmark(op) for op in OPS])
+@triton.testing.perf_report([_benchmark(op, rotated_inputs=True) for op in OPS])
 def bench_norm_quant_rotated(tokens: int, op: str, provider: str) -> float:
     copies = rotation_count(op_bytes(op, tokens))
     return RESULTS.time(
