@@ -510,7 +510,9 @@ inline constexpr int64_t kPairedMaxRows = 256;
 // 4096 bf16, CUDA-graph replays: 1-3% faster from 512 to 16384 rows with the fused add; without
 // it 1-5% from 1024 rows on (18.6 -> 17.6 us at 4096), 2% slower at 512. The dynamic kinds hold
 // the row for their maximum and keep rmsnorm's rule: the group kind was 0.1-1% slower at every
-// count from 512 rows, the per-token kind 2-3% slower at 512 and 1024 (0.2-1.5% faster from 2048).
+// count from 512 rows; the per-token kind 6-15% slower at 512 to 2048 rows and 0.5-1% faster at
+// 4096 and 16384 on the H100 (fused add), and on an H200 7-19% slower at D 4096 with the fused
+// add, within -6% and +6% at the other shapes (D 7168, 8192, with and without the add).
 template <Epi kEpi>
 inline constexpr bool kEarlyWeightAtAnyRows = kEpi == Epi::kTensor;
 
