@@ -443,8 +443,9 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / kC
 //   and 42-53% at D 8192;
 // - the per-token absmax guessed before the second exchange, as the |y| of the element of largest
 //   |x * w| (each warp's candidate sent with the sums), quantised with while the true absmax is
-//   exchanged and redone where the two differ: 12-21% slower at D 4096, 7168 and 8192, 1 to 16 rows
-//   (selecting the candidates lengthens the path to the first exchange more than the overlap saves).
+//   exchanged and redone where the two differ (never, on random rows): 12-21% slower at D 4096, 7168
+//   and 8192, 1 to 16 rows. At D 4096 the candidates alone (a 64-bit maximum per element, two
+//   redux.sync, one more round) added 0.25 us; that round, sending a constant, 0.07-0.09 us.
 inline constexpr int64_t kClusterMaxRows = 16;
 inline constexpr int kClusterMinWarps = 12;
 template <typename K>
