@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Every benchmark on the GPU machine and docs/benchmarks.md generated from their JSON, in one device
-# call: build and install the package (ci/gpu-session.sh), put FlashInfer 0.7.2 from .peers on the
-# path with its prebuilt modules, run `python -m jit_kernel.benchmark.run_all` within the time the
-# call has left (at most 480 s), then `python -m jit_kernel.benchmark.report`. Carry .whl and .peers.
+# Every benchmark on a GPU machine and docs/benchmarks.md generated from their JSON, as one job:
+# build and install the package (ci/gpu-session.sh: .whl/ holds the apache-tvm-ffi wheel), put
+# FlashInfer 0.7.2 from .peers/flashinfer-slim.tgz on the path with its prebuilt modules, run
+# `python -m jit_kernel.benchmark.run_all` from /tmp (so that it imports the installed package)
+# within the time the job has left (at most 480 s), then `python -m jit_kernel.benchmark.report`.
 #
 #   JIT_KERNEL_BENCH_COMMIT=$(git rev-parse --short HEAD) bash ci/bench-docs.sh [--only REGEX]
 #
-# Writes $OUT/bench-docs.tgz holding docs/benchmarks.md, docs/benchmarks/plots/*.png and the JSON
-# results in docs/benchmarks/data/ (unpack it over the checkout and commit the three together) and
-# each script's log in bench-logs/; the build log is $OUT/session.log. Arguments go to run_all (e.g. --only 'norm|rope'):
-# with arguments, the results already in docs/benchmarks/data are kept for the scripts not rerun, so
-# a run split over two calls ends with one complete document.
+# $OUT is the output folder (default /tmp/out); CALL_S (default 540) the seconds the whole job may
+# take. Writes $OUT/bench-docs.tgz holding docs/benchmarks.md, docs/benchmarks/plots/*.png and the
+# JSON results in docs/benchmarks/data/ (unpack it over the checkout and commit the three together)
+# and each script's log in bench-logs/; the build log is $OUT/session.log. Arguments go to run_all
+# (e.g. --only 'norm|rope'): with arguments, the results already in docs/benchmarks/data are kept
+# for the scripts not rerun, so a run split over two jobs ends with one complete document.
 #
 # FlashInfer's JIT modules take about a minute each to compile: build them once with
 # ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz; norm, rope, page and the three
@@ -20,7 +22,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-CALL_S=${CALL_S:-540}  # the device call's 600 s less the report, a stopped script's grace and the copy back
+CALL_S=${CALL_S:-540}  # a 600 s job limit less the report, a stopped script's grace and the packing
 start=$(date +%s)
 
 bash ci/gpu-session.sh > "$OUT/session.log" 2>&1 || { tail -30 "$OUT/session.log"; exit 1; }
@@ -49,7 +51,7 @@ mkdir -p "$data"
    --log-dir "$OUT/bench-logs" "$@")
 status=$?
 (cd /tmp && python3 -m jit_kernel.benchmark.report --json-dir "$data" --output "$OUT/docs/benchmarks.md") || status=1
-# What comes back from the device is a few files at most two folders down: one archive of it all.
+# One archive of it all, for a caller that copies back only a few files near the top of $OUT.
 tar czf "$OUT/bench-docs.tgz" -C "$OUT" docs bench-logs && rm -rf "$OUT/docs" "$OUT/bench-logs"
 echo "bench-docs: $(( $(date +%s) - start )) s in all"
 exit $status

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Before/after on one GPU: build the current tree and an older one (a `git archive` of it, carried
-# as OLD_DIR), then time the same calls under each, interleaved, ROUNDS times
-# (python/jit_kernel/benchmark/bench_versions.py), and print the comparison. Run with `.whl` and
-# OLD_DIR carried:
+# Before/after on one GPU: build the current tree and an older one (OLD_DIR, a copy of the older
+# sources), then time the same calls under each, interleaved, ROUNDS times
+# (python/jit_kernel/benchmark/bench_versions.py, run from this tree against each build), and print
+# the comparison. .whl/ holds the apache-tvm-ffi wheel; $OUT is the output folder (default /tmp/out):
+# the builds' and runs' logs, each run's JSON, summary.txt and compare.md.
 #
-#   git archive <commit> | tar -x -C .bench-old    # here, once (.bench-old is git-ignored locally)
-#   bash ci/bench-versions.sh .bench-old [ROUNDS]    # on the GPU machine
-#   BENCH_ONLY='gelu|silu' bash ci/bench-versions.sh .bench-old    # only the cases matching a regex
+#   mkdir .bench-old && git archive <rev> | tar -x -C .bench-old    # the older sources, once
+#   bash ci/bench-versions.sh .bench-old [ROUNDS]                   # on the GPU machine
+#   BENCH_ONLY='gelu|silu' bash ci/bench-versions.sh .bench-old     # only the cases matching a regex
 set -uo pipefail
 OLD_DIR=$1 ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/out}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Benchmarks on the GPU machine with FlashInfer as a peer: build and install (ci/gpu-session.sh
-# peers), then each script on its full grid with a time limit, its log in $OUT/<script>.log and its
-# tables on stdout. Carry .whl and .peers.
+# Chosen benchmarks on a GPU machine with FlashInfer as a peer: build and install
+# (ci/gpu-session.sh peers: .whl/ holds the apache-tvm-ffi wheel, .peers/ the FlashInfer archives),
+# then each script on its full grid with a time limit, its log in $OUT/<script>.log ($OUT: the
+# output folder, default /tmp/out) and its tables on stdout.
 #
 #   bash ci/gpu-bench.sh <limit_s per script> bench_rope bench_kv_store ...
 set -u

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (the `device` tool): install the carried tvm-ffi wheel, build and
-# install the package with its prebuilt library, then run the requested steps. Logs go to $OUT.
+# On a machine with a CUDA GPU: install apache-tvm-ffi from the wheel in .whl/ (no package index
+# needed) into /tmp/site, build and install the package there with its prebuilt library (9.0a unless
+# JIT_KERNEL_AOT_ARCHS says otherwise), then run the requested steps in order. Logs go to $OUT, the
+# output folder (default /tmp/out): build.log, summary.txt, device.txt and one log per step.
 #
 #   bash ci/gpu-session.sh [peers] [doctor] [tests] [sanitize] [bench] [custom "<command>"]
 #
-# Run from the repository root with `.whl` carried (../shared/gpu/fetch-wheels fills it). `peers`
-# (carry `.peers` too) puts FlashInfer 0.7.2 on the path for the steps after it, with its prebuilt
-# modules when .peers/flashinfer-jit-cache.tgz is there (ci/prebuild-flashinfer.sh).
+# Run from the repository root. `peers` puts FlashInfer 0.7.2 on the path for the steps after it,
+# from .peers/flashinfer-slim.tgz (an archive of FlashInfer's `flashinfer/` package folder), with
+# its prebuilt modules when .peers/flashinfer-jit-cache.tgz is there (ci/prebuild-flashinfer.sh).
+# `tests` honours PYTEST_MARK and PYTEST_ARGS, `sanitize` SANITIZE_ARGS, `bench` BENCHES.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

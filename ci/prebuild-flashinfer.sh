@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
-# Pre-build FlashInfer 0.7.2's JIT modules for sm_90a once, so later GPU calls load them instead of
-# spending minutes of GPU time compiling them on every cold start.
+# Pre-build FlashInfer 0.7.2's JIT modules for sm_90a once, so that benchmark runs on a GPU load
+# them instead of compiling them (minutes) on every fresh machine.
 #
 #   PYTHONPATH=/tmp/site PYTHON=python3 MAX_JOBS=8 bash ci/prebuild-flashinfer.sh   # repository root
 #
-# Run it on the GPU machine (75 s there with MAX_JOBS=8) and bring .peers/flashinfer-jit-cache.tgz back
-# through $OUT: the norm module includes cublasLt.h, which this CPU machine's CUDA 13.0 lacks. No GPU
-# is used: any machine with the full CUDA toolkit can build it. On this CPU machine the other five
-# build (FI_MODULES below; 44 s with MAX_JOBS=2): the link's -lcuda then finds an empty stub made
-# here (no driver on this machine; the modules do not end up needing libcuda). FlashInfer's kv-cache
-# append (`page`) needs page.cu and flashinfer_page_binding.cu in the slim copy, which
-# ../shared/gpu/fetch-peers drops: add them to its keep pattern when making .peers.
+# No GPU is used: any machine with the full CUDA toolkit builds all six modules (75 s with MAX_JOBS=8
+# on a 16-core GPU machine). The norm module includes cublasLt.h: where the toolkit lacks cuBLAS,
+# build the other five (FI_MODULES below), and norm then compiles in the first GPU run that uses it.
+# On a machine without the driver, the link's -lcuda finds an empty stub made here (the modules do
+# not end up needing libcuda).
 #
-# Writes .peers/flashinfer-jit-cache.tgz (git ignores .peers/). Needs: .peers/flashinfer-slim.tgz
-# (../shared/gpu/fetch-peers), nvcc 13.0 at $CUDA_HOME (default /usr/local/cuda), ninja, and a Python
-# with torch (any build, CPU is fine), apache-tvm-ffi 0.1.15.post2 (the version of the wheel in
-# .whl/; any CPython), jinja2, filelock and packaging.
+# Writes .peers/flashinfer-jit-cache.tgz (.peers/ holds inputs, not sources). Needs: .peers/flashinfer-slim.tgz
+# (an archive of FlashInfer 0.7.2.post1's `flashinfer/` package folder; the kv-cache append module,
+# `page`, needs its csrc/page.cu and csrc/flashinfer_page_binding.cu), nvcc 13.0 at $CUDA_HOME
+# (default /usr/local/cuda), ninja, and a Python with torch (any build, CPU is fine),
+# apache-tvm-ffi 0.1.15.post2 (the version ci/gpu-session.sh installs from .whl/; any CPython), jinja2,
+# filelock and packaging.
 #
 # How it works: FlashInfer's JitSpec.build_and_load() first calls try_load(), which asks
 # jit/env.py get_aot_artifacts(name); that returns <package>/data/aot/<name>/<name>.so as soon as the
 # file exists (checked before any provider or architecture logic) and tvm_ffi.load_module() loads it
 # directly: no build.ninja is written, ninja never runs, no nvcc. So this script runs FlashInfer's own
-# build (gen_*_module() specs -> build_jit_specs(), the same flags as a JIT build on the GPU machine
+# build (gen_*_module() specs -> build_jit_specs(), the same flags as a JIT build on a GPU machine
 # with FLASHINFER_CUDA_ARCH_LIST=9.0a) in a private temporary workspace, and packs only the final
 # .so files (objects, build.ninja, generated sources are not needed to load) as
 #   flashinfer/data/aot/<name>/<name>.so      for norm rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul
@@ -29,8 +29,8 @@
 # absolute paths, on the Python version, or on the tvm-ffi install location. It then checks, in a
 # fresh process, that FlashInfer's own lookup picks each module up as AOT with ninja disabled.
 #
-# On the GPU machine, carry .whl and .peers and start the command with (the second tar is the only
-# new line compared with ../shared/gpu/README.md):
+# To use the modules on a GPU machine, unpack this archive over FlashInfer's copy (the second tar;
+# ci/gpu-session.sh's `peers` step does the same):
 #
 #   mkdir -p /tmp/fi && tar xzf .peers/flashinfer-slim.tgz -C /tmp/fi \
 #     && tar xzf .peers/flashinfer-jit-cache.tgz -C /tmp/fi \
@@ -38,11 +38,11 @@
 #     && export PYTHONPATH=/tmp/site:/tmp/fi FLASHINFER_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda &&
 #
 # Optional: add FLASHINFER_DISABLE_JIT=1 to make a missing module an error (MissingJITCacheError)
-# instead of a silent multi-minute compile. Modules not listed above still JIT-compile as before.
+# instead of a silent multi-minute compile. Modules not listed above still JIT-compile.
 #
-# FI_MODULES (default: all six) picks modules by name, e.g. on this CPU machine, which cannot build
-# norm: FI_MODULES="rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul" (for the issue 17 / 18
-# grids; norm then compiles in the GPU run that first uses it).
+# FI_MODULES (default: all six) picks modules by name, e.g. where the toolkit cannot build norm:
+# FI_MODULES="rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul" (norm then compiles in the GPU
+# run that first uses it).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -50,7 +50,7 @@ PYTHON=${PYTHON:-python3}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 slim=.peers/flashinfer-slim.tgz
 out_tgz=.peers/flashinfer-jit-cache.tgz
-[ -f "$slim" ] || { echo "missing $slim: run ../shared/gpu/fetch-peers first" >&2; exit 1; }
+[ -f "$slim" ] || { echo "missing $slim: an archive of FlashInfer 0.7.2.post1's flashinfer/ package folder" >&2; exit 1; }
 "$PYTHON" -c 'import torch, tvm_ffi, jinja2, filelock, packaging' \
   || { echo "set PYTHON to a Python with torch, apache-tvm-ffi, jinja2, filelock, packaging" >&2; exit 1; }
 
@@ -67,7 +67,7 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so ' && [ ! -e "$CUDA_HOME/lib6
   export LIBRARY_PATH=$tmp/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}
 fi
 
-# Private workspace and one compile job at a time (the build machine is small and shared).
+# Private workspace; one compile job at a time unless MAX_JOBS says more (a small or shared machine).
 export FLASHINFER_WORKSPACE_BASE=$tmp/ws FLASHINFER_CUDA_ARCH_LIST=9.0a
 export MAX_JOBS=${MAX_JOBS:-1} FLASHINFER_JIT_PREBUILD_MAX_JOBS=${MAX_JOBS:-1} FLASHINFER_NVCC_THREADS=1
 unset FLASHINFER_DISABLE_JIT FLASHINFER_EXTRA_CFLAGS FLASHINFER_EXTRA_CUDAFLAGS FLASHINFER_EXTRA_LDFLAGS \
@@ -125,7 +125,7 @@ aot=$tmp/out/flashinfer/data/aot
 } > "$aot/PREBUILT.txt"
 cat "$aot/PREBUILT.txt"
 
-# Check: unpack exactly as on the GPU machine (slim, then this tarball on top), and ask FlashInfer's
+# Check: unpack exactly as a GPU run does (slim, then this tarball on top), and ask FlashInfer's
 # own lookup in a fresh process, with JIT disabled and ninja made to fail.
 tar czf "$out_tgz" -C "$tmp/out" flashinfer
 tar xzf "$out_tgz" -C "$tmp/fi"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The release wheel on the GPU machine (the `device` tool, `.whl` carried as for ci/gpu-session.sh):
-# for each fatbin compression mode, build the wheel for the release arch list in a fresh build
-# folder with every core, print the build seconds and the sizes of the wheel and of the library,
-# install the wheel into its own folder and time the first call (bench_first_call) from it.
+# The release wheel on a GPU machine (.whl/ holds the apache-tvm-ffi wheel, as for
+# ci/gpu-session.sh): for each fatbin compression mode, build the wheel for the release arch list in
+# a fresh build folder with every core, print the build seconds and the sizes of the wheel and of the
+# library, install the wheel into its own folder and time the first call (bench_first_call) from it.
 #
 #   bash ci/release-wheel-bench.sh [on] [off]      # default: on off (about 4 minutes each on 16 cores)
 #
-# JIT_KERNEL_AOT_ARCHS (default: release) picks the archs. Logs and summary.txt go to $OUT.
+# JIT_KERNEL_AOT_ARCHS (default: release) picks the archs. Logs and summary.txt go to $OUT, the
+# output folder (default /tmp/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
