@@ -148,9 +148,8 @@ def unit_groups(families: Sequence[tuple[str, TranslationUnit]], jobs: int) -> l
     """The families' units grouped into the units the build compiles: one per family when the build
     runs at least half as many jobs as there are families, else ``2 * jobs`` merged groups (two
     rounds of compiles), filled heaviest first, each family to the lightest group. A family's weight
-    is a rough proxy of its compile time: a fixed cost of 10 plus its exports. On a 2-core machine
-    the 22 CUDA families as 4 units (grouped by their measured times) compiled in 228 s against 345 s
-    as 22 (CPU 427 s against 686 s)."""
+    is a rough proxy of its compile time: a fixed cost of 10 plus its exports. What merging saves on
+    a 2-core build: docs/design/engine.md."""
     count = 2 * jobs
     if count >= len(families):
         return [[family] for family in families]

@@ -149,7 +149,7 @@ def _discard(entry: Path) -> None:
 @contextlib.contextmanager
 def _lock(entry: Path, wait: bool = True) -> Iterator[bool]:
     """Hold ``entry``'s file lock. With ``wait=False``, yields False at once if another holds it."""
-    import filelock  # only a miss needs it; importing it costs ~8 ms of every process start
+    import filelock  # only a miss needs it; at import time every process would pay (docs/design/engine.md)
 
     path = entry.parent / ".locks" / f"{entry.name}.lock"
     lock = filelock.FileLock(str(path))

@@ -86,11 +86,14 @@ def aot_archs() -> str | None:
     return os.environ.get("JIT_KERNEL_AOT_ARCHS")
 
 
-# os.environ.get of an unset variable raises and catches a KeyError inside (about 1 us), which an
-# op that reads a switch on every call cannot afford; os.environ keeps its encoded copy in _data.
-# ``CHECK_INDICES_KEY not in ENVIRON_DATA`` (one dict lookup, which the ops' eager fast paths read
-# inline) says that JIT_KERNEL_CHECK_INDICES is unset, so that check_indices() is False. Where
-# os.environ keeps no such dict (not CPython), ENVIRON_DATA holds the key: every call asks _flag.
+# The ops' eager fast paths read JIT_KERNEL_CHECK_INDICES on every call (it may be toggled at run
+# time), so the common answer, "unset", must cost one dict lookup. No public form does: os.environ.get
+# and ``in`` of an unset variable raise and catch a KeyError inside, and os.environ has no hook that
+# would let an answer read once see a later change (timings: docs/design/engine.md). So this module
+# reads one CPython detail: os.environ keeps its encoded copy in ``_data``, which every write through
+# os.environ updates, and ``CHECK_INDICES_KEY not in ENVIRON_DATA`` is one lookup in it. Where
+# os.environ keeps no such dict (not CPython), ENVIRON_DATA holds the key and every call asks _flag.
+# tests/test_env.py checks that the lookup follows os.environ.
 CHECK_INDICES_KEY: object = getattr(os.environ, "encodekey", lambda key: key)("JIT_KERNEL_CHECK_INDICES")
 _ENCODED_ENVIRON = getattr(os.environ, "_data", None)
 ENVIRON_DATA: dict[object, object] = (
@@ -102,7 +105,7 @@ def check_indices() -> bool:
     """``JIT_KERNEL_CHECK_INDICES=1``: hicache, rope and the KV-cache store validate indices before
     a launch (one reduction and a sync); read at every call so that it can be toggled at run time."""
     if CHECK_INDICES_KEY not in ENVIRON_DATA:
-        return False  # the common case, without os.environ.get's cost
+        return False  # the common case: one dict lookup (see ENVIRON_DATA)
     return _flag("JIT_KERNEL_CHECK_INDICES")
 
 

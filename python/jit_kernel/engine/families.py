@@ -155,8 +155,8 @@ RMSNORM = KernelSpec(
     domains={"hidden": OneOf((0, *NORM_HIDDEN_SIZES)), "dtype": FLOAT_DTYPES},
     # fused_add_cast: fused_add in SGLang's cast_x_before_out_mul=True rounding, a second export of
     # every config rather than a config parameter (the existing symbols keep their names). Each
-    # 16-bit translation unit gains its fused kernels once more (sm_90a, rmsnorm<4096, bf16_t>: 12
-    # -> 19 kernels, device compile +13%, the whole unit about +10%); fp32 reuses fused_add's.
+    # 16-bit translation unit compiles its fused kernels once more (what that adds to a unit's
+    # compile: docs/design/engine.md); fp32 reuses fused_add's.
     exports={
         "rmsnorm": "jit_kernel::norm::RMSNorm<{args}>::rmsnorm",
         "fused_add": "jit_kernel::norm::RMSNorm<{args}>::fused_add",
@@ -285,8 +285,8 @@ PER_TOKEN_GROUP_QUANT_FP8 = KernelSpec(
 # output dtype (static: e4m3 or e5m2), the group size and the scale layout are run-time values.
 NORM_QUANT_HIDDEN_SIZES = (2048, 4096, 5120, 7168, 8192)
 # Prebuilt: Llama-/Qwen-sized 4096 and DeepSeek-sized 7168 rows and the generic kernel, in bf16 (3
-# units a family: each unit costs about 9 s of a 2-core source build); every other config of the
-# list above compiles on first use.
+# units a family: each unit adds to every source build, docs/design/engine.md); every other config of
+# the list above compiles on first use.
 _NORM_QUANT_GRID = ((4096, "bf16_t"), (7168, "bf16_t"), (0, "bf16_t"))
 _NORM_QUANT_DOMAINS = {"hidden": OneOf((0, *NORM_HIDDEN_SIZES)), "dtype": FLOAT_DTYPES}
 RMSNORM_QUANT_FP8 = KernelSpec(

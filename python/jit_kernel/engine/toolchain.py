@@ -1,8 +1,9 @@
 """Compilers: where they are and what version they are (the arch is :mod:`jit_kernel.engine.target`'s).
 
-Versions enter the cache key. Asking a compiler costs 5-50 ms, too much for a warm load, so each
-answer about a file (a compiler's version, the prebuilt library's hash) is remembered in the cache
-folder by :func:`memoised`, keyed by the file's identity: a new or upgraded file is asked again.
+Versions enter the cache key. Asking a compiler runs it, too slow for a warm load (its cost:
+docs/design/engine.md), so each answer about a file (a compiler's version, the prebuilt library's
+hash) is remembered in the cache folder by :func:`memoised`, keyed by the file's identity: a new or
+upgraded file is asked again.
 """
 
 from __future__ import annotations
