@@ -387,8 +387,8 @@ struct HiCache {
 
   /// \brief The launch of `work` rows: blocks of kThreads, at most `block_quota` of them. A
   /// transfer that would fill fewer blocks than the quota allows is spread over up to `block_quota`
-  /// smaller blocks instead: one SM moves about 64 bytes per clock to and from L2, so 16 rows of
-  /// 2 x 2 KiB take about twice as long in one block of 1024 threads as in four of 128 threads.
+  /// smaller blocks instead: one SM's bandwidth to L2 bounds what a single block moves (see
+  /// docs/design/hicache.md).
   struct Shape {
     uint32_t blocks;
     uint32_t threads;

@@ -58,7 +58,7 @@ SGL_DEVICE auto global_timer_ns() -> uint64_t {
 SGL_DEVICE void back_off(uint32_t& sleep_ns) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   __nanosleep(sleep_ns);
-  sleep_ns = sleep_ns < 1024 ? sleep_ns * 2 : sleep_ns;  // 32 ns .. ~1 us between polls
+  sleep_ns = sleep_ns < 1024 ? sleep_ns * 2 : sleep_ns;  // 32 .. 1024 ns between polls
 #endif
 }
 

@@ -182,8 +182,7 @@ SGL_DEVICE void normalize_row(
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   constexpr int kN = static_cast<int>(kVecElems<T>);
   // The epilogue kernels (norm_quant.cuh) add and square in pairs; rmsnorm's own kernels keep the
-  // element form, which ptxas schedules better there (H100, D 4096 bf16, fused add: the paired form
-  // was 1-3% slower from 512 to 2048 rows, the epilogue kernels 3-6% faster up to 1024).
+  // element form, which ptxas schedules better there (see docs/design/norm.md).
   constexpr bool kPairedAdd = !std::is_same_v<std::remove_cvref_t<Epilogue>, StoreRow>;
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
   float s[kCast ? kPer : 1][kCast ? kN : 1];  // kCast: the unrounded sums

@@ -426,26 +426,10 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / kC
   shaped_row<kEpi, T, K, kFused, true>(p, a, row, lane, reduce, row_max);
 }
 
-// When the cluster kernel runs, from H100 timings (D 4096 bf16, CUDA-graph replays): with a row of 16
-// warps (fused add) and up to 16 rows, clusters of 4 take 0.1-0.2 us (8-15%) off every kind; at 32
-// to 128 rows the gain is gone for the dynamic kinds and at 256 rows they are slower (more CTAs than
-// SMs); a row of 8 warps (plain rows of 4096) gains nothing. So: rows of at least kClusterMinWarps
-// warps, at most kClusterMaxRows rows, clusters of 4 blocks (2 where 4 does not divide the warps).
-// Clusters of 2 or of 8 instead of 4 (same rows) were 3-7% slower for the dynamic kinds at 1 and 16
-// rows, and within 4% either way for the static kind; a spread cluster scheduling policy changed
-// nothing. Each exchange costs about 0.18 us of a 1.1-1.6 us launch (H200, D 4096 with the fused add:
-// the static kind at 1 row took 1.16 us, 0.98 without its exchange; the per-token kind's second one,
-// for the absmax, about as much), and that is its round trip: waiting with a spinning test_wait, with
-// acquire.cta or with a suspend-time hint instead of try_wait.acquire.cluster: -0.5% to +2.5%. Measured
-// and not taken (H200, same shapes, CUDA-graph replays, same process):
-// - each CTA of the cluster reducing the whole row itself, with no exchange (each SM then reads the
-//   whole row, four times the bytes): the fp8 kinds 21-32% slower at D 4096 and 7168, 1 to 16 rows,
-//   and 42-53% at D 8192;
-// - the per-token absmax guessed before the second exchange, as the |y| of the element of largest
-//   |x * w| (each warp's candidate sent with the sums), quantised with while the true absmax is
-//   exchanged and redone where the two differ (never, on random rows): 12-21% slower at D 4096, 7168
-//   and 8192, 1 to 16 rows. At D 4096 the candidates alone (a 64-bit maximum per element, two
-//   redux.sync, one more round) added 0.25 us; that round, sending a constant, 0.07-0.09 us.
+// The cluster kernel runs for rows of at least kClusterMinWarps warps, at most kClusterMaxRows rows,
+// in clusters of 4 blocks (2 where 4 does not divide the warps): there the spread epilogue gains more
+// than the exchanges cost; with more rows the dynamic kinds lose it (more CTAs than SMs). The sizes
+// and the alternatives measured: see docs/design/norm-quant.md.
 inline constexpr int64_t kClusterMaxRows = 16;
 inline constexpr int kClusterMinWarps = 12;
 template <typename K>
@@ -512,22 +496,14 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / 2)
   epilogue.finish(row_max);
 }
 
-// When the paired kernel runs instead of epilogue_row_kernel, from H100 timings (D 4096 bf16 with
-// the fused add, CUDA-graph replays, against epilogue_row_kernel): above the cluster kernel's rows,
-// up to 256 rows. At 128 rows the per-token and static kinds are 5-12% faster; the group kind
-// (normed_out written) is 6% faster at 32 and 64 rows and level at 128 and 256; at 512 rows every
-// kind is slower (4-20%).
+// The paired kernel runs above the cluster kernel's rows up to kPairedMaxRows rows; at 512 rows
+// epilogue_row_kernel is faster for every kind (see docs/design/norm-quant.md).
 inline constexpr int64_t kPairedMaxRows = 256;
 
 // The static kind loads the weight with the row at any row count (rmsnorm's kernels only up to
 // kLatencyBoundRows): it holds nothing past the row's stores, so the weight's registers cost no
-// occupancy, and the weight's round trip after the reduction leaves the row's CTA idle. H100, D
-// 4096 bf16, CUDA-graph replays: 1-3% faster from 512 to 16384 rows with the fused add; without
-// it 1-5% from 1024 rows on (18.6 -> 17.6 us at 4096), 2% slower at 512. The dynamic kinds hold
-// the row for their maximum and keep rmsnorm's rule: the group kind was 0.1-1% slower at every
-// count from 512 rows; the per-token kind 6-15% slower at 512 to 2048 rows and 0.5-1% faster at
-// 4096 and 16384 on the H100 (fused add), and on an H200 7-19% slower at D 4096 with the fused
-// add, within -6% and +6% at the other shapes (D 7168, 8192, with and without the add).
+// occupancy, and a weight load after the reduction leaves the row's CTA idle. The dynamic kinds hold
+// the row for their maximum and keep rmsnorm's rule (measurements: docs/design/norm-quant.md).
 template <Epi kEpi>
 inline constexpr bool kEarlyWeightAtAnyRows = kEpi == Epi::kTensor;
 

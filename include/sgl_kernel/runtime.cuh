@@ -4,7 +4,8 @@
 ///
 /// They cost a driver call each. Results that cannot change are cached per device
 /// (`sm_count`, `has_clusters`): a function-local `static` would keep the first
-/// device's answer for every device of the process.
+/// device's answer for every device of the process. What reads each query, and typical values:
+/// docs/design/runtime.md.
 
 #pragma once
 
@@ -62,7 +63,7 @@ inline auto sm_count(int device_id, DebugInfo where = {}) -> uint32_t {
       detail::per_device<Tag>(device_id, where, [&](int id) { return static_cast<int>(get_sm_count(id, where)); }));
 }
 
-/// \brief L2 cache size of device `device_id` in bytes (50 MiB on H100), cached per device.
+/// \brief L2 cache size of device `device_id` in bytes, cached per device.
 inline auto l2_cache_bytes(int device_id, DebugInfo where = {}) -> std::size_t {
   struct Tag;
   return static_cast<std::size_t>(detail::per_device<Tag>(device_id, where, [&](int id) {
@@ -72,8 +73,8 @@ inline auto l2_cache_bytes(int device_id, DebugInfo where = {}) -> std::size_t {
   }));
 }
 
-/// \brief Threads resident per SM at full occupancy (2048 on H100), cached per device: one wave of
-/// a launch is `sm_count * max_threads_per_sm` threads.
+/// \brief Threads resident per SM at full occupancy, cached per device: one wave of a launch is
+/// `sm_count * max_threads_per_sm` threads.
 inline auto max_threads_per_sm(int device_id, DebugInfo where = {}) -> uint32_t {
   struct Tag;
   return static_cast<uint32_t>(detail::per_device<Tag>(device_id, where, [&](int id) {
@@ -83,7 +84,7 @@ inline auto max_threads_per_sm(int device_id, DebugInfo where = {}) -> uint32_t 
   }));
 }
 
-/// \brief Major compute capability of device `device_id` (9 on H100).
+/// \brief Major compute capability of device `device_id` (9 for sm_90).
 inline auto get_cc_major(int device_id, DebugInfo where = {}) -> int {
   int major = 0;
   RuntimeDeviceCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), where);
@@ -148,7 +149,7 @@ inline void set_smem_carveout(Kernel kernel, int percent, DebugInfo where = {}) 
 }
 
 /// \brief Most shared memory one block may use on device `device_id`: with the opt-in above
-/// (227 KiB on H100) or, with `opt_in = false`, without it (48 KiB). Cached per device.
+/// or, with `opt_in = false`, without it (48 KiB). Cached per device.
 inline auto get_max_smem_per_block(int device_id, bool opt_in = true, DebugInfo where = {}) -> std::size_t {
   struct OptIn;
   struct Default;
@@ -274,7 +275,7 @@ inline void set_max_dynamic_smem_per_device(detail::DeviceId device, std::size_t
 
 /**
  * \brief Largest cluster, in blocks of `block_dim` threads, that `kKernel` can run on `device`,
- *        non-portable sizes (above 8; 16 on H100) allowed for the kernel; asked once per kernel and
+ *        non-portable sizes (above 8) allowed for the kernel; asked once per kernel and
  *        device (pass the largest block the launches use), 1 where the device has no clusters.
  */
 template <auto kKernel>
