@@ -417,7 +417,13 @@ def _check_align(t: int, k: int, e: int, block: int, map_: torch.Tensor | None, 
 
 
 def _check_align_ids(ids: torch.Tensor, e: int, block: int, map_: torch.Tensor | None) -> None:
-    sorted_ids, expert_ids, post = jit_kernel.moe_align_block_size(ids, e, block, map_)
+    _check_align_layout(ids, e, block, map_, jit_kernel.moe_align_block_size(ids, e, block, map_))
+
+
+def _check_align_layout(
+    ids: torch.Tensor, e: int, block: int, map_: torch.Tensor | None, outputs: tuple[torch.Tensor, ...]
+) -> None:
+    sorted_ids, expert_ids, post = outputs
     numel = ids.numel()
     assert sorted_ids.numel() == numel + min(numel, e) * (block - 1)
     segments, blocks, total = ref_align(ids, e, block, map_)
@@ -447,10 +453,10 @@ def _check_align_ids(ids: torch.Tensor, e: int, block: int, map_: torch.Tensor |
         (128, 8, 256, 64),  # 1024 pairs over eight CTAs
         (128, 8, 60, 24),  # 1024 pairs: the largest one-pair-per-thread case, a block size not a power of two
         (1000, 8, 128, 128),
-        (1024, 8, 256, 64),  # 8192 pairs: the largest one-CTA case
-        (1025, 8, 1024, 1),  # 8200 pairs: histogram, count and scatter kernels, the most experts, blocks of one
+        (1024, 8, 256, 64),  # 8192 pairs, the benchmark's 1,024 tokens
+        (1025, 8, 1024, 1),  # 8200 pairs: the most experts, blocks of one
         (4096, 8, 257, 16),
-        (512, 17, 33, 8),  # 8704 pairs: two histogram chunks, the second partial
+        (512, 17, 33, 8),  # 8704 pairs: on the three-kernel path, three histogram chunks, the last partial
         (16384, 8, 256, 64),  # the benchmark's size: 32 chunks
         (3000, 8, 600, 4),  # 600 experts: one histogram row sum per expert
     ],
@@ -460,8 +466,56 @@ def test_moe_align_block_size(t: int, k: int, e: int, block: int, dtype: torch.d
     _check_align(t, k, e, block, None, dtype)
 
 
+def _align_bounds() -> dict[str, int]:
+    """The op's path bounds, from csrc/moe/align.cuh (the benchmark's reader of its constants)."""
+    from jit_kernel.benchmark import bench_moe
+
+    constants = bench_moe.align_constants()
+    return {"kThreads": constants["kThreads"], "kSmallPairs": constants["kSmallPairs"]}
+
+
 @pytest.mark.gpu
-# 512 pairs: the one-pair-per-thread kernel over two CTAs; 2400: one CTA; 16000: histogram, count and scatter
+@pytest.mark.parametrize("bound", ["kThreads", "kSmallPairs"])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+@pytest.mark.parametrize(("e", "block"), [(256, 64), (60, 24)])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_moe_align_at_the_path_bounds(bound: str, offset: int, e: int, block: int, dtype: torch.dtype) -> None:
+    """One pair below, at and above each bound of the op's paths (one pair per thread up to kThreads,
+    one CTA up to kSmallPairs, three kernels beyond), as the header sets them."""
+    pairs = _align_bounds()[bound] + offset
+    _check_align_ids(torch.randint(0, e, (pairs, 1), device="cuda", dtype=dtype), e, block, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("pairs", "e"), [(512, 256), (1024, 60), (1536, 256), (9000, 128), (16384, 64)])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_moe_align_every_path_at_every_size(pairs: int, e: int, mapped: bool) -> None:
+    """The benchmark's path-forced launchers (bench_moe --align-sweep times them) give the op's layout,
+    with and without an expert map, at sizes the op may send to another path: the one-CTA kernel and the
+    three kernels from 512 pairs to 16,384, the one-pair-per-thread kernel up to kThreads."""
+    from jit_kernel.benchmark import bench_moe
+
+    module = bench_moe.align_paths_module()
+    ids = torch.rand(pairs // 8, e, device="cuda").topk(8, dim=-1).indices.int()
+    map_ = None
+    if mapped:
+        map_ = torch.full((e,), -1, dtype=torch.int32, device="cuda")
+        map_[e // 4 : e // 2] = torch.arange(e // 2 - e // 4, dtype=torch.int32, device="cuda")
+    block = 64
+    length = pairs + min(pairs, e) * (block - 1)
+    for path in bench_moe.align_paths_of(pairs):
+        outputs = (
+            torch.full((length,), -1, dtype=torch.int32, device="cuda"),
+            torch.full((-(-length // block),), -1, dtype=torch.int32, device="cuda"),
+            torch.full((1,), -1, dtype=torch.int32, device="cuda"),
+        )
+        getattr(module, path)(*outputs, ids, e, block, map_, None)
+        _check_align_layout(ids, e, block, map_, outputs)
+
+
+@pytest.mark.gpu
+# 512 pairs: the one-pair-per-thread kernel over two CTAs; 2400 and 16000 take the op's larger paths (each path
+# with a map: test_moe_align_every_path_at_every_size)
 @pytest.mark.parametrize("t", [64, 300, 2000])
 def test_moe_align_expert_map(t: int) -> None:
     e = 64
@@ -643,6 +697,80 @@ def test_bench_moe_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
         monkeypatch.undo()
 
 
+def test_align_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_moe --align-sweep with a fake timer: every path timed once per size where it applies, the
+    crossover and the suggested kSmallPairs of known times, the op's bounds read from the header."""
+    from jit_kernel.benchmark._tables import Measurements
+
+    cuda_before = torch.cuda.is_initialized()
+    bench = _load_bench(monkeypatch)
+    try:
+        constants = bench.align_constants()
+        assert constants["kThreads"] == 1024 and constants["kMaxSlicedCtas"] == 8 and "kSmallPairs" in constants
+        assert bench.per_thread_ctas(1024, 256) == 8 and bench.per_thread_ctas(512, 64) == 3
+        assert bench.align_paths_of(1024) == ["per_thread", "one_cta", "three_kernels"]
+        assert bench.align_paths_of(1025) == ["one_cta", "three_kernels"]
+        assert [bench.op_path(p) for p in (1024, 1025, constants["kSmallPairs"], constants["kSmallPairs"] + 1)] == [
+            "per_thread",
+            "one_cta",
+            "one_cta",
+            "three_kernels",
+        ]
+        calls: list[tuple[object, str]] = []
+
+        def timer(key: object, path: str, make: object) -> float:
+            calls.append((key, path))
+            _, experts, pairs = key
+            # one CTA grows with the pairs, three kernels start higher: they cross at 4,000 pairs (the
+            # experts / 512 us added to every path moves no crossover)
+            base = {"per_thread": 1.0, "one_cta": 1.5 + pairs / 1000, "three_kernels": 5.0 + pairs / 8000}[path]
+            return base + experts / 512
+
+        monkeypatch.setattr(bench, "path_timer", lambda rep_ms: timer)
+        monkeypatch.setattr(bench, "align_paths_module", lambda: None)
+        monkeypatch.setattr(bench, "device_name", lambda: "Fake GPU")
+        bench.main(["--align-sweep", "--rep-ms", "5"])
+        out = capsys.readouterr().out
+        keys = bench.align_sweep_keys()
+        assert len(keys) == len(bench.ALIGN_SWEEP_SERIES) * len(bench.ALIGN_SWEEP_PAIRS) == 90
+        assert {k[2] for k in keys} == {512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384, 32768}
+        assert {(k[0], k[1]) for k in keys} == {(t, e) for t in (2, 4, 8) for e in (64, 128, 256)}
+        assert len(calls) == len(set(calls)) == sum(len(bench.align_paths_of(k[2])) for k in keys) == 198
+        assert torch.cuda.is_initialized() == cuda_before
+
+        results = bench.align_sweep(Measurements(timer))
+        assert all(bench.series_crossover(results, t, e) == (3072, 4096) for t, e in bench.ALIGN_SWEEP_SERIES)
+        assert bench.suggested_small_pairs(results) == 3072
+        costs = dict((bound, total) for bound, total, _ in bench.threshold_costs(results))
+        assert costs[3072] == pytest.approx(0.0) and costs[1024] > 0 and costs[32768] > costs[8192]
+        rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+        series = len(bench.ALIGN_SWEEP_SERIES)
+        assert len(rows) == 90 + series + len(costs)  # the paths' rows, the crossovers, the candidates
+        assert "| 8 | 256 | 1024 | 128 | 1.50 (8 CTA) | 3.02 | 5.63 | per-thread | per-thread |" in out
+        assert "| 8 | 256 | 4096 | 512 | - | 6.10 | 6.01 | three kernels | one CTA |" in out
+        assert f"suggested kSmallPairs: 3072 (csrc/moe/align.cuh has {constants['kSmallPairs']})" in out
+        assert "device: Fake GPU" in out and "198 medians" in out
+        for argv, message in [
+            (["--align-sweep", "--json-dir", "x"], "takes only --rep-ms"),
+            (["--rep-ms", "5"], "goes"),
+        ]:
+            with pytest.raises(SystemExit):
+                bench.main(argv)
+            assert message in capsys.readouterr().err
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.slow
+def test_align_sweep_module_builds_for_sm90a() -> None:
+    """The sweep's one module (every path's launcher) builds for sm_90a without a GPU (the autouse
+    fixture sets the arch)."""
+    from jit_kernel.benchmark import bench_moe
+
+    module = bench_moe.align_paths_module()
+    assert all(module.implements_function(path) for path in bench_moe.ALIGN_PATHS)
+
+
 @pytest.mark.gpu
 def test_bench_moe_cases_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every provider's callable runs once (FlashInfer's where it is importable)."""
@@ -718,7 +846,7 @@ def test_fast_paths_raise_the_full_paths_errors() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [True, False])
-@pytest.mark.parametrize("t", [16, 2048])  # align: one CTA; histogram, count and scatter with their workspace
+@pytest.mark.parametrize("t", [16, 2048])  # align: one CTA; 16,384 pairs, the three kernels with their workspace
 def test_cuda_graph_replays_a_moe_layer(t: int, pdl: bool) -> None:
     """grouped_topk, moe_align_block_size and moe_sum_reduce captured in one CUDA graph (PDL on or
     off), replayed on new inputs into poisoned outputs: the eager calls' results on those inputs."""

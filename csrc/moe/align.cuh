@@ -8,16 +8,18 @@
 // - num_tokens_post_padded[0]: the sum over experts of round_up(count, block_size).
 // Ids outside [0, num_experts) are skipped (not placed).
 //
-// Up to 1024 pairs: a pair and an expert per thread (align_small_kernel, one id load, four barriers),
-// one CTA, or up to 8 that share the stores of a longer sorted range. Up to kSmallPairs pairs: one
-// CTA of 1024 threads counts the pairs per expert in shared memory, takes the exclusive prefix sum of
-// the padded counts (cub::BlockScan), then scatters through per-expert cursors (shared-memory
-// atomics). Beyond, three kernels launched with PDL, so that no single CTA reads every id (one CTA's
-// shared-memory atomics, conflicting in their banks, took most of the time): a grid of CTAs counts
-// its chunks' pairs per expert into a workspace histogram; one CTA sums it and lays out the blocks and
-// the padding, leaving each expert's first position in the workspace; then a grid of CTAs scatters,
-// each ranking its chunk's pairs per expert in shared memory and reserving one range per expert with
-// one global atomic.
+// Three paths, by the number of pairs (MoeAlignPaths; docs/design/moe.md has the measurements that set
+// the bounds, and the sweep that measures them):
+// - up to kThreads pairs: a pair and an expert per thread (align_small_kernel, one id load, four
+//   barriers), one CTA, or up to 8 that share the stores of a longer sorted range;
+// - up to kSmallPairs pairs: one CTA of 1024 threads counts the pairs per expert in shared memory,
+//   takes the exclusive prefix sum of the padded counts (cub::BlockScan), then scatters through
+//   per-expert cursors (shared-memory atomics);
+// - beyond, three kernels launched with PDL, so that no single CTA reads every id (one CTA's
+//   shared-memory atomics conflict in their banks): a grid of CTAs counts its chunks' pairs per expert
+//   into a workspace histogram; one CTA sums it and lays out the blocks and the padding, leaving each
+//   expert's first position in the workspace; then a grid of CTAs scatters, each ranking its chunk's
+//   pairs per expert in shared memory and reserving one range per expert with one global atomic.
 #pragma once
 
 #include <sgl_kernel/ffi.h>
@@ -39,6 +41,7 @@ namespace jit_kernel::moe_align {
 
 inline constexpr int kThreads = 1024;
 inline constexpr int kMaxExperts = kThreads;
+// The most pairs the op gives the one-CTA kernel; the three kernels take more (docs/design/moe.md).
 inline constexpr int64_t kSmallPairs = 8192;
 inline constexpr int kScatterThreads = 256;
 inline constexpr int kScatterItems = 4;  // pairs per thread of the scatter kernel
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) align_small_kernel(const AlignParams
   }
 }
 
-// Up to kSmallPairs pairs: everything in one CTA.
+// The one-CTA path (up to kSmallPairs pairs in the op): everything in one CTA.
 template <typename Id>
 __global__ void __launch_bounds__(kThreads) align_kernel(const AlignParams p) {
   __shared__ int32_t counts[kMaxExperts];
@@ -324,7 +327,14 @@ __global__ void __launch_bounds__(kScatterThreads) scatter_kernel(const AlignPar
   }
 }
 
-struct MoeAlign {
+// The launcher: up to kPerThreadPairs pairs (at most kThreads) the one-pair-per-thread kernel, up to
+// kOneCtaPairs the one-CTA kernel, beyond the three kernels. MoeAlign, the op, takes kThreads and
+// kSmallPairs; bench_moe's --align-sweep compiles other bounds, to time each path at any size.
+template <int64_t kPerThreadPairs = kThreads, int64_t kOneCtaPairs = kSmallPairs>
+struct MoeAlignPaths {
+  static_assert(kPerThreadPairs >= 0 && kPerThreadPairs <= kThreads, "align_small_kernel holds kThreads pairs");
+  static_assert(kOneCtaPairs >= 0);
+
   static void run(
       tvm::ffi::TensorView sorted_token_ids,
       tvm::ffi::TensorView expert_ids,
@@ -399,7 +409,7 @@ struct MoeAlign {
         static_cast<int32_t>(S.unwrap()),
         static_cast<int32_t>(B.unwrap())};
     const bool wide = is_type<int64_t>(topk_ids.dtype());
-    if (numel <= kThreads) {
+    if (numel <= kPerThreadPairs) {
       const int64_t ctas = std::clamp(div_ceil(S.unwrap(), kFillPerCta), int64_t{1}, kMaxSlicedCtas);
       if (ctas == 1) {
         LaunchKernel(1, kThreads, dev)
@@ -410,7 +420,7 @@ struct MoeAlign {
       }
       return;
     }
-    if (numel <= kSmallPairs) {
+    if (numel <= kOneCtaPairs) {
       LaunchKernel(1, kThreads, dev).enable_pdl(pdl)(wide ? align_kernel<int64_t> : align_kernel<int32_t>, p);
       return;
     }
@@ -430,5 +440,7 @@ struct MoeAlign {
         .enable_pdl(pdl)(wide ? scatter_kernel<int64_t> : scatter_kernel<int32_t>, p);
   }
 };
+
+using MoeAlign = MoeAlignPaths<>;
 
 }  // namespace jit_kernel::moe_align

@@ -57,8 +57,8 @@ inline constexpr int kMaxExperts = 512;
 inline constexpr int kMaxGroups = 32;
 inline constexpr int kMaxTopk = 32;
 // The top-k compiled in (DeepSeek-V3, Kimi-K2, Qwen3-MoE): unrolled, the picks' lane == r selects are
-// constant and each pick's shuffles overlap the next one's redux (12% off DeepSeek-V3 routing at 16
-// tokens, 26% at 1,024, on the H100). Other top-k take the loop.
+// constant and each pick's shuffles overlap the next one's redux (docs/design/moe.md). Other top-k take
+// the loop.
 inline constexpr int kUnrolledTopk = 8;
 inline constexpr unsigned kFull = 0xffffffffu;
 // Lane-aligned groups span at most 16 lanes (two groups or more over 32 lanes).
@@ -204,9 +204,8 @@ struct RouteParams {
   bool renormalize;
   // PDL: the next kernel may launch at this grid's start (it waits for this grid to finish before it
   // reads), else once the scores and groups are done. Early hides more of the next launch, but the next
-  // kernel's CTAs then wait beside this grid's warps. On the H100, early took 0.17-0.19 us off
-  // 256-expert routing at 1-128 tokens (0.12-0.15 us slower for 128 experts without a bias), was as fast or
-  // faster at 1,024-2,048 tokens, and up to 28% slower at 4,096 (1,024 CTAs).
+  // kernel's CTAs then wait beside this grid's warps: early pays on small grids only, of at most
+  // kEarlyTriggerCtasPerSm CTAs per SM (docs/design/moe.md).
   bool early_trigger;
   float scale;
 };
@@ -235,7 +234,8 @@ struct LaneVectors {
 };
 
 // __frcp_rn of kVPT values, out of line: its slow-path code stays off the common path, which would
-// otherwise jump over it (a jump to code not yet fetched costs ~100 cycles at one warp per token).
+// otherwise jump over it to code not yet fetched, a stall a warp per token cannot hide
+// (docs/design/moe.md).
 template <int kVPT>
 __device__ __noinline__ void rcp_rn_all(float* out, const float* in) {
 #pragma unroll
