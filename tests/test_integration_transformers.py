@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from jit_kernel.integrations import transformers as jt  # noqa: E402
+from jit_kernel.integrations.transformers import fp8 as jt_fp8  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 VOCAB = 128
@@ -710,13 +711,13 @@ def test_fp8_merged_gemms_follow_a_load_state_dict() -> None:
 def test_fp8_layers_whose_gemm_gives_wrong_products_are_left(monkeypatch: Any) -> None:
     """apply() checks the fp8 GEMM once per weight shape against the dequantised product."""
     model = fp8_model("llama")
-    gemm = jt._fp8_gemm
+    gemm = jt_fp8._fp8_gemm
 
     def wrong_for_k_1024(activation: Any, weight: torch.Tensor, *args: Any) -> torch.Tensor:
         out = gemm(activation, weight, *args)
         return out * 1.1 if weight.shape[1] == 1024 else out
 
-    monkeypatch.setattr(jt, "_fp8_gemm", wrong_for_k_1024)
+    monkeypatch.setattr(jt_fp8, "_fp8_gemm", wrong_for_k_1024)  # the module whose GEMM check calls it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = jt.apply(model, backend="torch")
