@@ -119,8 +119,8 @@ def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: 
 def jit_request(spec: KernelSpec, config: Config, cuda_arch: str | None = None) -> BuildRequest:
     """The JIT build of one config. Its module holds every export of the config under its
     :func:`symbol_name`, so resolving a second export is a hit in the in-process memo.
-    ``cuda_arch`` overrides the current GPU's arch (``warm --arch``)."""
-    arch = (cuda_arch or str(target.current().arch)) if spec.target == "cuda" else None
+    ``cuda_arch`` comes first in :func:`~jit_kernel.engine.target.compile_arch`'s rule (``warm --arch``)."""
+    arch = str(target.compile_arch(cuda_arch)) if spec.target == "cuda" else None
     unit = TranslationUnit.for_config(spec, config)
     name = module_name([spec.family, *(cpp_literal(value) for value in config)])
     return BuildRequest(name, (unit,), arch=arch, description=spec.describe(config))

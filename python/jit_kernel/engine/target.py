@@ -2,10 +2,11 @@
 
 Arch strings follow ``TORCH_CUDA_ARCH_LIST``: ``MAJOR.MINOR`` with an optional ``a`` (arch-specific:
 that exact GPU) or ``f`` (family: the same major, an equal or newer minor) suffix; ``+PTX`` in arch
-lists also embeds PTX. Dispatch, JIT, the prebuilt lookup and the CLI all ask :func:`current`;
-nothing else reads ``JIT_KERNEL_CUDA_ARCH``, which wins over the device for the prebuilt decision
-as well as for JIT (``9.0a`` never silently serves sm_80 code). Torch-free until a device is asked
-for: CMake parses arch lists here.
+lists also embeds PTX. :func:`compile_arch` is the one rule for the arch a kernel is compiled for;
+dispatch, JIT, the prebuilt lookup and the CLI all go through it or :func:`current`, and nothing
+else reads ``JIT_KERNEL_CUDA_ARCH``, which wins over the device for the prebuilt decision as well
+as for JIT (``9.0a`` never silently serves sm_80 code). Torch-free until a device is asked for:
+CMake parses arch lists here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,23 @@ from collections.abc import Iterable
 from jit_kernel.engine import env, toolchain
 
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
+ARCH_VARIABLE = "JIT_KERNEL_CUDA_ARCH"
+ARCH_FORMS = "MAJOR.MINOR with an optional a (that exact GPU) or f (its family) suffix, e.g. 8.0, 9.0a, 12.0f"
+
+
+class InvalidArchError(ValueError):
+    """An arch string that is not ``MAJOR.MINOR[a|f]``. ``source`` names where it came from (the
+    variable, a command's option, a function's argument), or is None."""
+
+    def __init__(self, text: str, source: str | None = None) -> None:
+        where = f"{source}={text!r}" if source else repr(text)
+        super().__init__(f"invalid CUDA arch {where}: expected {ARCH_FORMS}")
+        self.source = source
+
+
+class NoCudaArchError(toolchain.ToolchainError):
+    """No GPU is visible and ``JIT_KERNEL_CUDA_ARCH`` is unset (nor an ``--arch`` given), so there is
+    no arch to compile for: :func:`compile_arch` raises it rather than guess one."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -27,10 +45,12 @@ class Arch:
     suffix: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> Arch:
+    def parse(cls, text: str, source: str | None = None) -> Arch:
+        """``"9.0a"`` -> ``Arch(9, 0, "a")``; :class:`InvalidArchError` (naming ``source``, where the
+        text came from, when given) for anything else."""
         match = _ARCH.match(text.strip())
         if match is None:
-            raise ValueError(f"invalid CUDA arch {text!r}: expected MAJOR.MINOR with an optional a/f suffix, e.g. 9.0a")
+            raise InvalidArchError(text, source)
         return cls(int(match.group(1)), int(match.group(2)), match.group(3))
 
     def __str__(self) -> str:
@@ -130,21 +150,56 @@ def _current_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+def no_arch_message(option: str | None = None) -> str:
+    """What to do when there is no arch: every way to set it (the variable, and ``option`` where the
+    command that needs the arch has one)."""
+    ways = f"set {ARCH_VARIABLE} (for example {ARCH_VARIABLE}=9.0a for H100/H200, 8.0 for A100)"
+    if option:
+        ways += f" or pass {option} 9.0a"
+    return f"no CUDA GPU is visible, so there is no CUDA arch to compile for; {ways}"
+
+
 @functools.cache
 def _target(device: int | None, override: str | None) -> Target:
     if device is None and not override:
-        raise toolchain.ToolchainError(
-            "no CUDA GPU is visible, so the CUDA arch to compile for is unknown; "
-            "set JIT_KERNEL_CUDA_ARCH (for example JIT_KERNEL_CUDA_ARCH=9.0a for an H100) to compile anyway"
-        )
+        raise NoCudaArchError(no_arch_message())
     capability, sm_count, name = device_properties(device) if device is not None else (None, None, None)
-    arch = Arch.parse(override) if override else arch_for_capability(*capability)
+    arch = Arch.parse(override, ARCH_VARIABLE) if override else arch_for_capability(*capability)
     return Target(arch, device, name, sm_count, from_override=bool(override))
 
 
 def current(device: int | None = None) -> Target:
-    """The target of ``device`` (default: the current CUDA device), memoised per device and override."""
+    """The target of ``device`` (default: the current CUDA device), memoised per device and override.
+    Its arch follows :func:`compile_arch`'s rule; with no GPU and no override it raises
+    :class:`NoCudaArchError`."""
     return _target(_current_device() if device is None else device, env.cuda_arch_override())
+
+
+def compile_arch(requested: str | None = None, option: str | None = None) -> Arch:
+    """The arch a CUDA kernel is compiled for, and the one rule for it, used by the dispatcher,
+    ``load_jit``, ``warm``, ``doctor`` and ``clangd`` alike:
+
+    1. ``requested`` (a command's ``--arch``, a ``cuda_arch=`` argument) when given; ``option``
+       names where it came from;
+    2. else ``JIT_KERNEL_CUDA_ARCH`` when set;
+    3. else the current GPU's arch (:func:`arch_for_capability`: ``a`` for Hopper and datacenter
+       Blackwell, ``f`` for 12.x);
+    4. else :class:`NoCudaArchError`, whose message names every way to set it (the variable, and
+       ``option`` where the caller has one).
+
+    There is no default arch. A kernel built for a guessed arch is cached and then fails, or is
+    silently rebuilt, on the GPU it meets later (``no kernel image``, or a cache that a warm-up did
+    not fill), and an editor configured for one hides the code of every other arch; a machine
+    without a GPU has to say what it compiles for, once, in the variable. A bad value raises
+    :class:`InvalidArchError` naming where it came from."""
+    if requested:
+        return Arch.parse(requested, option)
+    try:
+        return current().arch
+    except NoCudaArchError:
+        if option is None:
+            raise
+        raise NoCudaArchError(no_arch_message(option)) from None
 
 
 def device_count() -> int:
