@@ -51,6 +51,11 @@ class Manifest:
     library_size: int | None = None  # None: a manifest written before the library was sealed
     library_sha256: str | None = None
 
+    @functools.cached_property
+    def families(self) -> frozenset[str]:
+        """The families with at least one symbol in the library."""
+        return frozenset(entry.family for entry in self.symbols.values())
+
     @classmethod
     def read(cls, path: Path) -> Manifest:
         data = json.loads(path.read_text())
@@ -141,6 +146,20 @@ def current_digest(spec: KernelSpec, config: Config) -> str:
     return TranslationUnit.for_config(spec, config).digest()
 
 
+def missing_reason(spec: KernelSpec, config: Config, found: Manifest) -> str:
+    """Why the installed library has no symbol for this config. The grid (``spec.prebuilt``) is what
+    a build of the package compiles, the library what the installed build did compile: a config can
+    be in the one and not the other (a host-only build, a user's own spec, a library built from
+    other sources), and "prebuilt" means only what is in the library."""
+    if spec.target == "cuda" and found.cuda_version is None:
+        return "not in the installed prebuilt library (built without CUDA: host code only)"
+    if spec.family not in found.families:
+        return f"not in the installed prebuilt library (it has no {spec.family} kernels)"
+    if config in spec.prebuilt:
+        return "not in the installed prebuilt library (its grid, when it was built, lacked this config)"
+    return "config not in the prebuilt grid"
+
+
 def unusable_reason(spec: KernelSpec, config: Config, target: Target | None) -> str | None:
     """Why the prebuilt symbol of this config cannot serve a call on ``target`` (None for host
     families), or None when it can. Every export of a config comes from one unit, so the first
@@ -152,7 +171,7 @@ def unusable_reason(spec: KernelSpec, config: Config, target: Target | None) -> 
         return "no prebuilt library installed" if problem() is None else "prebuilt install damaged (see the warning)"
     entry = found.symbols.get(symbol_name(spec, next(iter(spec.exports)), config))
     if entry is None:
-        return "config not in the prebuilt grid"
+        return missing_reason(spec, config, found)
     if target is not None and not runs_on(entry.machine_code, entry.ptx, target.capability):
         built = ", ".join([a.sm for a in entry.machine_code] + [f"{a.compute} PTX" for a in entry.ptx])
         why = " (JIT_KERNEL_CUDA_ARCH)" if target.from_override else ""
