@@ -143,16 +143,26 @@ STREAM_WAIT = KernelSpec(
     prebuilt=((),),
 )
 
-# Norms (csrc/norm/). Config = (hidden or head_dim, dtype); 0 is the generic kernel that takes D at
-# run time (any D, strided or misaligned rows, fp32). A specialised config also falls back to the
-# generic kernel inside, for rows that are not aligned 16-byte vectors.
+# Norms (csrc/norm/). Config = (hidden or head_dim, dtype); GENERIC_WIDTH (0) is the generic kernel
+# that takes D at run time (any D, strided or misaligned rows, fp32), which the domains' notes tell
+# users. A specialised config also falls back to the generic kernel inside, for rows that are not
+# aligned 16-byte vectors.
+GENERIC_WIDTH = 0
+
+
+def generic_width_note(uses: str) -> dict[int, str]:
+    """The note on a width parameter's value 0, for its domain (``OneOf(..., notes=...)``)."""
+    return {GENERIC_WIDTH: f"the generic kernel, which takes the width at run time; the ops use it for {uses}"}
+
+
+_NORM_GENERIC = generic_width_note("every width without a specialised kernel, and for fp32")
 NORM_HIDDEN_SIZES = (1024, 2048, 4096, 5120, 7168, 8192, 16384)
 RMSNORM = KernelSpec(
     family="rmsnorm",
     sources=("norm/rmsnorm.cuh",),
     params=("hidden", "dtype"),
-    # 0 is the generic kernel; other sizes are the ones the op specialises (any other D runs generic).
-    domains={"hidden": OneOf((0, *NORM_HIDDEN_SIZES)), "dtype": FLOAT_DTYPES},
+    # Other sizes are the ones the op specialises (any other D runs the generic kernel).
+    domains={"hidden": OneOf((GENERIC_WIDTH, *NORM_HIDDEN_SIZES), _NORM_GENERIC), "dtype": FLOAT_DTYPES},
     # fused_add_cast: fused_add in SGLang's cast_x_before_out_mul=True rounding, a second export of
     # every config rather than a config parameter (the existing symbols keep their names). Each
     # 16-bit translation unit compiles its fused kernels once more (what that adds to a unit's
@@ -164,17 +174,17 @@ RMSNORM = KernelSpec(
         "across_heads": "jit_kernel::norm::RMSNorm<{args}>::across_heads",
     },
     prebuilt=tuple((h, t) for h in NORM_HIDDEN_SIZES for t in ("bf16_t", "fp16_t"))
-    + tuple((0, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
+    + tuple((GENERIC_WIDTH, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
 )
 QKNORM_HEAD_DIMS = (64, 128, 256)
 QKNORM = KernelSpec(
     family="qknorm",
     sources=("norm/qknorm.cuh",),
     params=("head_dim", "dtype"),
-    domains={"head_dim": OneOf((0, *QKNORM_HEAD_DIMS)), "dtype": FLOAT_DTYPES},
+    domains={"head_dim": OneOf((GENERIC_WIDTH, *QKNORM_HEAD_DIMS), _NORM_GENERIC), "dtype": FLOAT_DTYPES},
     exports={"run": "jit_kernel::norm::QKNorm<{args}>::run"},
     prebuilt=tuple((d, t) for d in QKNORM_HEAD_DIMS for t in ("bf16_t", "fp16_t"))
-    + tuple((0, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
+    + tuple((GENERIC_WIDTH, t) for t in ("bf16_t", "fp16_t", "fp32_t")),
 )
 PER_TENSOR_QUANT_FP8 = KernelSpec(
     family="per_tensor_quant_fp8",
@@ -287,8 +297,14 @@ NORM_QUANT_HIDDEN_SIZES = (2048, 4096, 5120, 7168, 8192)
 # Prebuilt: Llama-/Qwen-sized 4096 and DeepSeek-sized 7168 rows and the generic kernel, in bf16 (3
 # units a family: each unit adds to every source build, docs/design/engine.md); every other config of
 # the list above compiles on first use.
-_NORM_QUANT_GRID = ((4096, "bf16_t"), (7168, "bf16_t"), (0, "bf16_t"))
-_NORM_QUANT_DOMAINS = {"hidden": OneOf((0, *NORM_HIDDEN_SIZES)), "dtype": FLOAT_DTYPES}
+_NORM_QUANT_GRID = ((4096, "bf16_t"), (7168, "bf16_t"), (GENERIC_WIDTH, "bf16_t"))
+_NORM_QUANT_DOMAINS = {
+    "hidden": OneOf(
+        (GENERIC_WIDTH, *NORM_HIDDEN_SIZES),
+        generic_width_note("every width or dtype without a specialised bf16 kernel"),
+    ),
+    "dtype": FLOAT_DTYPES,
+}
 RMSNORM_QUANT_FP8 = KernelSpec(
     family="rmsnorm_quant_fp8",
     sources=("norm/norm_quant.cuh",),

@@ -21,18 +21,33 @@ class ConfigError(ValueError):
     """A config value outside its parameter's domain; raised before any compiler runs."""
 
 
+def _same(a: ConfigValue, b: ConfigValue) -> bool:
+    return type(a) is type(b) and a == b  # type() as well: True == 1, but a bool is not a size
+
+
 @dataclasses.dataclass(frozen=True)
 class OneOf:
-    """A parameter that takes one of a few values (a dtype name, a specialised size)."""
+    """A parameter that takes one of a few values (a dtype name, a specialised size). ``notes`` says
+    what a value means where the value alone does not (``{0: "the generic kernel, ..."}``): errors,
+    ``python -m jit_kernel list`` and :meth:`KernelSpec.value_notes` show it."""
 
     values: tuple[ConfigValue, ...]
+    notes: Mapping[ConfigValue, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for value in self.notes:
+            if not self.contains(value):
+                raise ValueError(f"OneOf: a note for {cpp_literal(value)}, which is not one of the values")
 
     def contains(self, value: ConfigValue) -> bool:
-        # type() as well: True == 1, but a bool is not a size.
-        return any(type(value) is type(v) and value == v for v in self.values)
+        return any(_same(value, v) for v in self.values)
+
+    def note(self, value: ConfigValue) -> str | None:
+        return next((note for v, note in self.notes.items() if _same(value, v)), None)
 
     def describe(self) -> str:
-        return "one of " + ", ".join(cpp_literal(v) for v in self.values)
+        noted = (f"{cpp_literal(v)} ({self.note(v)})" if self.note(v) else cpp_literal(v) for v in self.values)
+        return "one of " + ", ".join(noted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +74,10 @@ class KernelSpec:
     """One kernel family. ``exports`` maps an export name to a wrapper expression with ``{args}``
     standing for the template arguments, e.g. ``{"run": "RMSNormKernel<{args}>::run"}``. ``target``
     says whether the sources are CUDA (nvcc, for a GPU arch) or host C++. ``domains`` gives each
-    parameter's allowed values: ``warm`` and the dispatcher check them before any compiler runs."""
+    parameter's allowed values: ``warm`` and the dispatcher check them before any compiler runs; a
+    domain's notes explain values such as ``hidden=0`` (the kernel that takes the width at run time).
+    ``prebuilt`` is the grid a build of the package compiles into its prebuilt library; a config
+    outside it, or one the installed library lacks, is JIT-compiled on first use."""
 
     family: str
     sources: tuple[str, ...]
@@ -91,6 +109,14 @@ class KernelSpec:
                 raise ConfigError(
                     f"{self.family}: {param}={cpp_literal(value)} is not allowed; {param} must be {domain.describe()}"
                 )
+
+    def value_notes(self) -> list[str]:
+        """``hidden=0: the generic kernel, ...``: each parameter value whose meaning its domain notes."""
+        return [
+            f"{param}={cpp_literal(value)}: {note}"
+            for param in self.params
+            for value, note in getattr(self.domains[param], "notes", {}).items()
+        ]
 
     def template_args(self, config: Config) -> str:
         return ", ".join(cpp_literal(value) for value in config)
