@@ -46,6 +46,24 @@ class BuildRequest:
         return any(unit.language == "cuda" for unit in self.units)
 
 
+class BuildError(RuntimeError):
+    """A compile or link failed. ``compiler_output`` holds ninja's whole output; the message is
+    short where the first error is on the generated line of one of the unit's wrappers (it names
+    the wrapper and the compiler's errors there), else the whole output."""
+
+    def __init__(self, message: str, compiler_output: str) -> None:
+        super().__init__(message)
+        self.compiler_output = compiler_output
+
+
+# An error line of nvcc (``cuda.cu(8): error: ...``) or of g++/clang (``main.cpp:8:12: error: ...``).
+_ERROR_LINE = re.compile(
+    r"^(?P<file>[^\s():]+)(?:\((?P<nvcc_line>\d+)\)|:(?P<gnu_line>\d+)(?::\d+)?):\s*(?:fatal |catastrophic )?"
+    r"error:\s*(?P<message>.*)$",
+    re.MULTILINE,
+)
+_SHOWN_WRAPPERS = 3
+
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -55,6 +73,36 @@ def _words(*args: str | Path) -> str:
         if "\n" in str(arg):
             raise ValueError(f"jit_kernel: cannot pass an argument with a newline to a compiler: {str(arg)!r}")
     return " ".join(shlex.quote(str(arg)) for arg in args).replace("$", "$$")
+
+
+def _source_name(unit: TranslationUnit) -> str:
+    """The file a unit is written to in the build folder."""
+    return f"{'cuda' if unit.language == 'cuda' else 'main'}{unit.suffix}"
+
+
+def wrapper_failure(request: BuildRequest, output: str) -> str | None:
+    """A short account of a failed build whose first error is on a wrapper's generated line: each
+    failing wrapper (up to a few) with the compiler's first error on its line, the cascade of
+    template notes left out. None when the first error is elsewhere (in a source or header, whose
+    own lines say it best)."""
+    units = {_source_name(unit): unit for unit in request.units}
+    first_error: dict[tuple[str, str], str] = {}
+    for match in _ERROR_LINE.finditer(output):
+        unit = units.get(Path(match["file"]).name)
+        export = unit.export_at_line(int(match["nvcc_line"] or match["gnu_line"])) if unit else None
+        if export is None and not first_error:
+            return None
+        if export is not None:
+            first_error.setdefault(export, match["message"].strip())
+    if not first_error:
+        return None
+    failing = list(first_error.items())
+    lines = [f"{request.name}: {len(failing)} wrapper(s) do not compile:"]
+    lines += [f"  {wrapper!r}: {message}" for wrapper, message in failing[:_SHOWN_WRAPPERS]]
+    if len(failing) > _SHOWN_WRAPPERS:
+        lines.append(f"  and {len(failing) - _SHOWN_WRAPPERS} more")
+    lines.append("(the compiler's full output: JIT_KERNEL_LOG_LEVEL=DEBUG, or this error's compiler_output)")
+    return "\n".join(lines)
 
 
 def render(request: BuildRequest) -> dict[str, str]:
@@ -71,7 +119,8 @@ def render(request: BuildRequest) -> dict[str, str]:
     files: dict[str, str] = {}
     objects: list[str] = []
     for unit in request.units:
-        stem = "cuda" if unit.language == "cuda" else "main"
+        source = _source_name(unit)
+        stem = source.split(".")[0]
         compiler, target_args = cxx, ["-fPIC"]
         if unit.language == "cuda":
             assert request.arch is not None
@@ -83,8 +132,8 @@ def render(request: BuildRequest) -> dict[str, str]:
             target_args += ["-ccbin", str(toolchain.host_compiler())] if env.cxx() else []  # one host compiler
         flags = _words(*target_args, *unit.compile_args(), *tvm_ffi_includes)
         lines += [f"rule compile_{stem}\n  command = {compiler} {flags} -MD -MF $out.d -c $in -o $out"]
-        lines += [f"build {stem}.o: compile_{stem} {stem}{unit.suffix}"]
-        files[f"{stem}{unit.suffix}"] = unit.text()
+        lines += [f"build {stem}.o: compile_{stem} {source}"]
+        files[source] = unit.text()
         objects.append(f"{stem}.o")
     library = f"{request.name}.so"
     lines += [f"rule link\n  command = {cxx} $in {_words(*ldflags, *request.extra_ldflags)} -o $out"]
@@ -97,7 +146,14 @@ def build(request: BuildRequest, folder: Path) -> tuple[Path, list[Path]]:
     compilers read outside ``folder`` (from their depfiles)."""
     for name, text in render(request).items():
         (folder / name).write_text(text)
-    run_ninja(folder)
+    try:
+        run_ninja(folder)
+    except BuildError as error:
+        short = wrapper_failure(request, error.compiler_output)
+        if short is None:
+            raise
+        logger.debug("ninja in %s:\n%s", folder, error.compiler_output)
+        raise BuildError(short, error.compiler_output) from None
     read = {path for depfile in folder.glob("*.o.d") for path in depfile_inputs(depfile)}
     return folder / f"{request.name}.so", sorted(p for p in read if not p.is_relative_to(folder))
 
@@ -160,5 +216,5 @@ def run_ninja(folder: Path) -> None:
         process.wait()
         raise
     if process.returncode != 0:
-        raise RuntimeError(f"ninja exited with status {process.returncode}\n{output}")
+        raise BuildError(f"ninja exited with status {process.returncode}\n{output}", output)
     logger.debug("ninja in %s:\n%s", folder, output)

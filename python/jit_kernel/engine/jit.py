@@ -6,14 +6,14 @@ import functools
 import hashlib
 import math
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from jit_kernel.engine import cache, deps, env, target
-from jit_kernel.engine.builder import BuildRequest
+from jit_kernel.engine.builder import BuildError, BuildRequest
 from jit_kernel.engine.spec import name_part
-from jit_kernel.engine.target import Arch
 from jit_kernel.engine.unit import DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, TranslationUnit
 
 if TYPE_CHECKING:
@@ -128,7 +128,8 @@ def make_build_request(
     extra_include_paths: Sequence[str] | None = None,
     cuda_arch: str | None = None,
 ) -> BuildRequest:
-    """Describe a module build; ``load_jit`` is this plus the cache. ``cuda_arch`` overrides the target's."""
+    """Describe a module build; ``load_jit`` is this plus the cache. The arch of CUDA code follows
+    :func:`~jit_kernel.engine.target.compile_arch`, with ``cuda_arch`` first."""
     includes = extra_include_paths or ()
     languages = (
         ("host", cpp_files, cpp_wrappers, extra_cflags),
@@ -142,7 +143,7 @@ def make_build_request(
     if not units:
         raise ValueError("load_jit: give at least one of cpp_files, cuda_files, cpp_wrappers, cuda_wrappers")
     has_cuda = units[-1].language == "cuda"
-    arch = (str(Arch.parse(cuda_arch)) if cuda_arch else str(target.current().arch)) if has_cuda else None
+    arch = str(target.compile_arch(cuda_arch)) if has_cuda else None
     return BuildRequest(module_name(args), tuple(units), tuple(extra_ldflags or ()), arch)
 
 
@@ -174,10 +175,25 @@ def load_jit(
     the files export their own functions (``TVM_FFI_DLL_EXPORT_TYPED_FUNC``) and no wrappers may be
     given; the files are still compiled as one translation unit per language. ``build_directory``
     replaces the cache root for this module. Modules are cached in-process as well as on disk.
+
+    Mistakes it reports before compiling, as ``ValueError``: files without wrappers under
+    ``header_only=True`` (a module that would export nothing), a wrapper that is not an
+    ``(identifier, expression)`` pair or whose expression cannot name a function (unclosed brackets,
+    a ``;``), an export name given twice. A wrapper the compiler rejects raises
+    :class:`~jit_kernel.engine.builder.BuildError` (a ``RuntimeError``) naming the wrapper, the
+    compiler's error on its line and the line that called ``load_jit``; ``compiler_output`` holds
+    the whole output. CUDA code is compiled for the arch
+    :func:`~jit_kernel.engine.target.compile_arch` gives (``JIT_KERNEL_CUDA_ARCH``, else the GPU's).
     """
     if not header_only and (cpp_wrappers or cuda_wrappers):
         raise ValueError(
             "load_jit: header_only=False means the files export their own functions; pass no cpp_wrappers/cuda_wrappers"
+        )
+    if header_only and not (cpp_wrappers or cuda_wrappers) and (cpp_files or cuda_files):
+        raise ValueError(
+            "load_jit: no cpp_wrappers or cuda_wrappers, so the module would export nothing; give the functions "
+            "to export as (export_name, C++ expression) pairs, e.g. cuda_wrappers=[('run', 'my_ns::run<128>')], "
+            "or header_only=False if the files export their own (TVM_FFI_DLL_EXPORT_TYPED_FUNC)"
         )
     includes = [*(extra_include_paths or ()), *deps.include_paths(extra_dependencies or ())]
     request = make_build_request(
@@ -191,7 +207,18 @@ def load_jit(
         extra_ldflags=extra_ldflags,
         extra_include_paths=includes,
     )
-    return load_request(request, Path(build_directory).resolve() if build_directory else None)
+    try:
+        return load_request(request, Path(build_directory).resolve() if build_directory else None)
+    except BuildError as error:
+        raise BuildError(f"{error}\nload_jit was called at {_caller()}", error.compiler_output) from None
+
+
+def _caller() -> str:
+    """``file:line`` of the innermost frame outside this package: the user's call of ``load_jit``."""
+    for frame in reversed(traceback.extract_stack()):
+        if not Path(frame.filename).resolve().is_relative_to(env.PACKAGE_DIR):
+            return f"{frame.filename}:{frame.lineno}"
+    return "an unknown place"
 
 
 def load_request(request: BuildRequest, root: Path | None = None) -> Module:

@@ -59,10 +59,7 @@ class TranslationUnit:
         extra_flags: Sequence[str] = (),
         extra_include_dirs: Iterable[str | Path] = (),
     ) -> TranslationUnit:
-        exports = tuple(exports)
-        for symbol, _ in exports:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", symbol):
-                raise ValueError(f"load_jit: export name {symbol!r} is not a C identifier")
+        exports = check_wrappers(exports)
         first = (env.INCLUDE_DIR / EXPORT_HEADER,) if exports else ()
         sources = (*first, *(Path(s).resolve() for s in sources))
         for path in sources:
@@ -117,6 +114,11 @@ class TranslationUnit:
     def suffix(self) -> str:
         return ".cu" if self.language == "cuda" else ".cpp"
 
+    def export_at_line(self, line: int) -> tuple[str, str] | None:
+        """The export whose line of :meth:`text` is ``line`` (1-based), or None for any other line."""
+        index = line - 1 - len(PRELUDE) - len(self.sources)
+        return self.exports[index] if 0 <= index < len(self.exports) else None
+
     def text(self) -> str:
         exports = (f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({s}, (::host::ffi_export({e})));" for s, e in self.exports)
         return "\n".join([*PRELUDE, *(f'#include "{path}"' for path in self.sources), *exports]) + "\n"
@@ -129,6 +131,62 @@ class TranslationUnit:
         """Hash of the unit's text, flags, include folders and included files, wherever it is installed."""
         description = json.dumps([self.language, self.text(), self.compile_args()])
         return relocatable_hash(description, _closure_digest(self.sources, self.include_dirs))
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CLOSING = {")": "(", "]": "[", ">": "<"}
+
+
+def _shape_error(expression: str) -> str | None:
+    """Why ``expression`` cannot be a wrapper's C++ expression (a function, or a static member of a
+    template instance), or None. Only what is certain without a compiler: one line, no statement or
+    block, brackets that close in order; a ``<`` or ``>`` inside parentheses is taken as a comparison."""
+    if not expression.strip():
+        return "it is empty"
+    for bad, what in (("\n", "a newline"), (";", "a ';'"), ("{", "a '{'"), ("}", "a '}'")):
+        if bad in expression:
+            return f"it holds {what}"
+    stack: list[str] = []
+    text = expression.replace("->", "  ")
+    for char in text:
+        if char in "([" or (char == "<" and "(" not in stack):
+            stack.append(char)
+        elif char in ")]" or (char == ">" and "(" not in stack):
+            if not stack or stack[-1] != _CLOSING[char]:
+                return f"an unmatched {char!r}"
+            stack.pop()
+    return f"an unclosed {stack[-1]!r}" if stack else None
+
+
+def check_wrappers(wrappers: Iterable[object]) -> tuple[tuple[str, str], ...]:
+    """The wrappers as ``((export_name, expression), ...)``, checked before any compiler runs: each
+    a pair of strings, the name a C identifier given once, the expression of a plausible shape
+    (:func:`_shape_error`). What only the compiler knows (that the name exists) it reports after."""
+    if isinstance(wrappers, tuple) and len(wrappers) == 2 and all(isinstance(w, str) for w in wrappers):
+        raise ValueError(
+            f"load_jit: wrappers are a list of (export_name, C++ expression) pairs; got one pair {wrappers!r}: "
+            f"pass [{wrappers!r}]"
+        )
+    checked: list[tuple[str, str]] = []
+    for wrapper in wrappers:
+        if not (isinstance(wrapper, (tuple, list)) and len(wrapper) == 2 and all(isinstance(w, str) for w in wrapper)):
+            raise ValueError(
+                f"load_jit: a wrapper is an (export_name, C++ expression) pair of strings, got {wrapper!r}"
+            )
+        symbol, expression = wrapper
+        if not _IDENTIFIER.fullmatch(symbol):
+            raise ValueError(f"load_jit: export name {symbol!r} is not a C identifier")
+        if any(symbol == seen for seen, _ in checked):
+            raise ValueError(f"load_jit: export name {symbol!r} is given twice")
+        why = _shape_error(expression)
+        if why is not None:
+            raise ValueError(
+                f"load_jit: wrapper {(symbol, expression)!r}: {why}; the expression names a function, "
+                "e.g. 'my_ns::add<128, bf16_t>' or 'my_ns::Kernel<4096>::run' (parenthesise a template "
+                "argument that compares with < or >)"
+            )
+        checked.append((symbol, expression))
+    return tuple(checked)
 
 
 def relocatable_hash(*parts: str) -> str:
