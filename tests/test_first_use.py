@@ -259,7 +259,8 @@ def test_the_generic_width_is_explained_where_it_is_met(capsys: pytest.CaptureFi
         (("run", "user::Add<5>::run"), r"got one pair .*pass \[\('run'"),
         (["run"], "pair of strings"),
         ([("run", "user::Add<5::run")], "an unclosed '<'"),
-        ([("run", "user::Add<5>::run;")], "a ';'"),
+        ([("run", "user::Add<5>::run;")], "a ';' outside braces"),
+        ([("run", "[](int x) { return x; ")], "an unclosed '{'"),
         ([("run", "user::Add<5>)::run")], r"an unmatched '\)'"),
         ([("run", "")], "it is empty"),
         ([("run", "user::Add<5>::run"), ("run", "user::Add<6>::run")], "'run' is given twice"),
@@ -274,7 +275,14 @@ def test_wrappers_of_an_impossible_shape_fail_before_any_compiler(
 
 
 def test_shapes_a_compiler_takes_pass_the_check(user_header: Path) -> None:
-    for expression in ("user::Add<5>::run", "ns::f<(N > 4), 2>", "&ns::T<int[4]>::g", "ns::h<(a >> 1)>"):
+    for expression in (
+        "user::Add<5>::run",
+        "ns::f<(N > 4), 2>",
+        "&ns::T<int[4]>::g",
+        "ns::h<(a >> 1)>",
+        "static_cast<int (*)(int)>(ns::k)",
+        "[](int x) -> int { int y = x < 3; return y; }",
+    ):
         make_build_request("user_add", cpp_files=[str(user_header)], cpp_wrappers=[("f", expression)])
 
 

@@ -99,7 +99,7 @@ def op_families() -> dict[str, tuple[KernelSpec, ...]]:
         return True
 
     order = {spec: index for index, spec in enumerate(families.ALL_FAMILIES)}
-    mapping = {}
+    mapping: dict[str, tuple[KernelSpec, ...]] = {}
     for name in jit_kernel.__all__:
         specs = specs_of(name, getattr(jit_kernel, name, None))
         if specs:

@@ -115,9 +115,14 @@ class TranslationUnit:
         return ".cu" if self.language == "cuda" else ".cpp"
 
     def export_at_line(self, line: int) -> tuple[str, str] | None:
-        """The export whose line of :meth:`text` is ``line`` (1-based), or None for any other line."""
-        index = line - 1 - len(PRELUDE) - len(self.sources)
-        return self.exports[index] if 0 <= index < len(self.exports) else None
+        """The export whose lines of :meth:`text` hold ``line`` (1-based), or None for any other line."""
+        first = len(PRELUDE) + len(self.sources) + 1
+        for export in self.exports:
+            last = first + export[1].count("\n")
+            if first <= line <= last:
+                return export
+            first = last + 1
+        return None
 
     def text(self) -> str:
         exports = (f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({s}, (::host::ffi_export({e})));" for s, e in self.exports)
@@ -134,27 +139,27 @@ class TranslationUnit:
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CLOSING = {")": "(", "]": "[", ">": "<"}
+_CLOSING = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
 def _shape_error(expression: str) -> str | None:
-    """Why ``expression`` cannot be a wrapper's C++ expression (a function, or a static member of a
-    template instance), or None. Only what is certain without a compiler: one line, no statement or
-    block, brackets that close in order; a ``<`` or ``>`` inside parentheses is taken as a comparison."""
+    """Why ``expression`` cannot be a wrapper's C++ expression (a function, a static member of a
+    template instance, a lambda), or None. Only what is certain without a compiler: brackets that
+    close in order, and no ``;`` outside a lambda's braces; a ``<`` or ``>`` inside parentheses or
+    braces is taken as a comparison, ``->`` as an arrow."""
     if not expression.strip():
         return "it is empty"
-    for bad, what in (("\n", "a newline"), (";", "a ';'"), ("{", "a '{'"), ("}", "a '}'")):
-        if bad in expression:
-            return f"it holds {what}"
     stack: list[str] = []
-    text = expression.replace("->", "  ")
-    for char in text:
-        if char in "([" or (char == "<" and "(" not in stack):
+    for char in expression.replace("->", "  "):
+        comparing = "(" in stack or "{" in stack
+        if char in "([{" or (char == "<" and not comparing):
             stack.append(char)
-        elif char in ")]" or (char == ">" and "(" not in stack):
+        elif char in ")]}" or (char == ">" and not comparing):
             if not stack or stack[-1] != _CLOSING[char]:
                 return f"an unmatched {char!r}"
             stack.pop()
+        elif char == ";" and "{" not in stack:
+            return "a ';' outside braces (a statement, not an expression)"
     return f"an unclosed {stack[-1]!r}" if stack else None
 
 
