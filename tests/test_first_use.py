@@ -11,7 +11,7 @@ import tvm_ffi
 
 from jit_kernel import cli
 from jit_kernel.engine import builder, families, prebuilt, target
-from jit_kernel.engine.dispatch import jit_request
+from jit_kernel.engine.dispatch import Dispatcher, JitDisabledError, jit_request
 from jit_kernel.engine.jit import load_jit, make_build_request
 from jit_kernel.engine.spec import ConfigError, IntRange, KernelSpec, OneOf, symbol_name
 from jit_kernel.engine.target import Arch, InvalidArchError, NoCudaArchError, compile_arch
@@ -200,6 +200,28 @@ def test_a_users_own_spec_is_not_said_to_be_outside_its_grid(monkeypatch: pytest
     )
     _install_manifest(monkeypatch, families.ADD_CONSTANT_HOST, [(1,)], None)
     assert "built without CUDA" in prebuilt.unusable_reason(families.ADD_CONSTANT_CUDA, (1,), here)
+
+
+def test_strict_mode_tells_a_kernel_author_how_to_fill_the_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, user_header: Path
+) -> None:
+    """``warm`` knows only the package's families: for a spec of one's own the advice is jit_module."""
+    own = KernelSpec(
+        "user_add",
+        (str(user_header),),
+        ("n",),
+        {"run": "user::Add<{args}>::run"},
+        {"n": IntRange(0, 9)},
+        ((1,),),
+        "host",
+    )
+    monkeypatch.setenv("JIT_KERNEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("JIT_KERNEL_DISABLE_JIT", "1")
+    with pytest.raises(JitDisabledError) as error:
+        Dispatcher(own).function("run", (1,))
+    message = str(error.value)
+    assert "jit_module(spec, (1,))" in message and "python -m jit_kernel warm" not in message
+    assert "families.py" not in message
 
 
 # ---------------------------------------------------------------------------------------------

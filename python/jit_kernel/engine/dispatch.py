@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from jit_kernel.engine import cache, env, prebuilt, target, toolchain
+from jit_kernel.engine import cache, env, families, prebuilt, target, toolchain
 from jit_kernel.engine.builder import BuildRequest
 from jit_kernel.engine.jit import load_cached, load_request, module_name
 from jit_kernel.engine.spec import Config, KernelSpec, cpp_literal, symbol_name
@@ -109,10 +109,19 @@ def _not_cached_message(spec: KernelSpec, config: Config, reason: str, request: 
         if others
         else ""
     )
+    if spec not in families.ALL_FAMILIES:  # a kernel author's own spec: `warm` knows only the package's
+        arch = f", cuda_arch={request.arch!r}" if request.arch else ""
+        how = f"with `jit_kernel.engine.dispatch.jit_module(spec, {config!r}{arch})` in a process with JIT enabled"
+        how += f" and JIT_KERNEL_CACHE_DIR={shlex.quote(str(entry.parent))}"
+    elif config in spec.prebuilt:
+        how = f"with `{' '.join(warm)}`, or install a build of the package whose prebuilt library holds it"
+    else:
+        how = (
+            f"with `{' '.join(warm)}`, or add the config to the family's prebuilt grid in jit_kernel/engine/families.py"
+        )
     return (
         f"{spec.describe(config)} has no usable prebuilt kernel ({reason}), the JIT cache has no build of it "
-        f"(looked for {entry}), and JIT_KERNEL_DISABLE_JIT=1 forbids compiling it. Pre-compile it with "
-        f"`{' '.join(warm)}`, or add the config to the family's prebuilt grid in jit_kernel/engine/families.py.{stale}"
+        f"(looked for {entry}), and JIT_KERNEL_DISABLE_JIT=1 forbids compiling it. Pre-compile it {how}.{stale}"
     )
 
 
