@@ -119,7 +119,7 @@ SGL_DEVICE float sum_warp_partials(const float* smem) {
 
 // What normalize_row does with each normalised vector y (T, rounded once): an epilogue policy,
 // called as epilogue(out, y, v, k) for the row's vector number v, held in slot k < kPer (a
-// constant once the loop is unrolled). The default stores y to `out`; other policies (norm_quant.cuh)
+// constant once the loop is unrolled). The default stores y to `out`; other policies (epilogue_row.cuh)
 // quantise it, or keep it for a reduction they run after normalize_row returns; a policy with a
 // load_with_row() has it called under the row's own predicate just before the row's loads, so
 // ptxas issues that load with them (a load of its own is scheduled after the first use of the row,
@@ -181,7 +181,7 @@ SGL_DEVICE void normalize_row(
   static_assert(!kCast || !kWeightPlusOne, "kCast has no (1 + w) form");
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   constexpr int kN = static_cast<int>(kVecElems<T>);
-  // The epilogue kernels (norm_quant.cuh) add and square in pairs; rmsnorm's own kernels keep the
+  // The epilogue kernels (epilogue_row.cuh) add and square in pairs; rmsnorm's own kernels keep the
   // element form, which ptxas schedules better there (see docs/design/norm.md).
   constexpr bool kPairedAdd = !std::is_same_v<std::remove_cvref_t<Epilogue>, StoreRow>;
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];

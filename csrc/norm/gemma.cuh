@@ -5,10 +5,10 @@
 // fused_add_rmsnorm does.
 //
 // Template parameter: T (fp16_t, bf16_t, fp32_t). D is a run-time value: the rows are reduced as
-// rmsnorm reduces rows of that shape (norm_quant.cuh's row kernels with the (1 + w) epilogue).
+// rmsnorm reduces rows of that shape (epilogue_row.cuh's row kernels with the (1 + w) epilogue).
 #pragma once
 
-#include "norm_quant.cuh"
+#include "epilogue_row.cuh"
 
 namespace jit_kernel::norm {
 
