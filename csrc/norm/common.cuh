@@ -141,28 +141,35 @@ SGL_DEVICE void row_offsets(const RowSet& s, int64_t row, int64_t& in_off, int64
   res_off = outer * s.res_s0 + i * s.res_s1;
 }
 
+// What a caller of normalize_row asks of it (docs/design/norm.md has who asks what), written with
+// designated initialisers: normalize_row<T, kPer, RowOptions{.fused = true, .early_weight = true}>.
+struct RowOptions {
+  // residual = T(input + residual) is stored to `res` and normalised.
+  bool fused = false;
+  // The weight is loaded with the row: one round trip less on the critical path of a launch of few
+  // rows; with many rows, bandwidth needs occupancy instead and the weight is loaded after the
+  // reduction (not live across it).
+  bool early_weight = false;
+  // SGLang's cast_x_before_out_mul rounding (fused only; see the top of this file): the unrounded
+  // fp32 sums stay in registers for the output.
+  bool cast = false;
+  // Two vectors a thread, each vector's squares summed on their own: `reduce` takes the two sums, to
+  // combine them in the order of a reduction over one vector a thread.
+  bool slot_sums = false;
+  // The residual add and the squares of 16-bit T a pair at a time (add_rounded, add_squares): the
+  // same values, code that the epilogue kernels run faster and rmsnorm's own kernels slower.
+  bool paired = false;
+};
+
 // One row held in registers, so the input is read once: this thread's vectors are number
 // lane + k * group of the row, k < kPer, those below nvec (`exact`: all of them, no bounds check).
 // Every load (input, residual, weight) is issued before the first use of any of them: one memory
 // round trip before the reduction however many vectors a thread holds (a residual store between
-// two loads would order them, and each would wait for the one before). kEarlyWeight loads the
-// weight with the row, one round trip less on the critical path of a launch of few rows; with many
-// rows, bandwidth needs occupancy instead and the weight is loaded after the reduction (not live
-// across it). `reduce` sums over every thread that holds part of the row. Callers make every
-// argument but the row a constant where they can; this is inlined. kCast (see the top of this
-// file) also keeps the unrounded fp32 sums in registers for the output. kSlotSums (two vectors a
-// thread): each vector's squares are summed on their own and `reduce` takes the two sums, to
-// combine them in the order of a reduction over one vector a thread. `epilogue`: what becomes of
-// each normalised vector (StoreRow: stored to `out`).
-template <
-    typename T,
-    int kPer,
-    bool kFused,
-    bool kEarlyWeight,
-    bool kCast,
-    bool kSlotSums = false,
-    typename Reduce,
-    typename Epilogue = StoreRow>
+// two loads would order them, and each would wait for the one before). `reduce` sums over every
+// thread that holds part of the row. Callers make every argument but the row a constant where they
+// can; this is inlined. `epilogue`: what becomes of each normalised vector (StoreRow: stored to
+// `out`).
+template <typename T, int kPer, RowOptions kOptions, typename Reduce, typename Epilogue = StoreRow>
 SGL_DEVICE void normalize_row(
     const T* in,
     T* out,
@@ -176,14 +183,16 @@ SGL_DEVICE void normalize_row(
     float eps,
     Reduce reduce,
     Epilogue&& epilogue = Epilogue{}) {
-  static_assert(!kCast || kFused, "kCast is a fused-add variant");
+  constexpr bool kFused = kOptions.fused;
+  constexpr bool kEarlyWeight = kOptions.early_weight;
+  constexpr bool kCast = kOptions.cast;
+  constexpr bool kSlotSums = kOptions.slot_sums;
+  constexpr bool kPairedAdd = kOptions.paired;
+  static_assert(!kCast || kFused, "cast is a fused-add variant");
   constexpr bool kWeightPlusOne = std::remove_cvref_t<Epilogue>::kWeightPlusOne;
-  static_assert(!kCast || !kWeightPlusOne, "kCast has no (1 + w) form");
+  static_assert(!kCast || !kWeightPlusOne, "cast has no (1 + w) form");
   using Vec = device::AlignedVector<T, kVecElems<T>>;
   constexpr int kN = static_cast<int>(kVecElems<T>);
-  // The epilogue kernels (epilogue_row.cuh) add and square in pairs; rmsnorm's own kernels keep the
-  // element form, which ptxas schedules better there (see docs/design/norm.md).
-  constexpr bool kPairedAdd = !std::is_same_v<std::remove_cvref_t<Epilogue>, StoreRow>;
   Vec x[kPer], w[kPer], r[kFused ? kPer : 1];
   float s[kCast ? kPer : 1][kCast ? kN : 1];  // kCast: the unrounded sums
   {
@@ -211,7 +220,7 @@ SGL_DEVICE void normalize_row(
       if constexpr (kFused) __builtin_memcpy(&r[k], &rr[k], sizeof(Vec));
     }
   }
-  static_assert(!kSlotSums || (kPer == 2 && !kCast), "kSlotSums: two vectors a thread, no kCast");
+  static_assert(!kSlotSums || (kPer == 2 && !kCast), "slot_sums: two vectors a thread, no cast");
   float sum = 0.f;
   float slot_sum[kSlotSums ? kPer : 1] = {};
 #pragma unroll
@@ -281,7 +290,7 @@ __global__ void __launch_bounds__(512) bounded_row_kernel(const Params p) {
   int64_t in_off, out_off, res_off;
   row_offsets(s, blockIdx.x, in_off, out_off, res_off);
   const auto reduce = [&](float v) { return device::cta::all_reduce_sum(v, smem); };
-  normalize_row<T, kPer, kFused, true, kCast>(
+  normalize_row<T, kPer, RowOptions{.fused = kFused, .early_weight = true, .cast = kCast}>(
       static_cast<const T*>(s.in) + in_off,
       static_cast<T*>(s.out) + out_off,
       kFused ? static_cast<T*>(s.residual) + res_off : nullptr,

@@ -119,7 +119,10 @@ SGL_DEVICE void shaped_row(
     const Params& p, const EpiArgs& a, int64_t row, uint32_t lane, Reduce reduce, RowMax row_max) {
   const RowSet& s = p.set[0];
   Policy<kEpi, T, static_cast<int>(K::kPer)> epilogue(a, row, K::kVecs * K::kN, lane);
-  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight, false>(
+  normalize_row<
+      T,
+      static_cast<int>(K::kPer),
+      RowOptions{.fused = kFused, .early_weight = kEarlyWeight, .paired = true}>(
       static_cast<const T*>(s.in) + row * s.in_s0,
       s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
       kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / 2)
   };
   const auto row_max = [&](float v) { return device::cta::all_reduce_max_nonneg(v, smem_max); };
   Policy<kEpi, T, 2, 8> epilogue(a, row, K::kVecs * K::kN, lane);
-  normalize_row<T, 2, kFused, true, false, true>(
+  normalize_row<T, 2, RowOptions{.fused = kFused, .early_weight = true, .slot_sums = true, .paired = true}>(
       static_cast<const T*>(s.in) + row * s.in_s0,
       s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
       kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(512) epilogue_bounded_kernel(const Params p, c
     }
   };
   Policy<kEpi, T, kPer> epilogue(a, row, s.dim, lane);
-  normalize_row<T, kPer, kFused, true, false>(
+  normalize_row<T, kPer, RowOptions{.fused = kFused, .early_weight = true, .paired = true}>(
       static_cast<const T*>(s.in) + row * s.in_s0,
       s.out == nullptr ? nullptr : static_cast<T*>(s.out) + row * s.out_s0,
       kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       return device::cta::all_reduce_sum(v, smem);
     }
   };
-  normalize_row<T, static_cast<int>(K::kPer), kFused, kEarlyWeight, kCast>(
+  normalize_row<T, static_cast<int>(K::kPer), RowOptions{.fused = kFused, .early_weight = kEarlyWeight, .cast = kCast}>(
       static_cast<const T*>(s.in) + row * s.in_s0,
       static_cast<T*>(s.out) + row * s.out_s0,
       kFused ? static_cast<T*>(s.residual) + row * s.res_s0 : nullptr,
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       reduce);
 }
 
-// Up to about two rows per SM, a launch is latency-bound (see kEarlyWeight in normalize_row). The
+// Up to about two rows per SM, a launch is latency-bound (see RowOptions::early_weight). The
 // fused kernel over rows of at most 128 vectors (128-thread CTAs) stays so up to 2048 rows, where
 // the early weight load still pays; over longer rows it costs time at 1024 rows (see
 // docs/benchmarks.md).
