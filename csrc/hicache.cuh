@@ -376,6 +376,30 @@ inline auto check_all_layer(
   return {idx, layers.unwrap()};
 }
 
+inline void check_block_quota(int64_t block_quota) {
+  host::RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
+}
+
+/// \brief A one-layer transfer of rows of `row_bytes`, the part every one-layer kernel shares: checks
+/// the call and the block quota, stops for an empty transfer or a fake call (torch.compile: checks
+/// alone, no CUDA call), then hands the kernel's view of the call to `launch(params, indices)`.
+template <bool kHasV, typename Launch>
+inline void transfer_one_layer(
+    const tvm::ffi::TensorView& k_dst,
+    const tvm::ffi::TensorView* v_dst,
+    const tvm::ffi::TensorView& indices_dst,
+    const tvm::ffi::TensorView& k_src,
+    const tvm::ffi::TensorView* v_src,
+    const tvm::ffi::TensorView& indices_src,
+    std::size_t row_bytes,
+    int64_t block_quota,
+    Launch&& launch) {
+  const auto idx = check_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, row_bytes);
+  check_block_quota(block_quota);
+  if (idx.length == 0 || host::has_no_data(indices_dst)) return;
+  launch(resolve_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, idx), idx);
+}
+
 template <std::size_t kBytes, std::size_t kUnroll, std::size_t kThreads>
 struct HiCache {
   static_assert(kBytes > 0 && kBytes % kVecBytes == 0, "hicache: element size must be a positive multiple of 16");
@@ -395,7 +419,6 @@ struct HiCache {
   };
   static auto launch_shape(int64_t work, int64_t block_quota) -> Shape {
     using namespace host;
-    RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
     const auto groups = static_cast<int64_t>(kGroupsPerBlock);
     if (div_ceil(work, groups) >= block_quota) {
       return {static_cast<uint32_t>(std::min<int64_t>(block_quota, int64_t{1} << 30)), kThreads};
@@ -414,18 +437,15 @@ struct HiCache {
       const tvm::ffi::TensorView* v_src,
       const tvm::ffi::TensorView& indices_src,
       int64_t block_quota) {
-    using namespace host;
-    const auto idx = check_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes);
-    const auto shape = launch_shape(idx.length, block_quota);
-    // A fake call (torch.compile) stops here, after every check that needs no data and before any
-    // CUDA call; so does an empty transfer.
-    if (idx.length == 0 || has_no_data(indices_dst)) return;
-
-    const auto p = resolve_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, idx);
-    const auto kernel = idx.is_int32 ? one_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
-                                     : one_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
-    LaunchKernel(shape.blocks, shape.threads, idx.device)
-        .enable_pdl(runtime::supports_pdl(idx.device.device_id))(kernel, p);
+    const auto launch = [&](const OneLayerParams& p, const Indices& idx) {
+      using namespace host;
+      const auto shape = launch_shape(idx.length, block_quota);
+      const auto kernel = idx.is_int32 ? one_layer_kernel<int32_t, kBytes, kUnroll, kThreads, kHasV>
+                                       : one_layer_kernel<int64_t, kBytes, kUnroll, kThreads, kHasV>;
+      LaunchKernel(shape.blocks, shape.threads, idx.device)
+          .enable_pdl(runtime::supports_pdl(idx.device.device_id))(kernel, p);
+    };
+    transfer_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes, block_quota, launch);
   }
 
   template <bool kHasV>
@@ -450,6 +470,7 @@ struct HiCache {
         src_stride_bytes,
         dst_stride_bytes,
         kBytes);
+    check_block_quota(block_quota);
     const auto shape = launch_shape(idx.length * num_layers, block_quota);
     if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
 

@@ -366,29 +366,26 @@ struct HiCacheTma {
       const tvm::ffi::TensorView* v_src,
       const tvm::ffi::TensorView& indices_src,
       int64_t block_quota) {
-    using namespace host;
-    const auto idx = check_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes);
-    RuntimeCheck(block_quota >= 1, "hicache: block_quota must be >= 1, got ", block_quota);
-    if (idx.length == 0 || has_no_data(indices_dst)) return;
-
-    const auto r = resolve_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, idx);
-    auto p = tma::Params{};
-    p.src[0] = r.k_src;
-    p.src[1] = r.v_src;
-    p.dst[0] = r.k_dst;
-    p.dst[1] = r.v_dst;
-    p.src_stride[0] = r.k_src_stride;
-    p.src_stride[1] = r.v_src_stride;
-    p.dst_stride[0] = r.k_dst_stride;
-    p.dst_stride[1] = r.v_dst_stride;
-    p.indices_src = r.indices_src;
-    p.indices_dst = r.indices_dst;
-    p.length = r.length;
-    if (idx.is_int32) {
-      tma::launch<int32_t, kB, kR, kHasV>(p, block_quota, idx.device);
-    } else {
-      tma::launch<int64_t, kB, kR, kHasV>(p, block_quota, idx.device);
-    }
+    const auto launch = [&](const OneLayerParams& r, const Indices& idx) {
+      auto p = tma::Params{};
+      p.src[0] = r.k_src;
+      p.src[1] = r.v_src;
+      p.dst[0] = r.k_dst;
+      p.dst[1] = r.v_dst;
+      p.src_stride[0] = r.k_src_stride;
+      p.src_stride[1] = r.v_src_stride;
+      p.dst_stride[0] = r.k_dst_stride;
+      p.dst_stride[1] = r.v_dst_stride;
+      p.indices_src = r.indices_src;
+      p.indices_dst = r.indices_dst;
+      p.length = r.length;
+      if (idx.is_int32) {
+        tma::launch<int32_t, kB, kR, kHasV>(p, block_quota, idx.device);
+      } else {
+        tma::launch<int64_t, kB, kR, kHasV>(p, block_quota, idx.device);
+      }
+    };
+    transfer_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes, block_quota, launch);
   }
 
   static void run_one(
