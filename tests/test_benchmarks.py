@@ -600,7 +600,6 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "moe_sum_reduce (functional)",
     ]
     assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
-    assert bench_dispatch.hicache_config() == (2048, 1, 1024)  # a prebuilt hicache config
     assert not torch.cuda.is_initialized()
 
 
@@ -611,8 +610,12 @@ def _public_ops() -> set[str]:
     import jit_kernel
 
     ops_dir = Path(jit_kernel.__file__).parent / "ops"
+
+    def in_ops(f: Callable[..., object]) -> bool:  # written there, or declared there (kernel_op)
+        return Path(f.__code__.co_filename).parent == ops_dir or f.__code__.co_filename.startswith("<kernel_op ")
+
     functions = [getattr(jit_kernel, name) for name in jit_kernel.__all__]
-    return {f.__name__ for f in functions if inspect.isfunction(f) and Path(f.__code__.co_filename).parent == ops_dir}
+    return {f.__name__ for f in functions if inspect.isfunction(f) and in_ops(f)}
 
 
 def test_bench_dispatch_has_a_row_for_every_public_op() -> None:
@@ -670,61 +673,59 @@ def _accepts(cpp_type: str, value: object) -> bool:
 
 
 def test_bench_dispatch_calls_match_the_ops_and_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the CPU, without kernels: each row's op call binds to the public op's signature, and its raw
-    call passes the C++ launcher's parameters (csrc/..., read here), one value of the right kind each,
-    to a config in the family's domain; a functional row's raw call gets new outputs of the given ones'
-    shapes and dtypes."""
+    """On the CPU, without kernels: each row's op call binds to the public op's signature; the launch
+    the op's plan makes passes the C++ launcher's parameters (csrc/..., read here), one value of the
+    right kind each, to a config in the family's domain; the row's raw call is that launch, and a
+    functional row's raw call gets new outputs of the returned ones' shapes and dtypes."""
     import inspect
 
-    import jit_kernel
     from jit_kernel.benchmark import bench_dispatch
+    from jit_kernel.engine.dispatch import Dispatcher
+    from jit_kernel.ops import _common
 
-    calls: list[tuple[str, object]] = []
+    calls: list[tuple[str, tuple[object, ...]]] = []
 
-    def fake_kernel(spec: KernelSpec, export: str, config: Config) -> Callable[..., None]:
-        spec.check_config(config)
-        params = _launcher_params(spec, export)
+    def fake_function(self: Dispatcher, export: str, config: Config) -> Callable[..., None]:
+        self.spec.check_config(config)
+        params = _launcher_params(self.spec, export)
 
         def raw(*args: object) -> None:
-            assert len(args) == len(params), f"{spec.exports[export]}: {len(args)} arguments for {params}"
+            assert len(args) == len(params), f"{self.spec.exports[export]}: {len(args)} arguments for {params}"
             for i, (cpp_type, value) in enumerate(zip(params, args, strict=True)):
-                assert _accepts(cpp_type, value), f"{spec.exports[export]} argument {i}: {cpp_type} got {value!r}"
+                assert _accepts(cpp_type, value), f"{self.spec.exports[export]} argument {i}: {cpp_type} got {value!r}"
             calls.append(("raw", args))
 
         return raw
 
-    def recording(op: Callable[..., object]) -> Callable[..., None]:
-        signature = inspect.signature(op)
-
-        def call(*args: object, **kwargs: object) -> None:
-            calls.append(("op", signature.bind(*args, **kwargs).arguments))
-
-        return call
-
-    monkeypatch.setattr(bench_dispatch, "kernel", fake_kernel)
-    for name in _public_ops():
-        monkeypatch.setattr(jit_kernel, name, recording(getattr(jit_kernel, name)))
-    inputs = bench_dispatch.Inputs(3, "cpu")
-    for row in bench_dispatch.OPS:
-        calls.clear()
-        eager, raw, _ = bench_dispatch.OPS[row](inputs)
-        eager()
-        raw()
-        [(first, arguments), (second, raw_args)] = calls
-        assert (first, second) == ("op", "raw"), row
-        spec = bench_dispatch.SPECS[row.split(" (")[0]][1](inputs)
-        n = len(spec.outputs)
-        if row.endswith(bench_dispatch.FUNCTIONAL):  # new outputs, like the given ones, and none passed to the op
-            assert not set(spec.given_as) & set(arguments), row
-            assert all(
-                new is not given and (new.shape, new.dtype) == (given.shape, given.dtype)
-                for new, given in zip(raw_args[:n], spec.outputs, strict=True)
-            ), row
-        else:  # the given outputs, to both calls
-            assert all(a is o for a, o in zip(raw_args[:n], spec.outputs, strict=True)), row
-            positional = list(arguments.values())[len(spec.args) : len(spec.args) + n]
-            given = [arguments[k] for k in spec.given_as] if spec.given_as else positional
-            assert all(g is o for g, o in zip(given, spec.outputs, strict=True)), row
+    monkeypatch.setattr(Dispatcher, "function", fake_function)
+    saved = [(table, dict(table)) for table in _common.TABLES]
+    try:
+        for table, _ in saved:
+            table.clear()
+        inputs = bench_dispatch.Inputs(3, "cpu")
+        for row in bench_dispatch.OPS:
+            spec = bench_dispatch.SPECS[row.split(" (")[0]][1](inputs)
+            inspect.signature(spec.op).bind(*spec.args, **spec.kwargs)
+            eager, raw, _ = bench_dispatch.OPS[row](inputs)
+            calls.clear()
+            eager()
+            raw()
+            [(first, op_args), (second, raw_args)] = calls
+            assert (first, second) == ("raw", "raw"), row
+            if row.endswith(bench_dispatch.FUNCTIONAL):  # new outputs of the same shapes, the rest the same
+                assert len(raw_args) == len(op_args), row
+                for ours, theirs in zip(raw_args, op_args, strict=True):
+                    if isinstance(ours, torch.Tensor) and ours is not theirs:
+                        assert (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype), row
+                    else:
+                        assert ours is theirs or ours == theirs, row
+            else:  # the very arguments the op passed, given outputs included
+                assert all(a is b for a, b in zip(raw_args, op_args, strict=True)), row
+                assert all(any(o is a for a in raw_args) for o in spec.outputs), row
+    finally:
+        for table, kernels in saved:
+            table.clear()
+            dict.update(table, kernels)
 
 
 def test_bench_dispatch_cpu_section(

@@ -364,7 +364,7 @@ def test_fast_path_serves_every_form_the_full_path_does() -> None:
     k_src, v_src = (make_cache(rows, 256, "cuda") for _ in range(2))
     k_dst, v_dst = (make_cache(rows, 256, "cuda", poison=True) for _ in range(2))
     transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)
-    assert 128 in ops._ONE_LAYER_KERNELS.by_dtype[torch.bfloat16]
+    assert (torch.bfloat16, 128) in ops._ONE_LAYER_KERNELS
     k_dst.view(torch.uint8).fill_(POISON)
     transfer_hicache_one_layer(k_dst, v_dst, idx, k_src, v_src, idx)  # the fast path
     torch.cuda.synchronize()
@@ -661,29 +661,36 @@ def test_the_op_launches_the_kernel_the_page_size_picks(
 
     monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", arch)
     target.clear()
+    ops_hicache._ROUTES.clear()  # the kernel each shape took, decided for the arch of the process
+    one, mla_op = ops_hicache.transfer_hicache_one_layer.op, ops_hicache.transfer_hicache_one_layer_mla.op
     try:
         with fake_cuda():
             k, idx = _cuda(256, 512), _idx(64)  # rows of 1 KiB: 32 per stage
             h = torch.zeros(256, 512, dtype=torch.bfloat16)  # a host cache (pinning is checked at launch)
-            launch = ops_hicache._one_layer_op.plan(h, h, idx, k, k, idx, page_size=page_size)
-            mla = ops_hicache._one_layer_mla_op.plan(k, idx, h, idx, None, None, None, page_size)
-            on_gpu = ops_hicache._one_layer_op.plan(k, k, idx, k, k, idx, page_size=page_size)
-            mla_on_gpu = ops_hicache._one_layer_mla_op.plan(k, idx, k, idx, None, None, None, page_size)
+            for _ in range(2):  # the second plan reads the route the first one filed
+                launch = one.plan(h, h, idx, k, k, idx, page_size=page_size)
+                mla = mla_op.plan(k, idx, h, idx, page_size=page_size)
+                on_gpu = one.plan(k, k, idx, k, k, idx, page_size=page_size)
+                mla_on_gpu = mla_op.plan(k, idx, k, idx, page_size=page_size)
         table = torch.zeros(2, dtype=torch.uint64)
-        every = ops_hicache._all_layer_op.plan(table, table, idx, table, table, idx, 1024, 1024, page_size=page_size)
+        every = ops_hicache.transfer_hicache_all_layer.op.plan(
+            table, table, idx, table, table, idx, kv_cache_src_stride_bytes=1024, kv_cache_dst_stride_bytes=1024,
+            page_size=page_size,
+        )  # fmt: skip
     finally:
         target.clear()
+        ops_hicache._ROUTES.clear()
     if bulk:
-        assert launch.kernels is ops_hicache._ONE_LAYER_TMA_KERNELS and launch.key == 1024
-        assert mla.kernels is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS
-        assert launch.kernels.config(launch.key) == (1024, 32)
+        assert launch[0] is ops_hicache._ONE_LAYER_TMA_KERNELS and launch[1] == 1024
+        assert mla[0] is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS
+        assert launch[0].config(launch[1]) == (1024, 32)
     else:
-        assert launch.kernels is ops_hicache._ONE_LAYER_KERNELS and launch.key == (torch.bfloat16, 512)
-        assert mla.kernels is ops_hicache._ONE_LAYER_MLA_KERNELS
-    assert every.kernels is ops_hicache._ALL_LAYER_KERNELS and every.key == (1024, 2, ops_hicache.HICACHE_NUM_THREADS)
-    assert on_gpu.kernels is ops_hicache._ONE_LAYER_KERNELS and on_gpu.key == (torch.bfloat16, 512)
-    assert mla_on_gpu.kernels is ops_hicache._ONE_LAYER_MLA_KERNELS
-    assert launch.args == (h, h, idx, k, k, idx, ops_hicache.DEFAULT_BLOCK_QUOTA)  # the same launcher arguments
+        assert launch[0] is ops_hicache._ONE_LAYER_KERNELS and launch[1] == (torch.bfloat16, 512)
+        assert mla[0] is ops_hicache._ONE_LAYER_MLA_KERNELS
+    assert every[0] is ops_hicache._ALL_LAYER_KERNELS and every[1] == (1024, 2, ops_hicache.HICACHE_NUM_THREADS)
+    assert on_gpu[0] is ops_hicache._ONE_LAYER_KERNELS and on_gpu[1] == (torch.bfloat16, 512)
+    assert mla_on_gpu[0] is ops_hicache._ONE_LAYER_MLA_KERNELS
+    assert launch[2] == (h, h, idx, k, k, idx, ops_hicache.DEFAULT_BLOCK_QUOTA)  # the same launcher arguments
 
 
 def test_bad_page_sizes_are_refused() -> None:
@@ -721,32 +728,34 @@ def test_bulk_copy_path_refuses_what_the_register_path_refuses() -> None:
         )  # fmt: skip
 
 
-def test_paged_calls_take_the_fast_path_of_the_kernel_their_page_size_picked() -> None:
-    """After one full-path call with a page size, later calls with it launch the kernel it took
-    directly (bulk-copy for pages of 64 rows of 1 KiB to or from the host, register for 16 or between
-    two CUDA caches); a page size the full path refuses is still refused."""
-    ops_hicache._ONE_LAYER_PAGED.clear()
+def test_paged_calls_remember_the_kernel_their_page_size_picked() -> None:
+    """After one call with a page size, later calls with it take the kernel it chose without deciding
+    again (bulk-copy for pages of 64 rows of 1 KiB to or from the host, register for 16 or between
+    two CUDA caches); a page size the plan refuses is still refused, a float or bool equal to one
+    it took included."""
+    ops_hicache._ROUTES.clear()
     with fake_cuda():
         k, idx = _cuda(64, 512), _idx()
         h = torch.zeros(64, 512, dtype=torch.bfloat16)  # a host cache
         for page_size in (64, 16):
-            for _ in range(2):  # the second call takes the fast path
+            for _ in range(2):  # the second call reads the remembered route
                 transfer_hicache_one_layer(k, k, idx, h, h, idx, page_size=page_size)
                 transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=page_size)
         transfer_hicache_one_layer_mla(h, idx, k, idx, page_size=64)
         transfer_hicache_one_layer_mla(k, idx, k, idx, page_size=64)
-        with pytest.raises(ValueError, match="page_size must be a positive int"):
-            transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=64.0)  # type: ignore[arg-type]
+        for bad in (64.0, True):
+            with pytest.raises(ValueError, match="page_size must be a positive int"):
+                transfer_hicache_one_layer(k, k, idx, k, k, idx, page_size=bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"(?s)'indices_src'.*expected 8 but got 7"):
-            transfer_hicache_one_layer(k, k, idx, k, k, _idx(7), page_size=64)  # the fast path's miss explains
-    paged, mla = ops_hicache._ONE_LAYER_PAGED, ops_hicache._ONE_LAYER_MLA_PAGED
+            transfer_hicache_one_layer(k, k, idx, k, k, _idx(7), page_size=64)  # a remembered route's launcher
+    routes = ops_hicache._ROUTES
     register, mla_register = ops_hicache._ONE_LAYER_KERNELS, ops_hicache._ONE_LAYER_MLA_KERNELS
-    assert paged[(torch.bfloat16, 512, 64, False)] is ops_hicache._ONE_LAYER_TMA_KERNELS[1024]
-    assert paged[(torch.bfloat16, 512, 64, True)] is register[(torch.bfloat16, 512)]
-    assert paged[(torch.bfloat16, 512, 16, False)] is register[(torch.bfloat16, 512)]
-    assert paged[(torch.bfloat16, 512, 16, True)] is register[(torch.bfloat16, 512)]
-    assert mla[(torch.bfloat16, 512, 64, False)] is ops_hicache._ONE_LAYER_MLA_TMA_KERNELS[1024]
-    assert mla[(torch.bfloat16, 512, 64, True)] is mla_register[(torch.bfloat16, 512)]
+    assert routes[("kv", torch.bfloat16, 512, 64, False)] == (ops_hicache._ONE_LAYER_TMA_KERNELS, 1024)
+    assert routes[("kv", torch.bfloat16, 512, 64, True)] == (register, (torch.bfloat16, 512))
+    assert routes[("kv", torch.bfloat16, 512, 16, False)] == (register, (torch.bfloat16, 512))
+    assert routes[("kv", torch.bfloat16, 512, 16, True)] == (register, (torch.bfloat16, 512))
+    assert routes[("mla", torch.bfloat16, 512, 64, False)] == (ops_hicache._ONE_LAYER_MLA_TMA_KERNELS, 1024)
+    assert routes[("mla", torch.bfloat16, 512, 64, True)] == (mla_register, (torch.bfloat16, 512))
 
 
 def test_write_back_and_load_back_capability_queries() -> None:
@@ -1185,11 +1194,13 @@ def test_staged_lf_pf(
     want_k = lf_pf_expected(host_k, k_pool, src_tok, dst_tok, page_size)
     want_v = lf_pf_expected(host_v, v_pool, src_tok, dst_tok, page_size)
     if staged_copies and mla:
-        ops_staged._lf_pf_mla_op(_table(k_pool), src_tok, dst_tok, staging_k, host_k, page_size, staged_copies=True)
+        ops_staged.transfer_hicache_all_layer_mla_staged_lf_pf(
+            _table(k_pool), src_tok, dst_tok, staging_k, host_k, page_size=page_size, staged_copies=True
+        )
     elif staged_copies:
-        ops_staged._lf_pf_op(
-            _table(k_pool), _table(v_pool), src_tok, dst_tok, staging_k, staging_v, host_k, host_v, page_size,
-            staged_copies=True,
+        ops_staged.transfer_hicache_all_layer_staged_lf_pf(
+            _table(k_pool), _table(v_pool), src_tok, dst_tok, staging_k, staging_v, host_k, host_v,
+            page_size=page_size, staged_copies=True,
         )  # fmt: skip
     elif mla:
         seed_hicache.transfer_hicache_all_layer_mla_staged_lf_pf(
@@ -1293,7 +1304,9 @@ def test_page_unified_write_back_and_load_back(
     want = as_bytes(host).clone()
     want[dst_pages] = pu_expected_pages(k_pool, v_pool, src_pages, groups, heads, ps)
     if staged_copies:
-        ops_staged._pu_write_op(_table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host, True)
+        ops_staged.transfer_hicache_all_layer_staged_lf_page_unified(
+            _table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host, staged_copies=True
+        )
     else:
         seed_hicache.transfer_hicache_all_layer_staged_lf_page_unified(
             _table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host
@@ -1339,7 +1352,9 @@ def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype, staged_co
     for sp, dp in zip(src_pages.tolist(), dst_pages.tolist(), strict=True):
         want[dp] = torch.stack([as_bytes(buf[sp * ps : (sp + 1) * ps]) for buf in pool])
     if staged_copies:
-        ops_staged._pu_write_mla_op(_table(pool), src_pages, dst_pages, staging, host, True)
+        ops_staged.transfer_hicache_all_layer_mla_staged_lf_page_unified(
+            _table(pool), src_pages, dst_pages, staging, host, staged_copies=True
+        )
     else:
         seed_hicache.transfer_hicache_all_layer_mla_staged_lf_page_unified(
             _table(pool), src_pages, dst_pages, staging, host

@@ -120,7 +120,7 @@ SEED_API: list[tuple[str, str, str, set[str], set[str]]] = [
         "transfer_hicache_all_layer_staged_lf_pf",
         "k_ptr_src, v_ptr_src, src_indices, dst_indices, staging_k, staging_v, dst_k, dst_v, *, page_size, "
         "element_size=None, unroll=None, block_quota=None",
-        set(),
+        {"staged_copies"},
         set(),
     ),
     (
@@ -128,7 +128,7 @@ SEED_API: list[tuple[str, str, str, set[str], set[str]]] = [
         "transfer_hicache_all_layer_mla_staged_lf_pf",
         "ptr_src, src_indices, dst_indices, staging, dst, *, page_size, element_size=None, unroll=None, "
         "block_quota=None",
-        set(),
+        {"staged_copies"},
         set(),
     ),
     ("cuda_wait_value", "stream_wait_value", "flag, value", set(), set()),

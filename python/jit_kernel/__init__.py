@@ -41,6 +41,7 @@ def _op_and_module(op: Callable[..., object], module: types.ModuleType) -> Calla
     both.__kwdefaults__ = op.__kwdefaults__
     both.__doc__, both.__annotations__ = op.__doc__, op.__annotations__
     both.__module__, both.__qualname__ = __name__, op.__name__  # pickles as jit_kernel.<name>: this object
+    both.__dict__.update(op.__dict__)  # a declared op's .op and signature
     names = getattr(module, "__all__", None)
     if names is None:
         names = [name for name in vars(module) if not name.startswith("_")]

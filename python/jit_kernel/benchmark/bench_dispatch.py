@@ -21,11 +21,11 @@ outputs-given row, or in the one row of an op that always allocates. Every publi
 * **eager** (1 token): a host-bound loop of ``--calls`` back-to-back calls, timed on the host
   (warm-up first, ``torch.cuda.synchronize()`` at the end of each repeat, inside the timing; the
   median of ``--repeats``, eager and raw repeats interleaved). The op through its public API against
-  the raw call: the kernel's tvm-ffi function, from ``Dispatcher(families.<SPEC>).function(export,
-  config)``, called with its C++ launcher's exact arguments, all prepared beforehand (views, the
-  resolved ``enable_pdl``). The overhead is the median of the paired differences (each eager repeat
-  minus the raw repeat just before it), which the host's drift does not move. Target: eager <= raw
-  + 1 us.
+  the raw call: the tvm-ffi function the op launches, called with the exact arguments the op's plan
+  passes it (``jit_kernel.ops._common.recorded_launches``: read from the op itself, so this file
+  restates no launcher's signature), all prepared beforehand. The overhead is the median of the
+  paired differences (each eager repeat minus the raw repeat just before it), which the host's
+  drift does not move. Target: eager <= raw + 1 us.
 * **graph replay** (1 and 16 tokens): ``--graph-calls`` calls of the op captured in one CUDA graph
   (after a warm-up on a side stream), replayed ``--replays`` times, timed with CUDA events; the median
   per op call, against the same graph of an empty kernel (``x.add_(1)`` on a 1-element CUDA tensor).
@@ -62,18 +62,17 @@ import jit_kernel
 from jit_kernel.benchmark import results
 from jit_kernel.benchmark._tables import device_name, format_table, format_us, ratio_cell
 from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
-from jit_kernel.engine import families
-from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.ops import _common
 
 if TYPE_CHECKING:
-    from jit_kernel.engine.spec import Config, KernelSpec
+    pass
 
 COMMAND = "python -m jit_kernel.benchmark.bench_dispatch"
 Call = Callable[[], object]
 
 HIDDEN = 4096
 HQ, HK, HEAD_DIM = 32, 8, 128
-DTYPE, CPP = torch.bfloat16, "bf16_t"  # the config value Dispatcher takes for bf16
+DTYPE = torch.bfloat16
 EPS = 1e-6
 FACTOR = 2.0
 HICACHE_ELEMENT_DIM = HK * HEAD_DIM  # one token's K (or V) of one layer: 2048 bytes in bf16
@@ -92,11 +91,6 @@ GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
 EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
 GRAPH_MAX_RATIO = 1.3  # target: graph replay <= 1.3x the empty kernel
-
-
-def kernel(spec: KernelSpec, export: str, config: Config) -> Callable[..., object]:
-    """The tvm-ffi function of one kernel, as the ops get it (prebuilt, or JIT-compiled and cached)."""
-    return Dispatcher(spec).function(export, config)
 
 
 class Inputs:
@@ -178,11 +172,6 @@ class Inputs:
         self.expert_out, self.expert_weights = act(tokens, TOPK, HIDDEN), torch.rand(tokens, TOPK, device=device)
 
 
-def hicache_config(element_size: int = HICACHE_ROW_BYTES) -> Config:
-    """The hicache config the ops pick for rows of ``element_size`` bytes (the default unroll)."""
-    return (element_size, families.hicache_default_unroll(element_size), families.HICACHE_NUM_THREADS)
-
-
 def _bind(fn: Callable[..., object], variables: Mapping[str, object], arguments: str) -> Call:
     """``lambda: fn(<arguments>)``, the arguments' text naming the closure's ``variables``."""
     source = f"def bind(fn, {', '.join(variables)}):\n    return lambda: fn({arguments})\n"
@@ -200,19 +189,23 @@ def call_site(fn: Callable[..., object], *args: object, **kwargs: object) -> Cal
     return _bind(fn, variables, ", ".join([*names, *(f"{k}={k}" for k in kwargs)]))
 
 
-def allocating(raw: Callable[..., object], outputs: Sequence[torch.Tensor], *args: object) -> Call:
-    """The functional form's reference: the raw kernel call on new outputs, ``torch.empty(shape,
-    dtype=dtype, device=device)`` of each of ``outputs`` (read beforehand), written in the call as a
-    caller of the outputs-given form allocates them; so "eager - raw" of a functional row is the op's
-    own overhead, as for its outputs-given row."""
+def allocating(raw: Callable[..., object], args: Sequence[object], outputs: Sequence[int]) -> Call:
+    """The functional form's reference: ``raw(*args)`` with the arguments at ``outputs`` replaced by
+    new tensors, ``torch.empty(shape, dtype=dtype, device=device)`` of each (read beforehand),
+    written in the call as a caller of the outputs-given form allocates them; so "eager - raw" of a
+    functional row is the op's own overhead, as for its outputs-given row."""
     variables: dict[str, object] = {"torch": torch}
-    empties = []
-    for i, out in enumerate(outputs):
-        variables |= {f"shape{i}": tuple(out.shape), f"dtype{i}": out.dtype, f"device{i}": out.device}
-        empties.append(f"torch.empty(shape{i}, dtype=dtype{i}, device=device{i})")
-    names = [f"a{i}" for i in range(len(args))]
-    variables |= dict(zip(names, args, strict=True))
-    return _bind(raw, variables, ", ".join([*empties, *names]))
+    written = []
+    for i, arg in enumerate(args):
+        if i in outputs:
+            out = arg
+            assert isinstance(out, torch.Tensor)
+            variables |= {f"shape{i}": tuple(out.shape), f"dtype{i}": out.dtype, f"device{i}": out.device}
+            written.append(f"torch.empty(shape{i}, dtype=dtype{i}, device=device{i})")
+        else:
+            variables[f"a{i}"] = arg
+            written.append(f"a{i}")
+    return _bind(raw, variables, ", ".join(written))
 
 
 def _flashinfer(module: str) -> object | None:
@@ -235,15 +228,12 @@ def peer(module: str, name: str, *args: object, **kwargs: object) -> Call | None
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One op on one token count's inputs: what its rows call."""
+    """One op on one token count's inputs: what its rows call. The raw call is read from the op's own
+    launch (``recorded_launches``)."""
 
     op: Callable[..., object]  # the public op
     args: tuple[object, ...]  # its arguments, in both forms
-    raw: Callable[..., object]  # the tvm-ffi function of the kernel it launches
-    # The launcher's arguments after its leading outputs, exactly (csrc/...): with `outputs` in front,
-    # the same launch as the op's.
-    raw_args: tuple[object, ...]
-    outputs: tuple[torch.Tensor, ...] = ()  # the launcher's leading outputs, which the functional form allocates
+    outputs: tuple[torch.Tensor, ...] = ()  # the outputs the caller gives (out=, or outputs given)
     given_as: tuple[str, ...] = ()  # the op's keywords for `outputs` (none: positional, after `args`)
     kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keywords of every form
     peer: Call | None = None  # FlashInfer's call: outputs given (in an op's one row, whatever its form)
@@ -260,6 +250,19 @@ ALLOCATES = (FUNCTIONAL,)  # outputs the op always allocates
 Row = Callable[[Inputs], tuple[Call, Call, Call | None]]
 
 
+def raw_call(eager: Call, allocates: bool) -> Call:
+    """The raw tvm-ffi call of the one kernel ``eager`` launches, with the arguments the op passes
+    it. Where the op allocates its outputs (``allocates``), the reference allocates the same
+    outputs (found among the launch's arguments as the tensors the op returned) before the call."""
+    [(kernel, args)], result = _common.recorded_launches(eager)
+    if not allocates:
+        return call_site(kernel, *args)
+    returned = result if isinstance(result, tuple) else (result,)
+    outputs = [i for i, a in enumerate(args) if any(a is r for r in returned)]
+    assert len(outputs) == len(returned), "every output the op returns must be a launch argument"
+    return allocating(kernel, args, outputs)
+
+
 def _row(spec: Callable[[Inputs], Spec], form: str, only: bool) -> Row:
     """One form's row (``only``: the op's one row): inputs -> (the op through its public API, the raw
     tvm-ffi call of the kernel it launches, FlashInfer's eager call of the same op or None). All are
@@ -268,12 +271,12 @@ def _row(spec: Callable[[Inputs], Spec], form: str, only: bool) -> Row:
     def row(t: Inputs) -> tuple[Call, Call, Call | None]:
         s = spec(t)
         if form == FUNCTIONAL:
-            raw = allocating(s.raw, s.outputs, *s.raw_args)
-            return call_site(s.op, *s.args, **s.kwargs), raw, s.peer if only else s.peer_functional
+            eager = call_site(s.op, *s.args, **s.kwargs)
+            return eager, raw_call(eager, allocates=True), s.peer if only else s.peer_functional
         named = dict(zip(s.given_as, s.outputs, strict=True)) if s.given_as else {}
         positional = () if s.given_as else s.outputs
         eager = call_site(s.op, *s.args, *positional, **s.kwargs, **named)
-        return eager, call_site(s.raw, *s.outputs, *s.raw_args), s.peer
+        return eager, raw_call(eager, allocates=False), s.peer
 
     return row
 
@@ -287,17 +290,11 @@ def _all_layer_keywords(row_bytes: int) -> dict[str, object]:
     }
 
 
-def _add_constant(t: Inputs) -> Callable[..., object]:
-    return kernel(families.ADD_CONSTANT_CUDA if t.device == "cuda" else families.ADD_CONSTANT_HOST, "run", (1,))
-
-
 def _activation(name: str) -> tuple[tuple[str, ...], Callable[[Inputs], Spec]]:
-    """csrc/activation.cuh Activation::<name>(out, input, enable_pdl): the three gated activations."""
+    """The three gated activations."""
     return OUT, lambda t: Spec(
         getattr(jit_kernel, name),
         (t.gate_up,),
-        kernel(families.ACTIVATION, name, (CPP,)),
-        (t.gate_up, t.pdl),
         (t.act_out,),
         ("out",),
         peer=peer("activation", name, t.gate_up, out=t.act_out),
@@ -305,353 +302,247 @@ def _activation(name: str) -> tuple[tuple[str, ...], Callable[[Inputs], Spec]]:
     )
 
 
-# op -> (its forms, inputs -> Spec). Each comment names the launcher (csrc/...) and its argument list:
-# outputs, tensors, then scalars, then enable_pdl (the raw calls pass it resolved, t.pdl).
+# op -> (its forms, inputs -> Spec): the public call of each op and its FlashInfer peer; the raw call is
+# read from the op's own launch (raw_call).
 SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
-    # csrc/norm/rmsnorm.cuh RMSNorm::rmsnorm(out, input, weight, eps, enable_pdl)
     "rmsnorm": (
         OUT,
         lambda t: Spec(
             jit_kernel.rmsnorm,
             (t.x, t.w, EPS),
-            kernel(families.RMSNORM, "rmsnorm", (HIDDEN, CPP)),
-            (t.x, t.w, EPS, t.pdl),
             (t.out,),
             ("out",),
             peer=peer("norm", "rmsnorm", t.x, t.w, EPS, out=t.out),
             peer_functional=peer("norm", "rmsnorm", t.x, t.w, EPS),
         ),
     ),
-    # RMSNorm::fused_add(input, residual, weight, eps, enable_pdl), in place
     "fused_add_rmsnorm": (
         ONE,
         lambda t: Spec(
             jit_kernel.fused_add_rmsnorm,
             (t.fa_x, t.fa_res, t.w, EPS),
-            kernel(families.RMSNORM, "fused_add", (HIDDEN, CPP)),
-            (t.fa_x, t.fa_res, t.w, EPS, t.pdl),
             peer=peer("norm", "fused_add_rmsnorm", t.fa_x, t.fa_res, t.w, EPS),
         ),
     ),
-    # csrc/norm/gemma.cuh GemmaRMSNorm::rmsnorm(out, input, weight, eps, enable_pdl): D is run-time
     "gemma_rmsnorm": (
         OUT,
         lambda t: Spec(
             jit_kernel.gemma_rmsnorm,
             (t.x, t.w, EPS),
-            kernel(families.GEMMA_RMSNORM, "rmsnorm", (CPP,)),
-            (t.x, t.w, EPS, t.pdl),
             (t.out,),
             ("out",),
             peer=peer("norm", "gemma_rmsnorm", t.x, t.w, EPS, out=t.out),
             peer_functional=peer("norm", "gemma_rmsnorm", t.x, t.w, EPS),
         ),
     ),
-    # GemmaRMSNorm::fused_add(input, residual, weight, eps, enable_pdl), in place
     "gemma_fused_add_rmsnorm": (
         ONE,
         lambda t: Spec(
             jit_kernel.gemma_fused_add_rmsnorm,
             (t.fa_x, t.fa_res, t.w, EPS),
-            kernel(families.GEMMA_RMSNORM, "fused_add", (CPP,)),
-            (t.fa_x, t.fa_res, t.w, EPS, t.pdl),
             peer=peer("norm", "gemma_fused_add_rmsnorm", t.fa_x, t.fa_res, t.w, EPS),
         ),
     ),
     "silu_and_mul": _activation("silu_and_mul"),
     "gelu_and_mul": _activation("gelu_and_mul"),
     "gelu_tanh_and_mul": _activation("gelu_tanh_and_mul"),
-    # csrc/norm/qknorm.cuh QKNorm::run(q, k, q_weight, k_weight, eps, enable_pdl), in place
     "fused_inplace_qknorm": (
         ONE,
         lambda t: Spec(
             jit_kernel.fused_inplace_qknorm,
             (t.q3, t.k3, t.qw3, t.kw3, EPS),
-            kernel(families.QKNORM, "run", (HEAD_DIM, CPP)),
-            (t.q3, t.k3, t.qw3, t.kw3, EPS, t.pdl),
         ),
     ),
-    # RMSNorm::across_heads(q, k, q_weight, k_weight, eps, enable_pdl), in place. q and k differ in
-    # width, so the op launches the generic (hidden 0) kernel once at these token counts (<= 256).
     "qknorm_across_heads": (
         ONE,
         lambda t: Spec(
             jit_kernel.qknorm_across_heads,
             (t.q2, t.k2, t.qw2, t.kw2, EPS),
-            kernel(families.RMSNORM, "across_heads", (0, CPP)),
-            (t.q2, t.k2, t.qw2, t.kw2, EPS, t.pdl),
         ),
     ),
-    # csrc/quant/per_tensor_fp8.cuh PerTensorQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
     "per_tensor_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.per_tensor_quant_fp8,
             (t.x,),
-            kernel(families.PER_TENSOR_QUANT_FP8, "dynamic", (CPP,)),
-            (t.x, t.pdl),
             (t.fp8, t.fp8_scale),
         ),
     ),
-    # csrc/quant/per_token_fp8.cuh PerTokenQuantFp8::dynamic(output_q, output_s, input, enable_pdl)
     "per_token_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.per_token_quant_fp8,
             (t.x,),
-            kernel(families.PER_TOKEN_QUANT_FP8, "dynamic", (CPP,)),
-            (t.x, t.pdl),
             (t.fp8, t.token_scale),
         ),
     ),
-    # csrc/quant/per_token_group_fp8.cuh PerTokenGroupQuantFp8::quant(q, s, input, group, eps, ue8m0, pdl)
     "per_token_group_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.per_token_group_quant_fp8,
             (t.x, GROUP),
-            kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "quant", (CPP,)),
-            (t.x, GROUP, QUANT_EPS, False, t.pdl),
             (t.fp8, t.group_scale),
             ("output_q", "output_s"),
         ),
     ),
-    # PerTokenGroupQuantFp8::silu_and_mul_quant(q, s, input, group, eps, ue8m0, pdl): input [T, 2 * HIDDEN]
     "silu_and_mul_per_token_group_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.silu_and_mul_per_token_group_quant_fp8,
             (t.gate_up, GROUP),
-            kernel(families.PER_TOKEN_GROUP_QUANT_FP8, "silu_and_mul_quant", (CPP,)),
-            (t.gate_up, GROUP, QUANT_EPS, False, t.pdl),
             (t.fp8, t.group_scale),
             ("output_q", "output_s"),
         ),
     ),
-    # csrc/norm/norm_quant.cuh RMSNormQuantFp8::run(out, normed_out, input, weight, scale, scale_value,
-    # eps, enable_pdl): the static scale as a tensor; FlashInfer's rmsnorm_quant has no functional form
     "rmsnorm_quant_fp8": (
         OUT,
         lambda t: Spec(
             jit_kernel.rmsnorm_quant_fp8,
             (t.x, t.w, t.static_scale, EPS),
-            kernel(families.RMSNORM_QUANT_FP8, "run", (HIDDEN, CPP)),
-            (None, t.x, t.w, t.static_scale, None, EPS, t.pdl),
             (t.fp8,),
             ("out",),
             peer=peer("norm", "rmsnorm_quant", t.fp8, t.x, t.w, t.static_scale, EPS),
         ),
     ),
-    # RMSNormQuantFp8::fused_add(out, normed_out, input, residual, weight, scale, scale_value, eps,
-    # enable_pdl): the residual in place
     "fused_add_rmsnorm_quant_fp8": (
         OUT,
         lambda t: Spec(
             jit_kernel.fused_add_rmsnorm_quant_fp8,
             (t.fa_x, t.fa_res, t.w, t.static_scale, EPS),
-            kernel(families.RMSNORM_QUANT_FP8, "fused_add", (HIDDEN, CPP)),
-            (None, t.fa_x, t.fa_res, t.w, t.static_scale, None, EPS, t.pdl),
             (t.fp8,),
             ("out",),
             peer=peer("norm", "fused_add_rmsnorm_quant", t.fp8, t.fa_x, t.fa_res, t.w, t.static_scale, EPS),
         ),
     ),
-    # RMSNormPerTokenQuantFp8::run(output_q, output_s, normed_out, input, weight, eps, enable_pdl)
     "rmsnorm_per_token_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.rmsnorm_per_token_quant_fp8,
             (t.x, t.w, EPS),
-            kernel(families.RMSNORM_PER_TOKEN_QUANT_FP8, "run", (HIDDEN, CPP)),
-            (None, t.x, t.w, EPS, t.pdl),
             (t.fp8, t.token_scale),
         ),
     ),
-    # RMSNormPerTokenQuantFp8::fused_add(output_q, output_s, normed_out, input, residual, weight, eps, enable_pdl)
     "fused_add_rmsnorm_per_token_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.fused_add_rmsnorm_per_token_quant_fp8,
             (t.fa_x, t.fa_res, t.w, EPS),
-            kernel(families.RMSNORM_PER_TOKEN_QUANT_FP8, "fused_add", (HIDDEN, CPP)),
-            (None, t.fa_x, t.fa_res, t.w, EPS, t.pdl),
             (t.fp8, t.token_scale),
         ),
     ),
-    # RMSNormPerTokenGroupQuantFp8::run(output_q, output_s, normed_out, input, weight, group_size, eps,
-    # quant_eps, scale_ue8m0, enable_pdl): row-major float32 scales
     "rmsnorm_per_token_group_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.rmsnorm_per_token_group_quant_fp8,
             (t.x, t.w, GROUP, EPS),
-            kernel(families.RMSNORM_PER_TOKEN_GROUP_QUANT_FP8, "run", (HIDDEN, CPP)),
-            (None, t.x, t.w, GROUP, EPS, QUANT_EPS, False, t.pdl),
             (t.fp8, t.group_scale),
             ("output_q", "output_s"),
         ),
     ),
-    # RMSNormPerTokenGroupQuantFp8::fused_add(output_q, output_s, normed_out, input, residual, weight,
-    # group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
     "fused_add_rmsnorm_per_token_group_quant_fp8": (
         OUTPUTS,
         lambda t: Spec(
             jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8,
             (t.fa_x, t.fa_res, t.w, GROUP, EPS),
-            kernel(families.RMSNORM_PER_TOKEN_GROUP_QUANT_FP8, "fused_add", (HIDDEN, CPP)),
-            (None, t.fa_x, t.fa_res, t.w, GROUP, EPS, QUANT_EPS, False, t.pdl),
             (t.fp8, t.group_scale),
             ("output_q", "output_s"),
         ),
     ),
-    # csrc/rope/rope.cuh Rope::run(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl), in place
     "apply_rope_with_cos_sin_cache_inplace": (
         ONE,
         lambda t: Spec(
             jit_kernel.apply_rope_with_cos_sin_cache_inplace,
             (t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
-            kernel(families.ROPE, "run", (CPP,)),
-            (t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin, True, t.pdl),
             peer=peer("rope", "apply_rope_with_cos_sin_cache_inplace", t.positions, t.q2, t.k2, HEAD_DIM, t.cos_sin),
         ),
     ),
-    # csrc/rope/qknorm_rope.cuh QKNormRope::run(query, key, q_weight, k_weight, positions, cos_sin_cache,
-    # eps, is_neox, enable_pdl), in place
     "fused_qknorm_rope": (
         ONE,
         lambda t: Spec(
             jit_kernel.fused_qknorm_rope,
             (t.q3, t.k3, t.qw3, t.kw3, t.positions, t.cos_sin, EPS),
-            kernel(families.QKNORM_ROPE, "run", (CPP,)),
-            (t.q3, t.k3, t.qw3, t.kw3, t.positions, t.cos_sin, EPS, True, t.pdl),
         ),
     ),
-    # csrc/kv_store.cuh KvStore::store(k, v, k_cache, v_cache, loc, k_scale, v_scale, k_value, v_value, pdl)
     "store_kv_cache": (
         ONE,
         lambda t: Spec(
             jit_kernel.store_kv_cache,
             (t.kv_k, t.kv_v, t.k_cache, t.v_cache, t.slots),
-            kernel(families.KV_STORE, "store", (CPP, CPP)),
-            (t.kv_k, t.kv_v, t.k_cache, t.v_cache, t.slots, None, None, None, None, t.pdl),
         ),
     ),
-    # KvStore::mla(kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl)
     "set_mla_kv_buffer": (
         ONE,
         lambda t: Spec(
             jit_kernel.set_mla_kv_buffer,
             (t.mla_buffer, t.slots, t.nope, t.rope),
-            kernel(families.KV_STORE, "mla", (CPP, CPP)),
-            (t.mla_buffer, t.slots, t.nope, t.rope, None, None, t.pdl),
         ),
     ),
-    # csrc/scale.cuh run(dst, src, factor): contiguous tensors of any shape, no enable_pdl
     "scale": (
         OUT,
         lambda t: Spec(
             jit_kernel.scale,
             (t.x, FACTOR),
-            kernel(families.SCALE, "run", (CPP,)),
-            (t.x, FACTOR),
             (t.scale_out,),
             ("out",),
         ),
     ),
-    # csrc/add_constant.cuh run_cuda(dst, src) / csrc/add_constant.h run_host(dst, src): int32, any shape
     "add_constant": (
         OUT,
-        lambda t: Spec(jit_kernel.add_constant, (t.ints, 1), _add_constant(t), (t.ints,), (t.ints_out,), ("out",)),
+        lambda t: Spec(jit_kernel.add_constant, (t.ints, 1), (t.ints_out,), ("out",)),
     ),
-    # csrc/hicache.cuh HiCache::run_one(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
     "transfer_hicache_one_layer": (
         ONE,
         lambda t: Spec(
             jit_kernel.transfer_hicache_one_layer,
             (t.k_dst, t.v_dst, t.idx_dst, t.k_src, t.v_src, t.idx_src),
-            kernel(families.HICACHE, "run_one", hicache_config()),
-            (t.k_dst, t.v_dst, t.idx_dst, t.k_src, t.v_src, t.idx_src, HICACHE_BLOCK_QUOTA),
             kwargs={"block_quota": HICACHE_BLOCK_QUOTA},
         ),
     ),
-    # HiCache::run_one_mla(cache_dst, indices_dst, cache_src, indices_src, block_quota)
     "transfer_hicache_one_layer_mla": (
         ONE,
         lambda t: Spec(
             jit_kernel.transfer_hicache_one_layer_mla,
             (t.mla_dst, t.idx_dst, t.mla_src, t.idx_src),
-            kernel(families.HICACHE, "run_one_mla", hicache_config(MLA_ROW_BYTES)),
-            (t.mla_dst, t.idx_dst, t.mla_src, t.idx_src, HICACHE_BLOCK_QUOTA),
             kwargs={"block_quota": HICACHE_BLOCK_QUOTA},
         ),
     ),
-    # HiCache::run_all(k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src,
-    # src_stride_bytes, dst_stride_bytes, block_quota): pointer tables of one layer, rows 2048 bytes apart
     "transfer_hicache_all_layer": (
         ONE,
         lambda t: Spec(
             jit_kernel.transfer_hicache_all_layer,
             (t.k_ptr_dst, t.v_ptr_dst, t.idx_dst, t.k_ptr_src, t.v_ptr_src, t.idx_src),
-            kernel(families.HICACHE, "run_all", hicache_config()),
-            (
-                t.k_ptr_dst,
-                t.v_ptr_dst,
-                t.idx_dst,
-                t.k_ptr_src,
-                t.v_ptr_src,
-                t.idx_src,
-                HICACHE_ROW_BYTES,
-                HICACHE_ROW_BYTES,
-                HICACHE_BLOCK_QUOTA,
-            ),
             kwargs=_all_layer_keywords(HICACHE_ROW_BYTES),
         ),
     ),
-    # HiCache::run_all_mla(ptr_dst, indices_dst, ptr_src, indices_src, src_stride_bytes, dst_stride_bytes,
-    # block_quota): rows 1152 bytes apart
     "transfer_hicache_all_layer_mla": (
         ONE,
         lambda t: Spec(
             jit_kernel.transfer_hicache_all_layer_mla,
             (t.mla_ptr_dst, t.idx_dst, t.mla_ptr_src, t.idx_src),
-            kernel(families.HICACHE, "run_all_mla", hicache_config(MLA_ROW_BYTES)),
-            (t.mla_ptr_dst, t.idx_dst, t.mla_ptr_src, t.idx_src, MLA_ROW_BYTES, MLA_ROW_BYTES, HICACHE_BLOCK_QUOTA),
             kwargs=_all_layer_keywords(MLA_ROW_BYTES),
         ),
     ),
-    # csrc/moe/routing.cuh MoeRoute::route(weights, ids, gating_output, correction_bias, softmax,
-    # renormalize, num_expert_group, topk_group, routed_scaling_factor, enable_pdl): softmax, renormalised
     "topk_softmax": (
         ALLOCATES,
         lambda t: Spec(
             jit_kernel.topk_softmax,
             (t.qwen_logits, TOPK, True),
-            kernel(families.MOE_ROUTE, "route", (CPP,)),
-            (t.qwen_logits, None, True, True, 1, 1, 1.0, t.pdl),
             (t.topk_weights, t.topk_ids),
         ),
     ),
-    # MoeRoute::route: sigmoid scores, chosen with the correction bias, renormalised
     "topk_sigmoid": (
         ALLOCATES,
         lambda t: Spec(
             jit_kernel.topk_sigmoid,
             (t.dsv3_logits, TOPK, True, t.dsv3_bias),
-            kernel(families.MOE_ROUTE, "route", (CPP,)),
-            (t.dsv3_logits, t.dsv3_bias, False, True, 1, 1, 1.0, t.pdl),
             (t.topk_weights, t.topk_ids),
         ),
     ),
-    # MoeRoute::route: DeepSeek-V3's sigmoid routing in groups, renormalised, scaled. FlashInfer's
-    # fused_topk_deepseek(scores, bias, n_group, topk_group, topk, routed_scaling_factor, topk_values,
-    # topk_indices, launch_with_pdl) is given its outputs (its weights in the logits' dtype)
     "grouped_topk": (
         ALLOCATES,
         lambda t: Spec(
             jit_kernel.grouped_topk,
             (t.dsv3_logits, TOPK, DSV3_GROUPS, DSV3_TOPK_GROUP, True, t.dsv3_bias, DSV3_SCALE),
-            kernel(families.MOE_ROUTE, "route", (CPP,)),
-            (t.dsv3_logits, t.dsv3_bias, False, True, DSV3_GROUPS, DSV3_TOPK_GROUP, DSV3_SCALE, t.pdl),
             (t.topk_weights, t.topk_ids),
             peer=peer(
                 "fused_moe",
@@ -668,26 +559,19 @@ SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
             ),
         ),
     ),
-    # csrc/moe/align.cuh MoeAlign::run(sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
-    # num_experts, block_size, expert_map, enable_pdl): no template parameter
     "moe_align_block_size": (
         ALLOCATES,
         lambda t: Spec(
             jit_kernel.moe_align_block_size,
             (t.align_ids, DSV3_EXPERTS, ALIGN_BLOCK),
-            kernel(families.MOE_ALIGN, "run", ()),
-            (t.align_ids, DSV3_EXPERTS, ALIGN_BLOCK, None, t.pdl),
             (t.sorted_ids, t.block_experts, t.padded_total),
         ),
     ),
-    # csrc/moe/sum_reduce.cuh MoeSumReduce::run(out, expert_out, weights, routed_scaling_factor, enable_pdl)
     "moe_sum_reduce": (
         OUT,
         lambda t: Spec(
             jit_kernel.moe_sum_reduce,
             (t.expert_out, t.expert_weights),
-            kernel(families.MOE_SUM_REDUCE, "run", (CPP,)),
-            (t.expert_out, t.expert_weights, 1.0, t.pdl),
             (t.out,),
             ("out",),
         ),

@@ -49,7 +49,10 @@ from jit_kernel.hicache import (
     uses_bulk_copy_kernel,
 )
 from jit_kernel.ops.hicache import _ONE_LAYER_TMA_KERNELS
-from jit_kernel.ops.hicache_staged import _lf_pf_op, _pu_write_op
+from jit_kernel.ops.hicache_staged import (
+    transfer_hicache_all_layer_staged_lf_page_unified,
+    transfer_hicache_all_layer_staged_lf_pf,
+)
 
 DIRECTIONS = {"d2h": ("cuda", "cpu"), "h2d": ("cpu", "cuda"), "d2d": ("cuda", "cuda")}
 
@@ -386,13 +389,14 @@ def write_back_table(sizes: Sequence[WriteBackSize]) -> None:
         host_pu = torch.empty(2 * pages, *page_shape, dtype=torch.uint8, pin_memory=True)
         staging_pu = torch.empty(staging_pages, *page_shape, dtype=torch.uint8, device="cuda")
         src_pages = torch.randperm(2 * pages)[:pages].cuda()
-        lf_pf_args = (k_table, v_table, src_tok, dst_tok, staging_k, staging_v, host_k, host_v, page_size)
+        lf_pf_args = (k_table, v_table, src_tok, dst_tok, staging_k, staging_v, host_k, host_v)
         pu_args = (k_table, v_table, src_pages, host_pages, staging_pu, host_pu)
+        lf_pf, page_unified = transfer_hicache_all_layer_staged_lf_pf, transfer_hicache_all_layer_staged_lf_page_unified
         calls: list[tuple[str, str, Callable[[], None]]] = [
-            ("page-first", "direct", functools.partial(_lf_pf_op, *lf_pf_args)),
-            ("page-first", "staging", functools.partial(_lf_pf_op, *lf_pf_args, staged_copies=True)),
-            ("page-unified", "direct", functools.partial(_pu_write_op, *pu_args)),
-            ("page-unified", "staging", functools.partial(_pu_write_op, *pu_args, staged_copies=True)),
+            ("page-first", "direct", functools.partial(lf_pf, *lf_pf_args, page_size=page_size)),
+            ("page-first", "staging", functools.partial(lf_pf, *lf_pf_args, page_size=page_size, staged_copies=True)),
+            ("page-unified", "direct", functools.partial(page_unified, *pu_args)),
+            ("page-unified", "staging", functools.partial(page_unified, *pu_args, staged_copies=True)),
         ]
         for layout, path, fn in calls:
             us = _time(fn)

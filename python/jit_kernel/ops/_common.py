@@ -1,7 +1,7 @@
-"""What every op shares: the kernel tables, the one declaration of an op (:func:`kernel_op`), the
-explanation of a failed call, and the eager fast paths' conventions.
+"""What every op shares: the kernel tables, the one declaration of an op (:func:`kernel_op`) and
+the explanation of a failed call.
 
-Division of labour (DESIGN.md, "one owner for every rule"): the C++ launcher checks every tensor
+Division of labour (the design's "one owner for every rule"): the C++ launcher checks every tensor
 rule (shape, dtype, device, strides, alignment, scalar ranges) and raises ``ValueError`` /
 ``TypeError`` naming the argument (``host::ffi_export``). Python only picks the kernel
 configuration from a call's dtype and sizes, allocates outputs and reshapes; it repeats no C++
@@ -11,13 +11,15 @@ meta tensor, a value of the wrong Python type) into an error that names the argu
 An op is declared once, by a *plan* decorated with :func:`kernel_op`::
 
     @kernel_op("scale", out="out")
-    def _scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> Launch:
+    def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> Launch:
+        # (the public docstring)
         if out is None:
-            out = src.new_empty(src.shape)
-        return Launch(_KERNELS, src.dtype, (out, src, factor), result=out)
+            out = torch.empty_like(src)
+        return _KERNELS, src.dtype, (out, src, factor), out
 
-and its public function calls it (``_scale(src, factor, out)``), after an eager fast path where
-one is measured to matter.
+The decorated name is the op itself: a function with the plan's signature and docstring that
+launches what the plan returns (eagerly, the plan is the whole call: it is written for the common
+case first), or calls ``torch.ops.jit_kernel.<name>`` while torch.compile traces.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import inspect
 import re
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn
 
 import torch
 
@@ -54,35 +56,17 @@ def float_dtype(op: str, name: str, dtype: torch.dtype) -> str:
     return cpp
 
 
-# Read only: the ``by_dtype`` entry of a dtype no kernel was loaded for (``KernelTable``).
-NO_KERNELS: dict[Any, Callable[..., Any]] = {}
-
-
 class KernelTable(dict[Any, Callable[..., Any]]):
     """``table[key]`` -> the tvm-ffi function of one export for a call's ``key`` (its dtype and
     sizes). A hit is one dict lookup; a miss asks ``select`` for the config (which raises for a key
-    no kernel serves) and the dispatcher for the function (prebuilt or JIT).
-
-    Keys ``(dtype, size)`` are also filed in :attr:`by_dtype`, ``dtype -> {size -> function}``,
-    for the eager fast paths: ``by_dtype.get(dtype, NO_KERNELS).get(size)`` is two plain lookups,
-    with no key tuple to build, hash and compare (about half the cost). Fill the table through
-    ``table[key]`` (or ``table[key] = function``) and empty it with ``clear()``, which keep both."""
+    no kernel serves) and the dispatcher for the function (prebuilt or JIT)."""
 
     def __init__(self, dispatcher: Dispatcher, export: str, select: Callable[..., Config]) -> None:
         super().__init__()
         self._dispatcher = dispatcher
         self._export = export
         self._select = select
-        self.by_dtype: dict[Any, dict[Any, Callable[..., Any]]] = {}
-
-    def __setitem__(self, key: Any, function: Callable[..., Any]) -> None:
-        super().__setitem__(key, function)
-        if type(key) is tuple and len(key) == 2:
-            self.by_dtype.setdefault(key[0], {})[key[1]] = function
-
-    def clear(self) -> None:
-        super().clear()
-        self.by_dtype.clear()
+        TABLES.append(self)
 
     def config(self, key: Any) -> Config:
         """The config for ``key`` without loading its kernel (fake implementations, tracing)."""
@@ -91,7 +75,7 @@ class KernelTable(dict[Any, Callable[..., Any]]):
     def __missing__(self, key: Any) -> Callable[..., Any]:
         function = self._dispatcher.function(self._export, self.config(key))
         # A function serves every device only where all have one arch; elsewhere each call asks the
-        # dispatcher, which resolves per target (and the fast paths, never armed, stay off).
+        # dispatcher, which resolves per target.
         if self._dispatcher.spec.target != "cuda" or target.one_arch_for_all_devices():
             self[key] = function
         return function
@@ -108,22 +92,43 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         return None
 
 
-# The eager fast path, written out in each public op (a helper's frame and star-args cost more
-# than the lookup): outside tracing, ``kernel = TABLE.get(key)`` with ``key`` read from the call as
-# cheaply as it can be, then, if an earlier call loaded that kernel, ``kernel(*launcher args)``,
-# all inside ``try``. ``dict.get`` never loads (``KernelTable.__missing__`` runs only for
-# ``TABLE[key]``): the first call of a key takes the op's full path, which loads the kernel and
-# explains a failure. The launcher checks every tensor before it launches, so on any of these
-# exceptions nothing ran, and the full path runs and explains the error (or serves a form, such as
-# a 3-D input it views as rows, that the kernel takes only reshaped).
-FAST_PATH_MISS = (TypeError, ValueError, AttributeError, IndexError)
+# Every kernel table, in the order the op modules made them (for recorded_launches).
+TABLES: list[KernelTable] = []
+
+
+def recorded_launches(call: Callable[[], object]) -> tuple[list[tuple[Callable[..., Any], tuple[Any, ...]]], Any]:
+    """The kernel launches ``call`` makes, as ``(tvm-ffi function, its arguments)``, after running
+    it once: the launcher's exact arguments, read from the ops' own plans (benchmarks time these as
+    the raw call), and what the recorded call returned. ``call`` runs twice: once to load its
+    kernels, once with every loaded kernel wrapped to record its arguments."""
+    call()
+    launches: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+    saved = [(table, dict(table)) for table in TABLES]
+
+    def recording(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        def record(*args: Any) -> Any:
+            launches.append((kernel, args))
+            return kernel(*args)
+
+        return record
+
+    try:
+        for table, kernels in saved:
+            dict.update(table, {key: recording(kernel) for key, kernel in kernels.items()})
+        result = call()
+    finally:
+        for table, kernels in saved:
+            dict.clear(table)
+            dict.update(table, kernels)
+    return launches, result
+
 
 # torch.compile's switch: under it the ops call ``torch.ops.jit_kernel.*`` instead of the kernels.
 # ``torch.compiler.is_compiling()`` is ``torch.jit.is_scripting()`` (False outside TorchScript,
 # which cannot script these ops) and then the flag ``torch.compiler._is_compiling_flag`` (set by
 # torch.export and while torch.compile compiles), and TorchDynamo folds the call to True when it
-# traces an op. The ops' eager paths read the same answer inline, for a third of the cost, as
-# ``dynamo_compiling() or compile_state._is_compiling_flag``: TorchDynamo folds
+# traces an op. The ops read the same answer as ``dynamo_compiling() or
+# compile_state._is_compiling_flag``, at a third of the cost: TorchDynamo folds
 # ``torch.compiler.is_dynamo_compiling()`` to True as it folds ``is_compiling()``, so a traced
 # ``or`` stops there (the flag is never read, nothing is guarded); eagerly it returns False and the
 # flag decides. A torch without these two names gets ``is_compiling`` itself and a flag never set.
@@ -138,7 +143,7 @@ else:  # pragma: no cover (torch releases before the flag)
 
 
 def is_compiling() -> bool:
-    """``torch.compiler.is_compiling()``, as the ops read it (above): for paths off the eager fast path."""
+    """``torch.compiler.is_compiling()``, as the ops read it (above)."""
     return dynamo_compiling() or compile_state._is_compiling_flag
 
 
@@ -227,26 +232,33 @@ def rows_like(op: str, name: str, t: torch.Tensor, like: torch.Tensor) -> torch.
     return rows(op, name, t)
 
 
+def rows_and_out(
+    op: str, input: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input's rows, out, out's rows)`` for a row kernel called on ``[..., D]``: ``out`` (of
+    ``input``'s shape, allocated in ``dtype`` or ``input``'s when None) and ``input`` viewed as the
+    rows the kernel takes (the plans' path for inputs that are not already rows)."""
+    in_rows = rows(op, "input", input)
+    if out is None:
+        out = input.new_empty(input.shape, dtype=dtype)
+    return in_rows, out, rows_like(op, "out", out, input)
+
+
 # ---------------------------------------------------------------------------------------------
 # One declaration per op
 
+#: One kernel launch of an op: ``(kernels, key, args, result)``, launched as ``kernels[key](*args)``
+#: with ``args`` in the launcher's C++ order; ``result`` is what the op returns when this is its last
+#: launch. A plain tuple: a plan runs on every eager call, and a named tuple costs a Python-level
+#: constructor. A plan of several launches returns a list of them.
+Launch = tuple[Any, Any, tuple[Any, ...], Any]
+Plan = Callable[..., "Launch | list[Launch]"]
+# An index check: the op's arguments by name -> None, or IndexError naming the first bad index.
+IndexCheck = Callable[[Mapping[str, Any]], None]
 
-class Launch(NamedTuple):
-    """One kernel launch of an op: ``kernels[key](*args)``, ``args`` in the launcher's C++ order.
-
-    ``result`` is what the op returns when this is its last launch. ``bounds``, when given, reads
-    index tensors and raises ``IndexError`` naming the first bad one: it runs only under
-    ``JIT_KERNEL_CHECK_INDICES=1``, after the launcher has checked the tensors (without their data)
-    and before the launch, so that it reads only indices the kernel would accept."""
-
-    kernels: KernelTable
-    key: Any
-    args: tuple[Any, ...]
-    result: Any = None
-    bounds: Callable[[], None] | None = None
-
-
-Plan = Callable[..., "Launch | tuple[Launch, ...]"]
+# What a failed launch may raise that explain() can make clearer (ValueError and IndexError from
+# the plan or the launcher already name the argument).
+_EXPLAINED = (TypeError, RuntimeError, AttributeError)
 
 
 def _launchers_can_check(args: Sequence[object]) -> bool:
@@ -262,18 +274,28 @@ def _launchers_can_check(args: Sequence[object]) -> bool:
 
 class Op:
     """An op declared once, by its *plan*: a function whose signature is the op's (the names,
-    types and defaults of ``torch.ops.jit_kernel.<name>``) and which returns the :class:`Launch`
-    (or launches) a call makes: the kernel table and key that pick the kernel, and its arguments.
+    types and defaults of ``torch.ops.jit_kernel.<name>``) and which returns the launch (or list of
+    launches) a call makes: the kernel table and key that pick the kernel, its arguments, the result.
 
-    From that one declaration come the ``torch.library`` registration (schema from the signature;
-    with ``out="out"`` a functional ``<name>`` without ``out`` and a ``<name>_out`` that mutates it),
-    the fake implementation (the same plan, with the launcher's checks run on tensors without data:
-    the one copy of the tensor rules, so tracing rejects what the op rejects, with the same error),
-    the explanation of a failed call (:func:`explain`, naming the argument), and the call itself,
-    eager or traced. Public functions call the op; where an eager fast path is measured to matter,
-    they try it first (``FAST_PATH_MISS``)."""
+    From that one declaration come the op's callable (:attr:`function`, generated with the plan's
+    exact signature: the tracing switch, the plan, the launch, and the explanation of a failure, in
+    one frame around the plan's), the ``torch.library`` registration (schema from the signature;
+    with ``out="out"`` a functional ``<name>`` without ``out`` and a ``<name>_out`` that mutates
+    it), the fake implementation (the same plan, with the launcher's checks run on tensors without
+    data: the one copy of the tensor rules, so tracing rejects what the op rejects, with the same
+    error) and, with ``index_check``, the check of index tensors under
+    ``JIT_KERNEL_CHECK_INDICES=1`` (after the launcher has checked the tensors without their data,
+    before the launch, so that it reads only indices the kernel would accept)."""
 
-    def __init__(self, name: str, plan: Plan, mutates: tuple[str, ...], out: str | None, register: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        plan: Plan,
+        mutates: tuple[str, ...],
+        out: str | None,
+        register: bool,
+        index_check: IndexCheck | None,
+    ) -> None:
         self.name = name
         self.plan = plan
         self.signature = inspect.signature(plan)
@@ -282,6 +304,7 @@ class Op:
         self._out = out
         self._out_index = list(parameters).index(out) if out is not None else -1
         self._names = tuple(parameters)
+        self._index_check = index_check
         # An op mutating a tensor that defaults to None is registered without defaults (see
         # _custom_op): traced calls then pass these.
         self._defaults = (
@@ -292,42 +315,99 @@ class Op:
         self._registered = register
         if register:
             self._register(mutates)
+        self.function = self._function()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The op: through ``torch.ops.jit_kernel`` while torch.compile traces, else launched here."""
-        if self._registered and (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined
-            return self.traced(*args, **kwargs)
-        return self.run(True, args, kwargs)
+    def _function(self) -> Callable[..., Any]:
+        """The op's callable, generated from the plan's signature so that a call binds its
+        arguments once (no ``*args`` / ``**kwargs``): eagerly, ``plan(...)`` and the launch it
+        returns; a failure explained (``explain``) and re-raised."""
+        header, call, values = [], [], []
+        namespace: dict[str, Any] = {
+            "dynamo_compiling": dynamo_compiling,
+            "compile_state": compile_state,
+            "check_indices": env.check_indices,
+            "plan": self.plan,
+            "traced": self.traced,
+            "run": self.run,
+            "fail": self.fail,
+            "EXPLAINED": _EXPLAINED,
+        }
+        keyword_only = False
+        for p in self.signature.parameters.values():
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                raise TypeError(f"kernel_op {self.name}: plan parameters must be named, got {p}")
+            if p.kind is p.KEYWORD_ONLY and not keyword_only:
+                header.append("*")
+                keyword_only = True
+            if p.default is p.empty:
+                header.append(p.name)
+            else:
+                namespace[f"default_{p.name}"] = p.default
+                header.append(f"{p.name}=default_{p.name}")
+            call.append(f"{p.name}={p.name}" if keyword_only else p.name)
+            values.append(f"{p.name!r}: {p.name}")
+        arguments, by_name = ", ".join(call), "{" + ", ".join(values) + "}"
+        lines = [f"def {self.name}({', '.join(header)}):"]
+        if self._registered:
+            lines += [
+                "    if dynamo_compiling() or compile_state._is_compiling_flag:",
+                f"        return traced({arguments})",
+            ]
+        if self._index_check is not None:
+            lines += ["    if check_indices():", f"        return run(True, {by_name})"]
+        # The locals' names end in "__" so that no parameter of a plan can shadow them.
+        lines += [
+            "    args__ = None",
+            "    try:",
+            f"        launch__ = plan({arguments})",
+            "        if type(launch__) is tuple:",
+            "            kernels__, key__, args__, result__ = launch__",
+            "            kernels__[key__](*args__)",
+            "            return result__",
+            "        for kernels__, key__, args__, result__ in launch__:",
+            "            kernels__[key__](*args__)",
+            "        return result__",
+            "    except EXPLAINED as error__:",
+            f"        fail(error__, args__, {by_name})",
+            "        raise",
+        ]
+        # The text is built from the plan's parameter names only; tracebacks name it "<kernel_op NAME>".
+        exec(compile("\n".join(lines), f"<kernel_op {self.name}>", "exec"), namespace)
+        function = namespace[self.name]
+        function.__doc__ = self.plan.__doc__
+        function.__module__ = self.plan.__module__
+        function.__qualname__ = self.plan.__qualname__
+        function.__signature__ = self.signature.replace(return_annotation=inspect.Signature.empty)
+        function.op = self
+        return function
 
-    def run(self, mode: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        """Plan the call and launch it: ``mode`` True launches; ``CHECK_ONLY`` runs the launchers'
-        checks on tensors without data (a fake call); False only picks the configs (a fake call
-        that cannot reach a launcher). A failure is explained, naming the argument."""
-        launch = None
+    def fail(self, error: BaseException, launch_args: Sequence[object] | None, values: Mapping[str, Any]) -> None:
+        """Raise a clearer error than ``error`` where :func:`explain` has one; else return, and the
+        caller re-raises ``error``."""
+        explain(self.name, error, values, self._tensors, launch_args or ())
+
+    def run(self, mode: Any, values: Mapping[str, Any]) -> Any:
+        """Plan the call and launch it: ``mode`` True launches, checking indices where asked;
+        ``CHECK_ONLY`` runs the launchers' checks on tensors without data (a fake call); False only
+        picks the configs (a fake call that cannot reach a launcher). A failure is explained,
+        naming the argument."""
+        args = None
         try:
-            planned = self.plan(*args, **kwargs)
-            if mode is True and type(planned) is Launch and planned.bounds is None:  # the common case
-                launch = planned
-                launch.kernels[launch.key](*launch.args)
-                return launch.result
-            launches = planned if type(planned) is tuple else (planned,)
-            for launch in launches:
-                kernel = launch.kernels.get_kernel(launch.key, mode)
+            planned = self.plan(**values)
+            launches = (planned,) if type(planned) is tuple else planned
+            result = None
+            for kernels, key, args, result in launches:  # noqa: B007 (the last launch's result is the op's)
+                kernel = kernels.get_kernel(key, mode)
                 if kernel is None:
                     continue
-                if launch.bounds is not None and mode is True and env.check_indices():
-                    checks_only(kernel)(*launch.args)
-                    launch.bounds()
-                kernel(*launch.args)
-        except (TypeError, RuntimeError, AttributeError) as error:
-            try:
-                bound = self.signature.bind(*args, **kwargs)
-            except TypeError:
-                raise error from None  # a wrong argument list: Python's own message says it
-            bound.apply_defaults()
-            explain(self.name, error, bound.arguments, self._tensors, launch.args if launch is not None else ())
+                if self._index_check is not None and mode is True and env.check_indices():
+                    checks_only(kernel)(*args)
+                    self._index_check(values)
+                kernel(*args)
+        except _EXPLAINED as error:
+            self.fail(error, args, values)
             raise
-        return launches[-1].result
+        return result
 
     def traced(self, *args: Any, **kwargs: Any) -> Any:
         """The call through ``torch.ops.jit_kernel`` (what torch.compile sees)."""
@@ -346,7 +426,8 @@ class Op:
         return out
 
     def _register(self, mutates: tuple[str, ...]) -> None:
-        parameters = list(self.signature.parameters.values())
+        # The torch.library schema takes every argument positionally too (keyword-only ones included).
+        parameters = [p.replace(kind=p.POSITIONAL_OR_KEYWORD) for p in self.signature.parameters.values()]
         if self._out is None:
             self._torch_op = self._custom_op(self.name, parameters, None, mutates)
             return
@@ -374,7 +455,7 @@ class Op:
             def call(*args: Any, **kwargs: Any) -> Any:
                 values = dict(zip(names, args, strict=False)) | kwargs | missing
                 checked = CHECK_ONLY if mode is False and _launchers_can_check(tuple(values.values())) else mode
-                result = self.run(checked, (), values)
+                result = self.run(checked, values)
                 return result if returns is not None else None
 
             call.__name__ = name
@@ -388,14 +469,22 @@ class Op:
 
 
 def kernel_op(
-    name: str, *, mutates: tuple[str, ...] = (), out: str | None = None, register: bool = True
-) -> Callable[[Plan], Op]:
-    """Declare the op ``name`` by its plan (see :class:`Op`). ``mutates``: the tensors it writes in
-    place; ``out``: the parameter of an optional output the op allocates when it is None (registered
-    as a functional op and an ``_out`` op); ``register=False`` for ops torch.compile cannot see
-    through (raw addresses), which get everything but the ``torch.library`` registration."""
+    name: str,
+    *,
+    mutates: tuple[str, ...] = (),
+    out: str | None = None,
+    register: bool = True,
+    index_check: IndexCheck | None = None,
+) -> Callable[[Plan], Callable[..., Any]]:
+    """Declare the op ``name`` by its plan (see :class:`Op`) and return its callable (the plan's
+    signature and docstring; ``.op`` is the :class:`Op`). ``mutates``: the tensors it writes in
+    place; ``out``: the parameter of an optional output the op allocates when it is None
+    (registered as a functional op and an ``_out`` op); ``register=False`` for ops torch.compile
+    cannot see through (raw addresses), which get everything but the ``torch.library``
+    registration; ``index_check``: the check of the op's index tensors under
+    ``JIT_KERNEL_CHECK_INDICES=1``, given the op's arguments by name."""
 
-    def declare(plan: Plan) -> Op:
-        return Op(name, plan, mutates, out, register)
+    def declare(plan: Plan) -> Callable[..., Any]:
+        return Op(name, plan, mutates, out, register, index_check).function
 
     return declare

@@ -18,44 +18,39 @@ implementation, so ``torch.compile(fullgraph=True)`` traces it without a graph b
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import ACTIVATION
-from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
-    KernelTable,
-    Launch,
-    Op,
-    compile_state,
-    dynamo_compiling,
-    float_dtype,
-    kernel_op,
-    not_a_tensor,
-    rows,
-)
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor, rows
 
 _ACTIVATION = Dispatcher(ACTIVATION)
 _NAMES = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
-# name -> (dtype -> kernel): one dict lookup per call on the eager path.
+# name -> (dtype -> kernel).
 _KERNELS = {
     name: KernelTable(_ACTIVATION, name, lambda dtype, op=name: (float_dtype(op, "input", dtype),)) for name in _NAMES
 }
 
 
-def _declare(name: str) -> Op:
+def _declare(name: str, doc: str) -> Callable[..., Any]:
     """The op ``name`` (``torch.ops.jit_kernel.<name>`` and ``<name>_out``), declared once for the
-    three activations."""
+    three activations. ``enable_pdl``: launch with programmatic dependent launch; ``None`` (the
+    default) turns it on for sm_90+ devices (decided in C++ per device)."""
     kernels = _KERNELS[name]
 
     def plan(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> Launch:
+        if out is None and input.ndim == 2:  # the rows the kernel takes as they are
+            shape = input.shape
+            # An odd last dimension gets an out of half of it, rounded down; C++ then rejects the input.
+            out = input.new_empty((shape[0], shape[1] // 2))
+            return kernels, input.dtype, (out, input, enable_pdl), out
         try:
             dtype, shape = input.dtype, input.shape
         except AttributeError:
             not_a_tensor(name, "input", input)
         in_rows = rows(name, "input", input)
-        # An odd last dimension gets an out of half of it, rounded down; C++ then rejects the input.
         out_shape = (*shape[:-1], shape[-1] // 2)
         if out is None:
             out = input.new_empty(out_shape)
@@ -69,56 +64,26 @@ def _declare(name: str) -> Op:
                     f"dimension halved), got {tuple(out.shape)}"
                 )
             out_rows = rows(name, "out", out)
-        return Launch(kernels, dtype, (out_rows, in_rows, enable_pdl), out)
+        return kernels, dtype, (out_rows, in_rows, enable_pdl), out
 
+    plan.__name__ = plan.__qualname__ = name
+    plan.__doc__ = doc
     return kernel_op(name, out="out")(plan)
 
 
-# ---------------------------------------------------------------------------------------------
-# Public API. ``enable_pdl``: launch with programmatic dependent launch; ``None`` (the default)
-# turns it on for sm_90+ devices (decided in C++ per device).
-
-
-def _public(name: str, doc: str) -> Callable[..., torch.Tensor]:
-    """The public op ``name``: the eager fast path (_common.FAST_PATH_MISS) for the rows the kernel
-    takes as they are, in both forms, else the declared op. A closure over its kernel table, so a
-    call costs what a hand-written function's does."""
-    declared = _declare(name)
-    kernels = _KERNELS[name]
-
-    def op(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
-        if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-            return declared.traced(input, out, enable_pdl)
-        try:
-            kernel = kernels.get(input.dtype) if input.ndim == 2 else None
-            if kernel is not None:
-                if out is None:
-                    shape = input.shape
-                    out = input.new_empty((shape[0], shape[1] // 2))
-                kernel(out, input, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
-        return declared(input, out, enable_pdl)
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = doc
-    return op
-
-
-silu_and_mul = _public(
+silu_and_mul = _declare(
     "silu_and_mul",
     """``silu(input[..., :d]) * input[..., d:]`` for ``input [..., 2 * d]``; returns ``out [..., d]``.
 
     fp16, bf16 or fp32 on a CUDA device, unit last stride (rows may be strided); ``out``, when
     given, has the dtype of ``input`` and shape ``[..., d]``.""",
 )
-gelu_and_mul = _public(
+gelu_and_mul = _declare(
     "gelu_and_mul",
     """``gelu(input[..., :d]) * input[..., d:]`` with the erf GELU (erf evaluated to within 1.5e-7,
     below an fp32 ulp near 1: Abramowitz & Stegun 7.1.26); as :func:`silu_and_mul`.""",
 )
-gelu_tanh_and_mul = _public(
+gelu_tanh_and_mul = _declare(
     "gelu_tanh_and_mul",
     """``gelu_tanh(input[..., :d]) * input[..., d:]`` with the tanh approximation of GELU
     (``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``); as :func:`silu_and_mul`.""",

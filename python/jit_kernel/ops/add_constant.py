@@ -11,7 +11,7 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import ADD_CONSTANT_CUDA, ADD_CONSTANT_HOST
-from jit_kernel.ops._common import FAST_PATH_MISS, KernelTable, Launch, kernel_op
+from jit_kernel.ops._common import KernelTable, Launch, kernel_op
 
 _CUDA = Dispatcher(ADD_CONSTANT_CUDA)
 _HOST = Dispatcher(ADD_CONSTANT_HOST)
@@ -20,26 +20,11 @@ _KERNELS = {True: KernelTable(_CUDA, "run", lambda c: (c,)), False: KernelTable(
 
 
 @kernel_op("add_constant", out="out", register=False)
-def _add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> Launch:
+def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> Launch:
+    """Return ``src + constant`` for a contiguous int32 tensor on CUDA or the CPU."""
     if type(constant) is not int:
         raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
     if out is None:
         out = torch.empty_like(src, memory_format=torch.contiguous_format)
     # C++ checks the shapes, contiguity, dtype and device.
-    return Launch(_KERNELS[src.is_cuda], constant, (out, src), out)
-
-
-def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Return ``src + constant`` for a contiguous int32 tensor on CUDA or the CPU."""
-    try:  # the fast path (_common.FAST_PATH_MISS); a bool is not a constant the table serves, and
-        # meta or sparse tensors (which tvm-ffi cannot convert) take the full path, which names them
-        usable = type(constant) is int and src.layout is torch.strided and not src.is_meta
-        kernel = _KERNELS[src.is_cuda].get(constant) if usable else None
-        if kernel is not None:
-            if out is None:
-                out = torch.empty_like(src)  # a non-contiguous src is rejected by the kernel: full path
-            kernel(out, src)
-            return out
-    except FAST_PATH_MISS:
-        pass
-    return _add_constant(src, constant, out)
+    return _KERNELS[src.is_cuda], constant, (out, src), out

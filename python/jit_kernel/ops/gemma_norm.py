@@ -20,22 +20,20 @@ import torch
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import GEMMA_RMSNORM
 from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
     KernelTable,
     Launch,
-    compile_state,
-    dynamo_compiling,
     float_dtype,
     kernel_op,
     not_a_tensor,
     rows,
+    rows_and_out,
     rows_like,
 )
 
 _GEMMA = Dispatcher(GEMMA_RMSNORM)
 _OP = "gemma_rmsnorm"
 _ADD_OP = "gemma_fused_add_rmsnorm"
-# Config = dtype only (D is a run-time value); the eager fast paths look the dtype up directly.
+# Config = dtype only (D is a run-time value).
 _RMSNORM = KernelTable(_GEMMA, "rmsnorm", lambda dtype: (float_dtype(_OP, "input", dtype),))
 _FUSED_ADD = KernelTable(_GEMMA, "fused_add", lambda dtype: (float_dtype(_ADD_OP, "input", dtype),))
 
@@ -47,75 +45,37 @@ def _dtype(op: str, input: object) -> torch.dtype:
 
 
 @kernel_op(_OP, out="out")
-def _gemma_rmsnorm(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    out: torch.Tensor | None = None,
-    enable_pdl: bool | None = None,
-) -> Launch:
-    key = _dtype(_OP, input)
-    in_rows = rows(_OP, "input", input)
-    if out is None:
-        out = input.new_empty(input.shape)
-    out_rows = rows_like(_OP, "out", out, input)
-    return Launch(_RMSNORM, key, (out_rows, in_rows, weight, eps, enable_pdl), out)
-
-
-@kernel_op(_ADD_OP, mutates=("input", "residual"))
-def _gemma_fused_add_rmsnorm(
-    input: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    enable_pdl: bool | None = None,
-) -> Launch:
-    key = _dtype(_ADD_OP, input)
-    in_rows = rows(_ADD_OP, "input", input)
-    res_rows = rows_like(_ADD_OP, "residual", residual, input)
-    return Launch(_FUSED_ADD, key, (in_rows, res_rows, weight, eps, enable_pdl))
-
-
 def gemma_rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
     out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
-) -> torch.Tensor:
+) -> Launch:
     """Gemma's RMSNorm of the last dimension: ``out = input * rsqrt(mean(input^2) + eps) * (1 +
     weight)`` in fp32, rounded once. ``out`` may be ``input`` (in place). Returns ``out``."""
-    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        return _gemma_rmsnorm.traced(input, weight, eps, out, enable_pdl)
-    try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-        kernel = _RMSNORM.get(input.dtype) if input.ndim == 2 else None
-        if kernel is not None:
-            if out is None:
-                out = torch.empty_like(input)
-            kernel(out, input, weight, eps, enable_pdl)
-            return out
-    except FAST_PATH_MISS:
-        pass
-    return _gemma_rmsnorm(input, weight, eps, out, enable_pdl)
+    if input.ndim == 2:  # the rows the kernel takes as they are
+        if out is None:
+            out = torch.empty_like(input)
+        return _RMSNORM, input.dtype, (out, input, weight, eps, enable_pdl), out
+    key = _dtype(_OP, input)
+    in_rows, out, out_rows = rows_and_out(_OP, input, out)
+    return _RMSNORM, key, (out_rows, in_rows, weight, eps, enable_pdl), out
 
 
+@kernel_op(_ADD_OP, mutates=("input", "residual"))
 def gemma_fused_add_rmsnorm(
     input: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
     enable_pdl: bool | None = None,
-) -> None:
+) -> Launch:
     """In place: ``residual = input + residual`` (added in fp32, stored in the dtype), then
     ``input = gemma_rmsnorm(residual, weight, eps)``."""
-    if dynamo_compiling() or compile_state._is_compiling_flag:  # is_compiling(), inlined (_common)
-        _gemma_fused_add_rmsnorm.traced(input, residual, weight, eps, enable_pdl)
-        return
-    try:  # the fast path (_common.FAST_PATH_MISS), for the rows the kernel takes as they are
-        kernel = _FUSED_ADD.get(input.dtype) if input.ndim == 2 else None
-        if kernel is not None:
-            kernel(input, residual, weight, eps, enable_pdl)
-            return
-    except FAST_PATH_MISS:
-        pass
-    _gemma_fused_add_rmsnorm(input, residual, weight, eps, enable_pdl)
+    if input.ndim == 2:
+        return _FUSED_ADD, input.dtype, (input, residual, weight, eps, enable_pdl), None
+    key = _dtype(_ADD_OP, input)
+    in_rows = rows(_ADD_OP, "input", input)
+    res_rows = rows_like(_ADD_OP, "residual", residual, input)
+    return _FUSED_ADD, key, (in_rows, res_rows, weight, eps, enable_pdl), None

@@ -33,9 +33,8 @@ from typing import Any
 
 import torch
 
-from jit_kernel.engine import env, target
+from jit_kernel.engine import target
 from jit_kernel.engine.dispatch import Dispatcher
-from jit_kernel.engine.env import CHECK_INDICES_KEY, ENVIRON_DATA
 from jit_kernel.engine.families import (
     HICACHE,
     HICACHE_NUM_THREADS,
@@ -44,22 +43,14 @@ from jit_kernel.engine.families import (
     hicache_tma_stage_rows,
 )
 from jit_kernel.engine.families import hicache_default_unroll as default_unroll
-from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
-    NO_KERNELS,
-    KernelTable,
-    Launch,
-    compile_state,
-    dynamo_compiling,
-    kernel_op,
-)
+from jit_kernel.ops._common import KernelTable, Launch, kernel_op
 
 _HICACHE = Dispatcher(HICACHE)
 _HICACHE_TMA = Dispatcher(HICACHE_TMA)
 
-#: Blocks of 1024 threads a transfer may occupy by default (H100 has 132 SMs). Chosen from the
-#: quota sweep of ``bench_hicache`` (docs/benchmarks/hicache.md): enough in-flight bytes to keep
-#: PCIe saturated, few enough SMs that a background copy leaves the model's compute alone.
+#: Blocks of 1024 threads a transfer may occupy by default: enough in-flight bytes to keep PCIe
+#: saturated, few enough SMs that a background copy leaves the model's compute alone (the quota
+#: sweep of ``bench_hicache``; docs/design/hicache.md).
 DEFAULT_BLOCK_QUOTA = 4
 _VALID_UNROLLS = HICACHE_UNROLLS
 
@@ -167,8 +158,8 @@ def _tma_config(element_size: int) -> tuple[int, int]:
     return (element_size, hicache_tma_stage_rows(element_size))
 
 
-# Keys (dtype, row width) for the default unroll, which KernelTable.by_dtype files for the eager
-# fast paths (the block quota is a run-time argument), else (dtype, row width, unroll).
+# Keys (dtype, row width) for the default unroll, else (dtype, row width, unroll); the block quota
+# is a run-time argument.
 _ONE_LAYER_KERNELS = KernelTable(_HICACHE, "run_one", _one_layer_config)
 _ONE_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_one_mla", _one_layer_config)
 _ALL_LAYER_KERNELS = KernelTable(_HICACHE, "run_all", lambda *config: config)
@@ -176,31 +167,30 @@ _ALL_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_all_mla", lambda *config: co
 # The bulk-copy kernel, keyed by row bytes.
 _ONE_LAYER_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_one", _tma_config)
 _ONE_LAYER_MLA_TMA_KERNELS = KernelTable(_HICACHE_TMA, "run_one_mla", _tma_config)
-_ONE_LAYER_BY_DTYPE = _ONE_LAYER_KERNELS.by_dtype
-_ONE_LAYER_MLA_BY_DTYPE = _ONE_LAYER_MLA_KERNELS.by_dtype
-# The eager fast paths of calls with a page size: (dtype, row width, page size) -> the kernel the full
-# path took for it (bulk-copy or register), filed after that call where the kernel tables keep one
-# function for every device.
-# Keyed by (dtype, row width, page size, both caches on the GPU).
-_ONE_LAYER_PAGED: dict[tuple[torch.dtype, int, int, bool], Any] = {}
-_ONE_LAYER_MLA_PAGED: dict[tuple[torch.dtype, int, int, bool], Any] = {}
+_ONE_LAYER = (_ONE_LAYER_KERNELS, _ONE_LAYER_TMA_KERNELS)
+_ONE_LAYER_MLA = (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS)
+_FORM = {id(_ONE_LAYER): "kv", id(_ONE_LAYER_MLA): "mla"}  # the forms' names in _ROUTES' keys
+
+# The kernel a one-layer transfer of rows as they are (2-D caches, the default row width and unroll)
+# takes, decided once per shape: (form, dtype, row width, page size, both caches on the GPU)
+# -> (table, key). Filed only where every device has one arch (the choice depends on it).
+_ROUTES: dict[tuple[Any, ...], tuple[KernelTable, Any]] = {}
 
 
-def _remember_paged(
-    paged: dict[tuple[torch.dtype, int, int, bool], Any],
+def _route(
     kernels: tuple[KernelTable, KernelTable],
     dtype: torch.dtype,
-    dim: int,
-    page_size: int,
+    element_dim: int,
+    unroll: int,
+    default_unroll: bool,
+    page_size: int | None,
     device_to_device: bool,
-) -> None:
-    element_size = dim * dtype.itemsize
+) -> tuple[KernelTable, Any]:
+    """The register kernel's table and key, or the bulk-copy kernel's (:func:`uses_bulk_copy_kernel`)."""
+    element_size = element_dim * dtype.itemsize
     if uses_bulk_copy_kernel(element_size, page_size, device_to_device=device_to_device):
-        kernel = kernels[1].get(element_size)
-    else:
-        kernel = kernels[0].get((dtype, dim))
-    if kernel is not None:
-        paged[(dtype, dim, page_size, device_to_device)] = kernel
+        return kernels[1], element_size
+    return kernels[0], (dtype, element_dim) if default_unroll else (dtype, element_dim, unroll)
 
 
 def _one_layer(
@@ -215,11 +205,13 @@ def _one_layer(
     block_quota: int | None,
     page_size: int | None,
 ) -> Launch:
-    """The launch of both one-layer forms (two caches a side, or one for MLA); ``kernels``: the
-    register kernel's table and the bulk-copy kernel's."""
+    """The launch of both one-layer forms (two caches a side, or one for MLA) for caches that are
+    not rows as they are, or a shape seen for the first time; ``kernels``: the register kernel's
+    table and the bulk-copy kernel's."""
     named = caches_dst + caches_src
     n_dst = len(caches_dst)
     first_name, first = named[0]
+    as_rows = element_dim is None and unroll is None and all(t.ndim == 2 for _, t in named)
     if element_dim is None:
         if first.dim() == 0:
             raise ValueError(f"{fn}: {first_name} must have at least one dimension")
@@ -227,79 +219,38 @@ def _one_layer(
     elif type(element_dim) is not int or element_dim <= 0:
         raise ValueError(f"{fn}: element_dim must be a positive int, got {element_dim!r}")
     default = unroll is None
-    element_size = element_dim * first.element_size()
-    unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
+    unroll, block_quota = _options(fn, element_dim * first.element_size(), unroll, block_quota, page_size)
     rows = [_rows(fn, name, t, element_dim) for name, t in named]
-    args = (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota)
-    if uses_bulk_copy_kernel(element_size, page_size, device_to_device=all(t.is_cuda for _, t in named)):
-        table, key = kernels[1], element_size
-    else:
-        table, key = kernels[0], (first.dtype, element_dim) if default else (first.dtype, element_dim, unroll)
-
-    def bounds() -> None:
-        _check_bounds(fn, "indices_dst", indices_dst, min(r.size(0) for r in rows[:n_dst]))
-        _check_bounds(fn, "indices_src", indices_src, min(r.size(0) for r in rows[n_dst:]))
-
-    return Launch(table, key, args, bounds=bounds)
+    device_to_device = all(t.is_cuda for _, t in named)
+    table, key = _route(kernels, first.dtype, element_dim, unroll, default, page_size, device_to_device)
+    if as_rows and target.one_arch_for_all_devices():
+        shape = (_FORM[id(kernels)], first.dtype, element_dim, page_size, page_size is None or device_to_device)
+        _ROUTES[shape] = (table, key)
+    return table, key, (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota), None
 
 
-@kernel_op("transfer_hicache_one_layer", mutates=("k_cache_dst", "v_cache_dst"))
-def _one_layer_op(
-    k_cache_dst: torch.Tensor,
-    v_cache_dst: torch.Tensor,
-    indices_dst: torch.Tensor,
-    k_cache_src: torch.Tensor,
-    v_cache_src: torch.Tensor,
-    indices_src: torch.Tensor,
-    element_dim: int | None = None,
-    unroll: int | None = None,
-    block_quota: int | None = None,
-    page_size: int | None = None,
-) -> Launch:
-    dst = (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst))
-    src = (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src))
-    fn = "transfer_hicache_one_layer"
-    return _one_layer(
-        fn,
-        (_ONE_LAYER_KERNELS, _ONE_LAYER_TMA_KERNELS),
-        dst,
-        indices_dst,
-        src,
-        indices_src,
-        element_dim,
-        unroll,
-        block_quota,
-        page_size,
-    )
+def _one_layer_check(fn: str, dst: tuple[str, ...], src: tuple[str, ...]) -> Any:
+    """JIT_KERNEL_CHECK_INDICES=1: each side's indices against the rows of its smallest cache."""
+
+    def check(values: Any) -> None:
+        element_dim = values["element_dim"]
+        rows = {
+            name: _rows(fn, name, values[name], element_dim or values[dst[0]].size(-1)).size(0) for name in dst + src
+        }
+        _check_bounds(fn, "indices_dst", values["indices_dst"], min(rows[name] for name in dst))
+        _check_bounds(fn, "indices_src", values["indices_src"], min(rows[name] for name in src))
+
+    return check
 
 
-@kernel_op("transfer_hicache_one_layer_mla", mutates=("cache_dst",))
-def _one_layer_mla_op(
-    cache_dst: torch.Tensor,
-    indices_dst: torch.Tensor,
-    cache_src: torch.Tensor,
-    indices_src: torch.Tensor,
-    element_dim: int | None = None,
-    unroll: int | None = None,
-    block_quota: int | None = None,
-    page_size: int | None = None,
-) -> Launch:
-    dst, src = (("cache_dst", cache_dst),), (("cache_src", cache_src),)
-    fn = "transfer_hicache_one_layer_mla"
-    return _one_layer(
-        fn,
-        (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS),
-        dst,
-        indices_dst,
-        src,
-        indices_src,
-        element_dim,
-        unroll,
-        block_quota,
-        page_size,
-    )
+_KV_DST, _KV_SRC = ("k_cache_dst", "v_cache_dst"), ("k_cache_src", "v_cache_src")
 
 
+@kernel_op(
+    "transfer_hicache_one_layer",
+    mutates=_KV_DST,
+    index_check=_one_layer_check("transfer_hicache_one_layer", _KV_DST, _KV_SRC),
+)
 def transfer_hicache_one_layer(
     k_cache_dst: torch.Tensor,
     v_cache_dst: torch.Tensor,
@@ -312,7 +263,7 @@ def transfer_hicache_one_layer(
     unroll: int | None = None,
     block_quota: int | None = None,
     page_size: int | None = None,
-) -> None:
+) -> Launch:
     """``k_cache_dst[indices_dst[i]] = k_cache_src[indices_src[i]]`` (and for V) for one layer.
 
     Caches are viewed as ``[-1, element_dim]`` (``element_dim`` defaults to the last dimension)
@@ -322,43 +273,27 @@ def transfer_hicache_one_layer(
     (rows per page of the indices) lets page-aligned transfers take the bulk-copy kernel (module
     docstring); the register kernel's ``unroll`` does not apply there.
     """
-    # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
-    # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
-    # no index checking (the full path does it; env.check_indices, inlined); with a page size, the
-    # kernel an earlier full-path call of that page size took.
-    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    eager = (
-        element_dim is None
-        and unroll is None
-        and type(quota) is int
-        and quota >= 1
-        and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
-        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
-    )
-    if eager:
-        try:
-            if page_size is None:
-                kernel = _ONE_LAYER_BY_DTYPE.get(k_cache_dst.dtype, NO_KERNELS).get(k_cache_dst.shape[-1])
-            elif type(page_size) is int:  # not a float or bool equal to an int: the full path refuses those
-                d2d = k_cache_dst.is_cuda and k_cache_src.is_cuda
-                kernel = _ONE_LAYER_PAGED.get((k_cache_dst.dtype, k_cache_dst.shape[-1], page_size, d2d))
-            else:
-                kernel = None
-            if kernel is not None:
-                kernel(k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
-                return
-        except FAST_PATH_MISS:
-            pass
-    _one_layer_op(
-        k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, element_dim, unroll, block_quota,
-        page_size,
-    )  # fmt: skip
-    if eager and type(page_size) is int:
-        kernels = (_ONE_LAYER_KERNELS, _ONE_LAYER_TMA_KERNELS)
-        d2d = k_cache_dst.is_cuda and k_cache_src.is_cuda
-        _remember_paged(_ONE_LAYER_PAGED, kernels, k_cache_dst.dtype, k_cache_dst.shape[-1], page_size, d2d)
+    paged = page_size is None or type(page_size) is int  # a float or bool equal to an int: the full path refuses
+    if paged and element_dim is None and unroll is None and k_cache_dst.ndim == v_cache_dst.ndim == 2:  # as rows
+        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+        d2d = page_size is None or (
+            k_cache_dst.is_cuda and v_cache_dst.is_cuda and k_cache_src.is_cuda and v_cache_src.is_cuda
+        )
+        route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], page_size, d2d))
+        if route is not None and type(quota) is int and quota >= 1 and k_cache_src.ndim == v_cache_src.ndim == 2:
+            args = (k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
+            return route[0], route[1], args, None
+    dst = (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst))
+    src = (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src))
+    fn = "transfer_hicache_one_layer"
+    return _one_layer(fn, _ONE_LAYER, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota, page_size)
 
 
+@kernel_op(
+    "transfer_hicache_one_layer_mla",
+    mutates=("cache_dst",),
+    index_check=_one_layer_check("transfer_hicache_one_layer_mla", ("cache_dst",), ("cache_src",)),
+)
 def transfer_hicache_one_layer_mla(
     cache_dst: torch.Tensor,
     indices_dst: torch.Tensor,
@@ -369,39 +304,20 @@ def transfer_hicache_one_layer_mla(
     unroll: int | None = None,
     block_quota: int | None = None,
     page_size: int | None = None,
-) -> None:
+) -> Launch:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    # The fast path (_common.FAST_PATH_MISS), written out (a helper's frame costs more than the
-    # gate): 2-D caches, the default row width and unroll, a block quota the full path would take,
-    # no index checking (the full path does it; env.check_indices, inlined).
-    quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-    eager = (
-        element_dim is None
-        and unroll is None
-        and type(quota) is int
-        and quota >= 1
-        and not (dynamo_compiling() or compile_state._is_compiling_flag)  # is_compiling(), inlined (_common)
-        and (CHECK_INDICES_KEY not in ENVIRON_DATA or not env.check_indices())
+    paged = page_size is None or type(page_size) is int  # a float or bool equal to an int: the full path refuses
+    if paged and element_dim is None and unroll is None and cache_dst.ndim == cache_src.ndim == 2:  # rows as they are
+        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+        d2d = page_size is None or (cache_dst.is_cuda and cache_src.is_cuda)
+        route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], page_size, d2d))
+        if route is not None and type(quota) is int and quota >= 1:
+            return route[0], route[1], (cache_dst, indices_dst, cache_src, indices_src, quota), None
+    dst, src = (("cache_dst", cache_dst),), (("cache_src", cache_src),)
+    fn = "transfer_hicache_one_layer_mla"
+    return _one_layer(
+        fn, _ONE_LAYER_MLA, dst, indices_dst, src, indices_src, element_dim, unroll, block_quota, page_size
     )
-    if eager:
-        try:
-            if page_size is None:
-                kernel = _ONE_LAYER_MLA_BY_DTYPE.get(cache_dst.dtype, NO_KERNELS).get(cache_dst.shape[-1])
-            elif type(page_size) is int:  # not a float or bool equal to an int: the full path refuses those
-                d2d = cache_dst.is_cuda and cache_src.is_cuda
-                kernel = _ONE_LAYER_MLA_PAGED.get((cache_dst.dtype, cache_dst.shape[-1], page_size, d2d))
-            else:
-                kernel = None
-            if kernel is not None:
-                kernel(cache_dst, indices_dst, cache_src, indices_src, quota)
-                return
-        except FAST_PATH_MISS:
-            pass
-    _one_layer_mla_op(cache_dst, indices_dst, cache_src, indices_src, element_dim, unroll, block_quota, page_size)
-    if eager and type(page_size) is int:
-        kernels = (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS)
-        d2d = cache_dst.is_cuda and cache_src.is_cuda
-        _remember_paged(_ONE_LAYER_MLA_PAGED, kernels, cache_dst.dtype, cache_dst.shape[-1], page_size, d2d)
 
 
 def _all_layer(
@@ -420,6 +336,13 @@ def _all_layer(
 ) -> Launch:
     """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA) on
     the register kernel, whatever the page size (see :func:`uses_bulk_copy_kernel`)."""
+    # The defaults with equal strides: the config follows from the row size alone.
+    defaults = element_size is None and unroll is None and block_quota is None and page_size is None
+    rows_of = src_stride if defaults and type(src_stride) is type(dst_stride) is int and src_stride == dst_stride else 0
+    if rows_of > 0 and rows_of % 16 == 0:
+        key = (rows_of, default_unroll(rows_of), HICACHE_NUM_THREADS)
+        args = (*tables_dst, indices_dst, *tables_src, indices_src, rows_of, rows_of, DEFAULT_BLOCK_QUOTA)
+        return kernels, key, args, None
     for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
         if type(value) is not int or value <= 0:
             raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
@@ -433,56 +356,20 @@ def _all_layer(
         raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
     unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
     args = (*tables_dst, indices_dst, *tables_src, indices_src, src_stride, dst_stride, block_quota)
-
-    def bounds() -> None:
-        _check_bounds(fn, "indices_dst", indices_dst, None)
-        _check_bounds(fn, "indices_src", indices_src, None)
-
-    return Launch(kernels, (element_size, unroll, HICACHE_NUM_THREADS), args, bounds=bounds)
+    return kernels, (element_size, unroll, HICACHE_NUM_THREADS), args, None
 
 
-@kernel_op("transfer_hicache_all_layer", register=False)
-def _all_layer_op(
-    k_ptr_dst: torch.Tensor,
-    v_ptr_dst: torch.Tensor,
-    indices_dst: torch.Tensor,
-    k_ptr_src: torch.Tensor,
-    v_ptr_src: torch.Tensor,
-    indices_src: torch.Tensor,
-    kv_cache_src_stride_bytes: int,
-    kv_cache_dst_stride_bytes: int,
-    element_size: int | None = None,
-    unroll: int | None = None,
-    block_quota: int | None = None,
-    page_size: int | None = None,
-) -> Launch:
-    return _all_layer(
-        "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst),
-        indices_dst, (k_ptr_src, v_ptr_src), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
-        element_size, unroll, block_quota, page_size,
-    )  # fmt: skip
+def _all_layer_check(fn: str) -> Any:
+    """JIT_KERNEL_CHECK_INDICES=1: indices must be non-negative (the tables hold no row counts)."""
+
+    def check(values: Any) -> None:
+        _check_bounds(fn, "indices_dst", values["indices_dst"], None)
+        _check_bounds(fn, "indices_src", values["indices_src"], None)
+
+    return check
 
 
-@kernel_op("transfer_hicache_all_layer_mla", register=False)
-def _all_layer_mla_op(
-    ptr_dst: torch.Tensor,
-    indices_dst: torch.Tensor,
-    ptr_src: torch.Tensor,
-    indices_src: torch.Tensor,
-    kv_cache_src_stride_bytes: int,
-    kv_cache_dst_stride_bytes: int,
-    element_size: int | None = None,
-    unroll: int | None = None,
-    block_quota: int | None = None,
-    page_size: int | None = None,
-) -> Launch:
-    return _all_layer(
-        "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,),
-        indices_dst, (ptr_src,), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size,
-        unroll, block_quota, page_size,
-    )  # fmt: skip
-
-
+@kernel_op("transfer_hicache_all_layer", register=False, index_check=_all_layer_check("transfer_hicache_all_layer"))
 def transfer_hicache_all_layer(
     k_ptr_dst: torch.Tensor,
     v_ptr_dst: torch.Tensor,
@@ -497,7 +384,7 @@ def transfer_hicache_all_layer(
     unroll: int | None = None,
     block_quota: int | None = None,
     page_size: int | None = None,
-) -> None:
+) -> Launch:
     """Every layer in one launch. ``*_ptr_*`` are uint64 CUDA tensors ``[num_layers]`` holding each
     layer's base address (a CUDA address, or a pinned host buffer's; ``tensor.data_ptr()`` of a
     pinned CPU tensor works under UVA). Row ``r`` of a layer starts ``r * stride_bytes`` after its
@@ -509,12 +396,18 @@ def transfer_hicache_all_layer(
     whatever it is, since the tables do not say where the caches are, and between two GPU caches
     the bulk-copy kernel is the slower one (host<->device the two are even).
     """
-    _all_layer_op(
-        k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, kv_cache_src_stride_bytes,
-        kv_cache_dst_stride_bytes, element_size, unroll, block_quota, page_size,
+    return _all_layer(
+        "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst),
+        indices_dst, (k_ptr_src, v_ptr_src), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
+        element_size, unroll, block_quota, page_size,
     )  # fmt: skip
 
 
+@kernel_op(
+    "transfer_hicache_all_layer_mla",
+    register=False,
+    index_check=_all_layer_check("transfer_hicache_all_layer_mla"),
+)
 def transfer_hicache_all_layer_mla(
     ptr_dst: torch.Tensor,
     indices_dst: torch.Tensor,
@@ -527,11 +420,12 @@ def transfer_hicache_all_layer_mla(
     unroll: int | None = None,
     block_quota: int | None = None,
     page_size: int | None = None,
-) -> None:
+) -> Launch:
     """The MLA form of :func:`transfer_hicache_all_layer`: one cache per layer, no V."""
-    _all_layer_mla_op(
-        ptr_dst, indices_dst, ptr_src, indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
-        element_size, unroll, block_quota, page_size,
+    return _all_layer(
+        "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,),
+        indices_dst, (ptr_src,), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size,
+        unroll, block_quota, page_size,
     )  # fmt: skip
 
 

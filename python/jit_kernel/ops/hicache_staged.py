@@ -34,6 +34,9 @@ Row sizes are run-time values (``csrc/hicache_staged.cuh``): one prebuilt module
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
@@ -128,55 +131,20 @@ def _write_quota(block_quota: int | None, staged_copies: bool) -> int:
     return 0 if staged_copies else DEFAULT_BLOCK_QUOTA
 
 
-@kernel_op("transfer_hicache_all_layer_staged_lf_pf", register=False)
-def _lf_pf_op(
-    k_ptr_src: torch.Tensor,
-    v_ptr_src: torch.Tensor,
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    staging_k: torch.Tensor,
-    staging_v: torch.Tensor,
-    dst_k: torch.Tensor,
-    dst_v: torch.Tensor,
-    page_size: int,
-    element_size: int | None = None,
-    unroll: int | None = None,
-    block_quota: int | None = None,
-    staged_copies: bool = False,
-) -> Launch:
-    fn = "transfer_hicache_all_layer_staged_lf_pf"
-    size, quota = _staged_options(fn, element_size, unroll, block_quota, staged_copies)
-    args = (
-        k_ptr_src, v_ptr_src, src_indices, dst_indices,
-        _tokens_by_layer(fn, "staging_k", staging_k), _tokens_by_layer(fn, "staging_v", staging_v),
-        _tokens_by_layer(fn, "dst_k", dst_k), _tokens_by_layer(fn, "dst_v", dst_v),
-        _page_size(fn, page_size), size, quota, int(staged_copies),
-    )  # fmt: skip
-    return Launch(_KERNELS["lf_pf"], (), args, bounds=lambda: _check_bounds(fn, "src_indices", src_indices, None))
+def _indices_check(fn: str, name: str) -> Any:
+    """JIT_KERNEL_CHECK_INDICES=1: the device-side indices must be non-negative."""
+
+    def check(values: Mapping[str, Any]) -> None:
+        _check_bounds(fn, name, values[name], None)
+
+    return check
 
 
-@kernel_op("transfer_hicache_all_layer_mla_staged_lf_pf", register=False)
-def _lf_pf_mla_op(
-    ptr_src: torch.Tensor,
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    staging: torch.Tensor,
-    dst: torch.Tensor,
-    page_size: int,
-    element_size: int | None = None,
-    unroll: int | None = None,
-    block_quota: int | None = None,
-    staged_copies: bool = False,
-) -> Launch:
-    fn = "transfer_hicache_all_layer_mla_staged_lf_pf"
-    size, quota = _staged_options(fn, element_size, unroll, block_quota, staged_copies)
-    args = (
-        ptr_src, src_indices, dst_indices, _tokens_by_layer(fn, "staging", staging), _tokens_by_layer(fn, "dst", dst),
-        _page_size(fn, page_size), size, quota, int(staged_copies),
-    )  # fmt: skip
-    return Launch(_KERNELS["lf_pf_mla"], (), args, bounds=lambda: _check_bounds(fn, "src_indices", src_indices, None))
-
-
+@kernel_op(
+    "transfer_hicache_all_layer_staged_lf_pf",
+    register=False,
+    index_check=_indices_check("transfer_hicache_all_layer_staged_lf_pf", "src_indices"),
+)
 def transfer_hicache_all_layer_staged_lf_pf(
     k_ptr_src: torch.Tensor,
     v_ptr_src: torch.Tensor,
@@ -191,7 +159,8 @@ def transfer_hicache_all_layer_staged_lf_pf(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
-) -> None:
+    staged_copies: bool = False,
+) -> Launch:
     """Write whole pages of every layer from layer-first device pools to page-first pinned host caches.
 
     ``k_ptr_src`` / ``v_ptr_src``: uint64 CUDA tensors ``[layers]`` of the device pools' per-layer
@@ -205,17 +174,28 @@ def transfer_hicache_all_layer_staged_lf_pf(
     buffers are checked and left unused; their contents afterwards are unspecified).
     ``element_size`` defaults to the staging rows' bytes (given, it must equal them);
     ``block_quota`` caps the kernel's blocks of 1024 threads (default :data:`DEFAULT_BLOCK_QUOTA`);
-    ``unroll`` is accepted and not used.
+    ``unroll`` is accepted and not used. ``staged_copies=True`` takes the staging path instead
+    (module docstring), for comparison.
 
     Runs on the current stream; keep every input alive, the staging buffers unused, and read the
     host caches only after that stream has reached this point.
     """
-    _lf_pf_op(
-        k_ptr_src, v_ptr_src, src_indices, dst_indices, staging_k, staging_v, dst_k, dst_v, page_size, element_size,
-        unroll, block_quota,
+    fn = "transfer_hicache_all_layer_staged_lf_pf"
+    size, quota = _staged_options(fn, element_size, unroll, block_quota, staged_copies)
+    args = (
+        k_ptr_src, v_ptr_src, src_indices, dst_indices,
+        _tokens_by_layer(fn, "staging_k", staging_k), _tokens_by_layer(fn, "staging_v", staging_v),
+        _tokens_by_layer(fn, "dst_k", dst_k), _tokens_by_layer(fn, "dst_v", dst_v),
+        _page_size(fn, page_size), size, quota, int(staged_copies),
     )  # fmt: skip
+    return _KERNELS["lf_pf"], (), args, None
 
 
+@kernel_op(
+    "transfer_hicache_all_layer_mla_staged_lf_pf",
+    register=False,
+    index_check=_indices_check("transfer_hicache_all_layer_mla_staged_lf_pf", "src_indices"),
+)
 def transfer_hicache_all_layer_mla_staged_lf_pf(
     ptr_src: torch.Tensor,
     src_indices: torch.Tensor,
@@ -227,49 +207,23 @@ def transfer_hicache_all_layer_mla_staged_lf_pf(
     element_size: int | None = None,
     unroll: int | None = None,
     block_quota: int | None = None,
-) -> None:
+    staged_copies: bool = False,
+) -> Launch:
     """The MLA form of :func:`transfer_hicache_all_layer_staged_lf_pf`: one cache per layer, no V."""
-    _lf_pf_mla_op(ptr_src, src_indices, dst_indices, staging, dst, page_size, element_size, unroll, block_quota)
-
-
-@kernel_op("transfer_hicache_all_layer_staged_lf_page_unified", register=False)
-def _pu_write_op(
-    k_ptr_src: torch.Tensor,
-    v_ptr_src: torch.Tensor,
-    src_pages: torch.Tensor,
-    dst_pages: torch.Tensor,
-    staging: torch.Tensor,
-    dst: torch.Tensor,
-    staged_copies: bool = False,
-) -> Launch:
-    fn = "transfer_hicache_all_layer_staged_lf_page_unified"
+    fn = "transfer_hicache_all_layer_mla_staged_lf_pf"
+    size, quota = _staged_options(fn, element_size, unroll, block_quota, staged_copies)
     args = (
-        k_ptr_src,
-        v_ptr_src,
-        src_pages,
-        dst_pages,
-        staging,
-        dst,
-        _write_quota(None, staged_copies),
-        int(staged_copies),
-    )
-    return Launch(_KERNELS["pu_write"], (), args, bounds=lambda: _check_bounds(fn, "src_pages", src_pages, None))
+        ptr_src, src_indices, dst_indices, _tokens_by_layer(fn, "staging", staging), _tokens_by_layer(fn, "dst", dst),
+        _page_size(fn, page_size), size, quota, int(staged_copies),
+    )  # fmt: skip
+    return _KERNELS["lf_pf_mla"], (), args, None
 
 
-@kernel_op("transfer_hicache_all_layer_mla_staged_lf_page_unified", register=False)
-def _pu_write_mla_op(
-    ptr_src: torch.Tensor,
-    src_pages: torch.Tensor,
-    dst_pages: torch.Tensor,
-    staging: torch.Tensor,
-    dst: torch.Tensor,
-    staged_copies: bool = False,
-) -> Launch:
-    fn = "transfer_hicache_all_layer_mla_staged_lf_page_unified"
-    args = (ptr_src, src_pages, dst_pages, staging, dst, _write_quota(None, staged_copies), int(staged_copies))
-    return Launch(_KERNELS["pu_write_mla"], (), args, bounds=lambda: _check_bounds(fn, "src_pages", src_pages, None))
-
-
+@kernel_op(
+    "transfer_hicache_all_layer_staged_lf_page_unified",
+    register=False,
+    index_check=_indices_check("transfer_hicache_all_layer_staged_lf_page_unified", "src_pages"),
+)
 def transfer_hicache_all_layer_staged_lf_page_unified(
     k_ptr_src: torch.Tensor,
     v_ptr_src: torch.Tensor,
@@ -277,7 +231,9 @@ def transfer_hicache_all_layer_staged_lf_page_unified(
     dst_pages: torch.Tensor,
     staging: torch.Tensor,
     dst: torch.Tensor,
-) -> None:
+    *,
+    staged_copies: bool = False,
+) -> Launch:
     """Write whole pages of every layer to pinned host memory in the page-unified layout.
 
     ``staging`` (CUDA) and ``dst`` (pinned host) are contiguous ``(page, head_group, layer, 2,
@@ -289,70 +245,56 @@ def transfer_hicache_all_layer_staged_lf_page_unified(
     group's token row (``head_in_group * dim`` elements) must be a multiple of 16 bytes. One kernel
     of :data:`DEFAULT_BLOCK_QUOTA` blocks stores the rows into the host pages through the pinned
     memory's device alias, on the current stream; ``staging`` is checked and left unused (its contents
-    afterwards are unspecified), and no GPU memory is allocated.
+    afterwards are unspecified), and no GPU memory is allocated. ``staged_copies=True`` takes the
+    staging path instead (module docstring), for comparison.
     """
-    _pu_write_op(k_ptr_src, v_ptr_src, src_pages, dst_pages, staging, dst)
+    args = (k_ptr_src, v_ptr_src, src_pages, dst_pages, staging, dst)
+    return _KERNELS["pu_write"], (), (*args, _write_quota(None, staged_copies), int(staged_copies)), None
 
 
+@kernel_op(
+    "transfer_hicache_all_layer_mla_staged_lf_page_unified",
+    register=False,
+    index_check=_indices_check("transfer_hicache_all_layer_mla_staged_lf_page_unified", "src_pages"),
+)
 def transfer_hicache_all_layer_mla_staged_lf_page_unified(
-    ptr_src: torch.Tensor, src_pages: torch.Tensor, dst_pages: torch.Tensor, staging: torch.Tensor, dst: torch.Tensor
-) -> None:
+    ptr_src: torch.Tensor,
+    src_pages: torch.Tensor,
+    dst_pages: torch.Tensor,
+    staging: torch.Tensor,
+    dst: torch.Tensor,
+    *,
+    staged_copies: bool = False,
+) -> Launch:
     """The MLA form of :func:`transfer_hicache_all_layer_staged_lf_page_unified`: pages ``(page,
     layer, page_size, dim)``, one latent cache per layer (``(token, dim)`` buffers), no head group or
     K/V axis. Each token row must be a multiple of 16 bytes."""
-    _pu_write_mla_op(ptr_src, src_pages, dst_pages, staging, dst)
-
-
-def _load_back_bounds(
-    fn: str, src: torch.Tensor, page_axis: int, src_indices: torch.Tensor, dst_indices: torch.Tensor, rows: int
-) -> None:
-    _check_bounds(fn, "src_indices", src_indices, src.shape[0] * src.shape[page_axis])
-    _check_bounds(fn, "dst_indices", dst_indices, rows)
+    args = (ptr_src, src_pages, dst_pages, staging, dst, _write_quota(None, staged_copies), int(staged_copies))
+    return _KERNELS["pu_write_mla"], (), args, None
 
 
 def _quota(fn: str, block_quota: int | None) -> int:
     return _options(fn, 16, None, block_quota)[1]
 
 
-@kernel_op("transfer_hicache_one_layer_page_unified_lf", mutates=("k_cache_dst", "v_cache_dst"))
-def _pu_load_op(
-    k_cache_dst: torch.Tensor,
-    v_cache_dst: torch.Tensor,
-    src: torch.Tensor,
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    layer_id: int,
-    block_quota: int | None = None,
-) -> Launch:
-    fn = "transfer_hicache_one_layer_page_unified_lf"
-    k, v = _token_rows(fn, "k_cache_dst", k_cache_dst), _token_rows(fn, "v_cache_dst", v_cache_dst)
-    args = (k, v, src, src_indices, dst_indices, layer_id, _quota(fn, block_quota))
+def _load_back_check(fn: str, page_axis: int, dst: tuple[str, ...]) -> Any:
+    """JIT_KERNEL_CHECK_INDICES=1: host token indices against the pages of ``src``, device token
+    indices against the rows of the smallest destination."""
 
-    def bounds() -> None:
-        _load_back_bounds(fn, src, 4, src_indices, dst_indices, min(k.shape[0], v.shape[0]))
+    def check(values: Mapping[str, Any]) -> None:
+        src = values["src"]
+        rows = min(_token_rows(fn, name, values[name]).shape[0] for name in dst)
+        _check_bounds(fn, "src_indices", values["src_indices"], src.shape[0] * src.shape[page_axis])
+        _check_bounds(fn, "dst_indices", values["dst_indices"], rows)
 
-    return Launch(_KERNELS["pu_load"], (), args, bounds=bounds)
+    return check
 
 
-@kernel_op("transfer_hicache_one_layer_mla_page_unified_lf", mutates=("cache_dst",))
-def _pu_load_mla_op(
-    cache_dst: torch.Tensor,
-    src: torch.Tensor,
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    layer_id: int,
-    block_quota: int | None = None,
-) -> Launch:
-    fn = "transfer_hicache_one_layer_mla_page_unified_lf"
-    rows = _token_rows(fn, "cache_dst", cache_dst)
-    args = (rows, src, src_indices, dst_indices, layer_id, _quota(fn, block_quota))
-
-    def bounds() -> None:
-        _load_back_bounds(fn, src, 2, src_indices, dst_indices, rows.shape[0])
-
-    return Launch(_KERNELS["pu_load_mla"], (), args, bounds=bounds)
-
-
+@kernel_op(
+    "transfer_hicache_one_layer_page_unified_lf",
+    mutates=("k_cache_dst", "v_cache_dst"),
+    index_check=_load_back_check("transfer_hicache_one_layer_page_unified_lf", 4, ("k_cache_dst", "v_cache_dst")),
+)
 def transfer_hicache_one_layer_page_unified_lf(
     k_cache_dst: torch.Tensor,
     v_cache_dst: torch.Tensor,
@@ -362,7 +304,7 @@ def transfer_hicache_one_layer_page_unified_lf(
     layer_id: int,
     *,
     block_quota: int | None = None,
-) -> None:
+) -> Launch:
     """Load layer ``layer_id`` of page-unified host pages into one layer of the device pool.
 
     ``src``: contiguous ``(page, head_group, layer, 2, page_size, head_in_group, dim)`` (K = 0,
@@ -375,9 +317,16 @@ def transfer_hicache_one_layer_page_unified_lf(
     :data:`DEFAULT_BLOCK_QUOTA`) caps the blocks of 1024 threads the load occupies. Runs on the current
     stream; keep ``src`` alive and unwritten until it has run.
     """
-    _pu_load_op(k_cache_dst, v_cache_dst, src, src_indices, dst_indices, layer_id, block_quota)
+    fn = "transfer_hicache_one_layer_page_unified_lf"
+    k, v = _token_rows(fn, "k_cache_dst", k_cache_dst), _token_rows(fn, "v_cache_dst", v_cache_dst)
+    return _KERNELS["pu_load"], (), (k, v, src, src_indices, dst_indices, layer_id, _quota(fn, block_quota)), None
 
 
+@kernel_op(
+    "transfer_hicache_one_layer_mla_page_unified_lf",
+    mutates=("cache_dst",),
+    index_check=_load_back_check("transfer_hicache_one_layer_mla_page_unified_lf", 2, ("cache_dst",)),
+)
 def transfer_hicache_one_layer_mla_page_unified_lf(
     cache_dst: torch.Tensor,
     src: torch.Tensor,
@@ -386,11 +335,13 @@ def transfer_hicache_one_layer_mla_page_unified_lf(
     layer_id: int,
     *,
     block_quota: int | None = None,
-) -> None:
+) -> Launch:
     """The MLA form of :func:`transfer_hicache_one_layer_page_unified_lf`: pages ``(page, layer,
     page_size, dim)``, ``cache_dst`` one layer of the latent pool ``(token, 1, dim)`` or ``(token,
     dim)``."""
-    _pu_load_mla_op(cache_dst, src, src_indices, dst_indices, layer_id, block_quota)
+    fn = "transfer_hicache_one_layer_mla_page_unified_lf"
+    rows = _token_rows(fn, "cache_dst", cache_dst)
+    return _KERNELS["pu_load_mla"], (), (rows, src, src_indices, dst_indices, layer_id, _quota(fn, block_quota)), None
 
 
 __all__ = [

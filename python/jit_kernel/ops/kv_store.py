@@ -35,7 +35,8 @@ functions here switch to those under ``torch.compile``.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -99,7 +100,16 @@ def _check_bounds(op: str, name: str, loc: object, caches: tuple[tuple[str, obje
         )
 
 
-@kernel_op(_STORE, mutates=("k_cache", "v_cache"))
+def _store_check(values: Mapping[str, Any]) -> None:
+    caches = (("k_cache", values["k_cache"]), ("v_cache", values["v_cache"]))
+    _check_bounds(_STORE, "out_cache_loc", values["out_cache_loc"], caches)
+
+
+def _mla_check(values: Mapping[str, Any]) -> None:
+    _check_bounds(_MLA, "loc", values["loc"], (("kv_buffer", values["kv_buffer"]),))
+
+
+@kernel_op(_STORE, mutates=("k_cache", "v_cache"), index_check=_store_check)
 def _store(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -113,9 +123,7 @@ def _store(
     enable_pdl: bool | None = None,
 ) -> Launch:
     args = (k, v, k_cache, v_cache, out_cache_loc, k_scale, v_scale, k_scale_value, v_scale_value, enable_pdl)
-    caches = (("k_cache", k_cache), ("v_cache", v_cache))
-    bounds = functools.partial(_check_bounds, _STORE, "out_cache_loc", out_cache_loc, caches)
-    return Launch(_STORE_KERNELS, (k.dtype, k_cache.dtype), args, bounds=bounds)
+    return _STORE_KERNELS, (k.dtype, k_cache.dtype), args, None
 
 
 def store_kv_cache(
@@ -142,7 +150,7 @@ def store_kv_cache(
     _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
 
 
-@kernel_op(_MLA, mutates=("kv_buffer",))
+@kernel_op(_MLA, mutates=("kv_buffer",), index_check=_mla_check)
 def _mla(
     kv_buffer: torch.Tensor,
     loc: torch.Tensor,
@@ -153,8 +161,7 @@ def _mla(
     enable_pdl: bool | None = None,
 ) -> Launch:
     args = (kv_buffer, loc, cache_k_nope, cache_k_rope, scale, scale_value, enable_pdl)
-    bounds = functools.partial(_check_bounds, _MLA, "loc", loc, (("kv_buffer", kv_buffer),))
-    return Launch(_MLA_KERNELS, (cache_k_nope.dtype, kv_buffer.dtype), args, bounds=bounds)
+    return _MLA_KERNELS, (cache_k_nope.dtype, kv_buffer.dtype), args, None
 
 
 def set_mla_kv_buffer(

@@ -30,16 +30,7 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import MOE_ALIGN, MOE_ROUTE, MOE_SUM_REDUCE
-from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
-    KernelTable,
-    Launch,
-    compile_state,
-    dynamo_compiling,
-    float_dtype,
-    kernel_op,
-    not_a_tensor,
-)
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor
 
 _ROUTE = KernelTable(
     Dispatcher(MOE_ROUTE), "route", lambda dtype: (float_dtype("moe routing", "gating_output", dtype),)
@@ -49,7 +40,7 @@ _SUM = KernelTable(
     Dispatcher(MOE_SUM_REDUCE), "run", lambda dtype: (float_dtype("moe_sum_reduce", "expert_out", dtype),)
 )
 
-# grouped_topk's scoring_func -> the launcher's `softmax` flag (the eager fast path's lookup).
+# grouped_topk's scoring_func -> the launcher's `softmax` flag.
 _SOFTMAX_SCORING = {"softmax": True, "sigmoid": False}
 
 
@@ -65,12 +56,11 @@ def _positive_int(op: str, name: str, value: object) -> int:
 def _route_outputs(op: str, gating_output: object, topk: object) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(gating_output, torch.Tensor):
         not_a_tensor(op, "gating_output", gating_output)
-    k = _positive_int(op, "topk", topk)
-    rows = gating_output.shape[0] if gating_output.dim() >= 1 else 0
-    device = gating_output.device
+    k = topk if type(topk) is int and topk > 0 else _positive_int(op, "topk", topk)
+    rows = gating_output.shape[0] if gating_output.ndim >= 1 else 0
     return (
-        torch.empty((rows, k), dtype=torch.float32, device=device),
-        torch.empty((rows, k), dtype=torch.int32, device=device),
+        gating_output.new_empty((rows, k), dtype=torch.float32),
+        gating_output.new_empty((rows, k), dtype=torch.int32),
     )
 
 
@@ -86,7 +76,7 @@ def _topk_softmax(
     enable_pdl: bool | None = None,
 ) -> Launch:
     args = (topk_weights, topk_ids, gating_output, None, True, renormalize, 1, 1, 1.0, enable_pdl)
-    return Launch(_ROUTE, gating_output.dtype, args)
+    return _ROUTE, gating_output.dtype, args, None
 
 
 @kernel_op("topk_sigmoid", mutates=_OUTPUTS)
@@ -99,7 +89,7 @@ def _topk_sigmoid(
     enable_pdl: bool | None = None,
 ) -> Launch:
     args = (topk_weights, topk_ids, gating_output, correction_bias, False, renormalize, 1, 1, 1.0, enable_pdl)
-    return Launch(_ROUTE, gating_output.dtype, args)
+    return _ROUTE, gating_output.dtype, args, None
 
 
 @kernel_op("grouped_topk", mutates=_OUTPUTS)
@@ -115,9 +105,9 @@ def _grouped_topk(
     scoring_func: str,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    if scoring_func not in ("sigmoid", "softmax"):
+    softmax = _SOFTMAX_SCORING.get(scoring_func) if type(scoring_func) is str else None
+    if softmax is None:
         raise ValueError(f"grouped_topk: scoring_func must be 'sigmoid' or 'softmax', got {scoring_func!r}")
-    softmax = scoring_func == "softmax"
     args = (
         topk_weights,
         topk_ids,
@@ -130,7 +120,7 @@ def _grouped_topk(
         routed_scaling_factor,
         enable_pdl,
     )
-    return Launch(_ROUTE, gating_output.dtype, args)
+    return _ROUTE, gating_output.dtype, args, None
 
 
 def topk_softmax(
@@ -139,16 +129,6 @@ def topk_softmax(
     """Top-k experts of ``softmax(gating_output)`` (``[T, E]``, fp16/bf16/fp32, E <= 512). Returns
     ``(weights float32 [T, topk], ids int32 [T, topk])`` in descending order of weight, the lowest
     expert index first among equal weights; ``renormalize`` divides the weights by their sum."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS): a kernel an earlier call loaded, called directly
-            kernel = _ROUTE.get(gating_output.dtype) if type(topk) is int and topk > 0 else None
-            if kernel is not None:
-                weights = gating_output.new_empty((gating_output.shape[0], topk), dtype=torch.float32)
-                ids = gating_output.new_empty((gating_output.shape[0], topk), dtype=torch.int32)
-                kernel(weights, ids, gating_output, None, True, renormalize, 1, 1, 1.0, enable_pdl)
-                return weights, ids
-        except FAST_PATH_MISS:
-            pass
     weights, ids = _route_outputs("topk_softmax", gating_output, topk)
     _topk_softmax(gating_output, weights, ids, renormalize, enable_pdl)
     return weights, ids
@@ -164,16 +144,6 @@ def topk_sigmoid(
     """Top-k experts of ``sigmoid(gating_output)``, chosen on ``sigmoid + correction_bias`` (``[E]``,
     float32 or the logits' dtype) when given; the weights are the unbiased sigmoid scores (divided by
     their sum with ``renormalize``). Returns ``(weights float32 [T, topk], ids int32 [T, topk])``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS): a kernel an earlier call loaded, called directly
-            kernel = _ROUTE.get(gating_output.dtype) if type(topk) is int and topk > 0 else None
-            if kernel is not None:
-                weights = gating_output.new_empty((gating_output.shape[0], topk), dtype=torch.float32)
-                ids = gating_output.new_empty((gating_output.shape[0], topk), dtype=torch.int32)
-                kernel(weights, ids, gating_output, correction_bias, False, renormalize, 1, 1, 1.0, enable_pdl)
-                return weights, ids
-        except FAST_PATH_MISS:
-            pass
     weights, ids = _route_outputs("topk_sigmoid", gating_output, topk)
     _topk_sigmoid(gating_output, weights, ids, renormalize, correction_bias, enable_pdl)
     return weights, ids
@@ -195,28 +165,6 @@ def grouped_topk(
     choice only within the ``topk_group`` best groups. Weights are the unbiased scores, divided by
     their sum with ``renormalize``, times ``routed_scaling_factor``. Returns ``(weights float32
     [T, topk], ids int32 [T, topk])``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS): a kernel an earlier call loaded, called directly
-            softmax = _SOFTMAX_SCORING.get(scoring_func)
-            kernel = _ROUTE.get(gating_output.dtype) if type(topk) is int and topk > 0 else None
-            if kernel is not None and softmax is not None:
-                weights = gating_output.new_empty((gating_output.shape[0], topk), dtype=torch.float32)
-                ids = gating_output.new_empty((gating_output.shape[0], topk), dtype=torch.int32)
-                kernel(
-                    weights,
-                    ids,
-                    gating_output,
-                    correction_bias,
-                    softmax,
-                    renormalize,
-                    num_expert_group,
-                    topk_group,
-                    routed_scaling_factor,
-                    enable_pdl,
-                )
-                return weights, ids
-        except FAST_PATH_MISS:
-            pass
     weights, ids = _route_outputs("grouped_topk", gating_output, topk)
     _grouped_topk(
         gating_output,
@@ -254,7 +202,7 @@ def _moe_align(
         expert_map,
         enable_pdl,
     )
-    return Launch(_ALIGN, (), args)
+    return _ALIGN, (), args, None
 
 
 def moe_align_block_size(
@@ -273,67 +221,36 @@ def moe_align_block_size(
     ``expert_map[expert]`` (int32 ``[E]``, -1 for experts not on this rank) with an expert-parallel
     map; blocks past ``num_tokens_post_padded`` hold 0, pairs past it ``T * k``. Ids outside
     ``[0, E)`` are not placed."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS): a kernel an earlier call loaded, called directly
-            kernel = _ALIGN.get(()) if type(num_experts) is int and type(block_size) is int else None
-            if kernel is not None and num_experts > 0 and block_size > 0:
-                numel = topk_ids.numel()
-                length = numel + min(numel, num_experts) * (block_size - 1)
-                sorted_ids = topk_ids.new_empty((length,), dtype=torch.int32)
-                expert_ids = topk_ids.new_empty(((length + block_size - 1) // block_size,), dtype=torch.int32)
-                post_padded = topk_ids.new_empty((1,), dtype=torch.int32)
-                kernel(sorted_ids, expert_ids, post_padded, topk_ids, num_experts, block_size, expert_map, enable_pdl)
-                return sorted_ids, expert_ids, post_padded
-        except FAST_PATH_MISS:
-            pass
     op = "moe_align_block_size"
     if not isinstance(topk_ids, torch.Tensor):
         not_a_tensor(op, "topk_ids", topk_ids)
-    experts = _positive_int(op, "num_experts", num_experts)
-    block = _positive_int(op, "block_size", block_size)
+    experts = (
+        num_experts if type(num_experts) is int and num_experts > 0 else _positive_int(op, "num_experts", num_experts)
+    )
+    block = block_size if type(block_size) is int and block_size > 0 else _positive_int(op, "block_size", block_size)
     numel = topk_ids.numel()
     length = numel + torch.sym_min(numel, experts) * (block - 1)
-    device = topk_ids.device
-    sorted_ids = torch.empty(length, dtype=torch.int32, device=device)
-    expert_ids = torch.empty((length + block - 1) // block, dtype=torch.int32, device=device)
-    post_padded = torch.empty(1, dtype=torch.int32, device=device)
+    sorted_ids = topk_ids.new_empty((length,), dtype=torch.int32)
+    expert_ids = topk_ids.new_empty(((length + block - 1) // block,), dtype=torch.int32)
+    post_padded = topk_ids.new_empty((1,), dtype=torch.int32)
     _moe_align(topk_ids, experts, block, sorted_ids, expert_ids, post_padded, expert_map, enable_pdl)
     return sorted_ids, expert_ids, post_padded
 
 
 @kernel_op("moe_sum_reduce", out="out")
-def _moe_sum_reduce(
-    expert_out: torch.Tensor,
-    weights: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    routed_scaling_factor: float = 1.0,
-    enable_pdl: bool | None = None,
-) -> Launch:
-    if out is None:
-        if expert_out.dim() != 3:
-            raise ValueError(f"moe_sum_reduce: expert_out must be [T, k, H], got shape {tuple(expert_out.shape)}")
-        out = expert_out.new_empty((expert_out.shape[0], expert_out.shape[2]))
-    return Launch(_SUM, expert_out.dtype, (out, expert_out, weights, routed_scaling_factor, enable_pdl), result=out)
-
-
 def moe_sum_reduce(
     expert_out: torch.Tensor,
     weights: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     routed_scaling_factor: float = 1.0,
     enable_pdl: bool | None = None,
-) -> torch.Tensor:
+) -> Launch:
     """``out[t, h] = routed_scaling_factor * sum_k weights[t, k] * expert_out[t, k, h]`` (``expert_out``
     ``[T, k, H]`` fp16/bf16/fp32 with unit last stride; ``weights`` ``[T, k]`` float32 or the same
     dtype, or None for all ones), accumulated in fp32 and rounded once. Returns ``out [T, H]``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS): a kernel an earlier call loaded, called directly
-            kernel = _SUM.get(expert_out.dtype)
-            if kernel is not None:
-                if out is None:
-                    out = expert_out.new_empty((expert_out.shape[0], expert_out.shape[2]))
-                kernel(out, expert_out, weights, routed_scaling_factor, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
-    return _moe_sum_reduce(expert_out, weights, out, routed_scaling_factor, enable_pdl)
+    if out is None:
+        if expert_out.ndim != 3:
+            raise ValueError(f"moe_sum_reduce: expert_out must be [T, k, H], got shape {tuple(expert_out.shape)}")
+        shape = expert_out.shape
+        out = expert_out.new_empty((shape[0], shape[2]))
+    return _SUM, expert_out.dtype, (out, expert_out, weights, routed_scaling_factor, enable_pdl), out

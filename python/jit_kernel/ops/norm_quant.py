@@ -52,12 +52,8 @@ from jit_kernel.engine.families import (
 )
 from jit_kernel.engine.spec import KernelSpec
 from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
-    NO_KERNELS,
     KernelTable,
     Launch,
-    compile_state,
-    dynamo_compiling,
     float_dtype,
     kernel_op,
     not_a_tensor,
@@ -79,7 +75,8 @@ _GROUP_ADD = "fused_add_rmsnorm_per_token_group_quant_fp8"
 def _table(spec: KernelSpec, op: str, export: str) -> KernelTable:
     """(dtype, D) -> the family's ``export`` (``run``, or ``fused_add`` with the residual):
     specialised for D in bf16 where the grid has one, else the kernel that takes D at run time (the
-    same results either way). C++ checks D itself."""
+    same results either way). C++ checks D itself. The plans key 2-D calls on the weight's
+    ``numel()``: every launcher matches the weight ``[D]`` against the input's last dimension."""
 
     def select(dtype: torch.dtype, d: int) -> tuple[int, str]:
         cpp = float_dtype(op, "input", dtype)
@@ -100,16 +97,6 @@ _KERNELS = {
     _GROUP: _table(RMSNORM_PER_TOKEN_GROUP_QUANT_FP8, _GROUP, "run"),
     _GROUP_ADD: _table(RMSNORM_PER_TOKEN_GROUP_QUANT_FP8, _GROUP_ADD, "fused_add"),
 }
-# The eager fast paths (_common.FAST_PATH_MISS) read dtype -> {D -> kernel}, D as the weight's
-# numel() (every launcher matches the weight [D] against the input's last dimension).
-_STATIC_BY_DTYPE = _KERNELS[_STATIC].by_dtype
-_STATIC_ADD_BY_DTYPE = _KERNELS[_STATIC_ADD].by_dtype
-_TOKEN_BY_DTYPE = _KERNELS[_TOKEN].by_dtype
-_TOKEN_ADD_BY_DTYPE = _KERNELS[_TOKEN_ADD].by_dtype
-_GROUP_BY_DTYPE = _KERNELS[_GROUP].by_dtype
-_GROUP_ADD_BY_DTYPE = _KERNELS[_GROUP_ADD].by_dtype
-# The group fast paths divide by group_size: a zero one goes to the full path, which names it.
-_GROUP_FAST_PATH_MISS = (*FAST_PATH_MISS, ZeroDivisionError)
 
 
 def _key(op: str, input: object) -> tuple[torch.dtype, int]:
@@ -145,9 +132,11 @@ def _scale_rows(op: str, output_s: torch.Tensor, input: torch.Tensor, width: int
 
 def _split_scale(op: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
     """The static scale as (tensor, None) or (None, float); a tensor of one element as shape (1,)."""
+    if type(scale) is float:
+        return None, scale
     if isinstance(scale, torch.Tensor):
-        return (scale.reshape(1) if scale.dim() != 1 and scale.numel() == 1 else scale), None
-    if isinstance(scale, (float, int)) and not isinstance(scale, bool):
+        return (scale.reshape(1) if scale.ndim != 1 and scale.numel() == 1 else scale), None
+    if isinstance(scale, int) and not isinstance(scale, bool):
         return None, float(scale)
     raise TypeError(f"{op}: scale must be a float32 tensor of one element or a float, got {type(scale).__name__}")
 
@@ -163,6 +152,9 @@ def _static_out(op: str, input: torch.Tensor, out: torch.Tensor | None) -> tuple
     return out, rows_like(op, "out", out, input)
 
 
+_STATIC_KERNELS, _STATIC_ADD_KERNELS = _KERNELS[_STATIC], _KERNELS[_STATIC_ADD]
+
+
 @kernel_op(_STATIC, out="out", mutates=("normed_out",))
 def _rmsnorm_quant(
     input: torch.Tensor,
@@ -174,9 +166,14 @@ def _rmsnorm_quant(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
+    if input.ndim == 2:  # the rows the kernel takes as they are
+        if out is None:
+            out = torch.empty_like(input, dtype=FP8)
+        args = (out, normed_out, input, weight, scale, scale_value, eps, enable_pdl)
+        return _STATIC_KERNELS, (input.dtype, weight.numel()), args, out
     key, inputs, normed = _rows_in(_STATIC, input, normed_out)
     out, out_rows = _static_out(_STATIC, input, out)
-    return Launch(_KERNELS[_STATIC], key, (out_rows, normed, *inputs, weight, scale, scale_value, eps, enable_pdl), out)
+    return _STATIC_KERNELS, key, (out_rows, normed, *inputs, weight, scale, scale_value, eps, enable_pdl), out
 
 
 @kernel_op(_STATIC_ADD, out="out", mutates=("residual", "normed_out"))
@@ -191,10 +188,14 @@ def _fused_add_rmsnorm_quant(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
+    if input.ndim == 2:  # the rows the kernel takes as they are
+        if out is None:
+            out = torch.empty_like(input, dtype=FP8)
+        args = (out, normed_out, input, residual, weight, scale, scale_value, eps, enable_pdl)
+        return _STATIC_ADD_KERNELS, (input.dtype, weight.numel()), args, out
     key, inputs, normed = _rows_in(_STATIC_ADD, input, normed_out, residual)
     out, out_rows = _static_out(_STATIC_ADD, input, out)
-    args = (out_rows, normed, *inputs, weight, scale, scale_value, eps, enable_pdl)
-    return Launch(_KERNELS[_STATIC_ADD], key, args, out)
+    return _STATIC_ADD_KERNELS, key, (out_rows, normed, *inputs, weight, scale, scale_value, eps, enable_pdl), out
 
 
 def rmsnorm_quant_fp8(
@@ -212,19 +213,6 @@ def rmsnorm_quant_fp8(
     ``scale``: a float32 CUDA tensor of one element (read on the device) or a float. ``out``:
     ``float8_e4m3fn`` (allocated when None) or ``float8_e5m2``, ``input``'s shape. ``normed_out``:
     also receives the normalised row in ``input``'s dtype. Returns ``out``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows
-            kernel = _STATIC_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel()) if input.ndim == 2 else None
-            if kernel is not None:
-                if out is None:
-                    out = torch.empty_like(input, dtype=FP8)
-                if type(scale) is float:
-                    kernel(out, normed_out, input, weight, None, scale, eps, enable_pdl)
-                else:
-                    kernel(out, normed_out, input, weight, scale, None, eps, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
     s, value = _split_scale(_STATIC, scale)
     return _rmsnorm_quant(input, weight, s, value, eps, out, normed_out, enable_pdl)
 
@@ -244,26 +232,14 @@ def fused_add_rmsnorm_quant_fp8(
     bit :func:`jit_kernel.fused_add_rmsnorm` then ``per_tensor_quant_fp8(..., is_static=True)``.
     ``input`` is left unchanged (``fused_add_rmsnorm`` overwrites it with the normalised row; pass
     ``normed_out=input`` for that). Arguments as :func:`rmsnorm_quant_fp8`. Returns ``out``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows
-            by_d = _STATIC_ADD_BY_DTYPE.get(input.dtype, NO_KERNELS)
-            kernel = by_d.get(weight.numel()) if input.ndim == 2 else None
-            if kernel is not None:
-                if out is None:
-                    out = torch.empty_like(input, dtype=FP8)
-                if type(scale) is float:
-                    kernel(out, normed_out, input, residual, weight, None, scale, eps, enable_pdl)
-                else:
-                    kernel(out, normed_out, input, residual, weight, scale, None, eps, enable_pdl)
-                return out
-        except FAST_PATH_MISS:
-            pass
     s, value = _split_scale(_STATIC_ADD, scale)
     return _fused_add_rmsnorm_quant(input, residual, weight, s, value, eps, out, normed_out, enable_pdl)
 
 
 # ---------------------------------------------------------------------------------------------
 # Dynamic per-token scales
+
+_TOKEN_KERNELS, _TOKEN_ADD_KERNELS = _KERNELS[_TOKEN], _KERNELS[_TOKEN_ADD]
 
 
 @kernel_op(_TOKEN, mutates=("output_q", "output_s", "normed_out"))
@@ -276,10 +252,13 @@ def _rmsnorm_per_token(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
+    if input.ndim == 2:  # the rows the kernel takes as they are
+        args = (output_q, output_s, normed_out, input, weight, eps, enable_pdl)
+        return _TOKEN_KERNELS, (input.dtype, weight.numel()), args, None
     key, inputs, normed = _rows_in(_TOKEN, input, normed_out)
     q_rows = rows_like(_TOKEN, "output_q", output_q, input)
     s_rows = _scale_rows(_TOKEN, output_s, input, 1)
-    return Launch(_KERNELS[_TOKEN], key, (q_rows, s_rows, normed, *inputs, weight, eps, enable_pdl))
+    return _TOKEN_KERNELS, key, (q_rows, s_rows, normed, *inputs, weight, eps, enable_pdl), None
 
 
 @kernel_op(_TOKEN_ADD, mutates=("residual", "output_q", "output_s", "normed_out"))
@@ -293,20 +272,24 @@ def _fused_add_rmsnorm_per_token(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
+    if input.ndim == 2:  # the rows the kernel takes as they are
+        args = (output_q, output_s, normed_out, input, residual, weight, eps, enable_pdl)
+        return _TOKEN_ADD_KERNELS, (input.dtype, weight.numel()), args, None
     key, inputs, normed = _rows_in(_TOKEN_ADD, input, normed_out, residual)
     q_rows = rows_like(_TOKEN_ADD, "output_q", output_q, input)
     s_rows = _scale_rows(_TOKEN_ADD, output_s, input, 1)
-    return Launch(_KERNELS[_TOKEN_ADD], key, (q_rows, s_rows, normed, *inputs, weight, eps, enable_pdl))
+    return _TOKEN_ADD_KERNELS, key, (q_rows, s_rows, normed, *inputs, weight, eps, enable_pdl), None
 
 
 def _token_outputs(
     op: str, input: torch.Tensor, output_q: torch.Tensor | None, output_s: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs a per-token op allocates where they are None: q of ``input``'s shape, s ``[..., 1]``."""
     _key(op, input)
     if output_q is None:
-        output_q = torch.empty(input.shape, dtype=FP8, device=input.device)
+        output_q = input.new_empty(input.shape, dtype=FP8)
     if output_s is None:
-        output_s = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
+        output_s = input.new_empty((*input.shape[:-1], 1), dtype=torch.float32)
     return output_q, output_s
 
 
@@ -324,18 +307,6 @@ def rmsnorm_per_token_quant_fp8(
     launch: ``s = absmax(y) / 448`` per token (0 for an all-zero row, whose q is 0), ``q = fp8(y *
     (1 / s))``. Returns ``(output_q, output_s)``: ``float8_e4m3fn`` of ``input``'s shape and float32
     ``[..., 1]`` (allocated when None). ``normed_out``: also receives ``y``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows
-            kernel = _TOKEN_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel()) if input.ndim == 2 else None
-            if kernel is not None:
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=FP8)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], 1), dtype=torch.float32)
-                kernel(output_q, output_s, normed_out, input, weight, eps, enable_pdl)
-                return output_q, output_s
-        except FAST_PATH_MISS:
-            pass
     if output_q is None or output_s is None:
         output_q, output_s = _token_outputs(_TOKEN, input, output_q, output_s)
     _rmsnorm_per_token(input, weight, output_q, output_s, eps, normed_out, enable_pdl)
@@ -356,19 +327,6 @@ def fused_add_rmsnorm_per_token_quant_fp8(
     """``residual = input + residual`` (in place), then :func:`rmsnorm_per_token_quant_fp8` of it:
     bit for bit :func:`jit_kernel.fused_add_rmsnorm` then :func:`jit_kernel.per_token_quant_fp8`,
     in one launch. ``input`` is left unchanged. Returns ``(output_q, output_s)``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows
-            by_d = _TOKEN_ADD_BY_DTYPE.get(input.dtype, NO_KERNELS)
-            kernel = by_d.get(weight.numel()) if input.ndim == 2 else None
-            if kernel is not None:
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=FP8)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], 1), dtype=torch.float32)
-                kernel(output_q, output_s, normed_out, input, residual, weight, eps, enable_pdl)
-                return output_q, output_s
-        except FAST_PATH_MISS:
-            pass
     if output_q is None or output_s is None:
         output_q, output_s = _token_outputs(_TOKEN_ADD, input, output_q, output_s)
     _fused_add_rmsnorm_per_token(input, residual, weight, output_q, output_s, eps, normed_out, enable_pdl)
@@ -395,6 +353,9 @@ def _group_scale_rows(op: str, output_s: torch.Tensor, input: torch.Tensor, grou
     return _scale_rows(op, output_s, input, (groups + 3) // 4 if output_s.dtype == torch.int32 else groups)
 
 
+_GROUP_KERNELS, _GROUP_ADD_KERNELS = _KERNELS[_GROUP], _KERNELS[_GROUP_ADD]
+
+
 @kernel_op(_GROUP, mutates=("output_q", "output_s", "normed_out"))
 def _rmsnorm_group(
     input: torch.Tensor,
@@ -408,12 +369,15 @@ def _rmsnorm_group(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
+    if input.ndim == 2 and type(group_size) is int:  # the rows the kernel takes as they are
+        args = (output_q, output_s, normed_out, input, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
+        return _GROUP_KERNELS, (input.dtype, weight.numel()), args, None
     groups = _groups(_GROUP, input, group_size)
     key, inputs, normed = _rows_in(_GROUP, input, normed_out)
     q_rows = rows_like(_GROUP, "output_q", output_q, input)
     s_rows = _group_scale_rows(_GROUP, output_s, input, groups)
     args = (q_rows, s_rows, normed, *inputs, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
-    return Launch(_KERNELS[_GROUP], key, args)
+    return _GROUP_KERNELS, key, args, None
 
 
 @kernel_op(_GROUP_ADD, mutates=("residual", "output_q", "output_s", "normed_out"))
@@ -430,12 +394,15 @@ def _fused_add_rmsnorm_group(
     normed_out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
+    if input.ndim == 2 and type(group_size) is int:  # the rows the kernel takes as they are
+        args = (output_q, output_s, normed_out, input, residual, weight, group_size, eps, quant_eps, scale_ue8m0)
+        return _GROUP_ADD_KERNELS, (input.dtype, weight.numel()), (*args, enable_pdl), None
     groups = _groups(_GROUP_ADD, input, group_size)
     key, inputs, normed = _rows_in(_GROUP_ADD, input, normed_out, residual)
     q_rows = rows_like(_GROUP_ADD, "output_q", output_q, input)
     s_rows = _group_scale_rows(_GROUP_ADD, output_s, input, groups)
     args = (q_rows, s_rows, normed, *inputs, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl)
-    return Launch(_KERNELS[_GROUP_ADD], key, args)
+    return _GROUP_ADD_KERNELS, key, args, None
 
 
 def _group_outputs(
@@ -447,25 +414,28 @@ def _group_outputs(
     output_q: torch.Tensor | None,
     output_s: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs a group op allocates where they are None: q of ``input``'s shape; scales
+    ``[..., groups]`` row-major, the transpose of a ``[groups, tokens]`` buffer, or packed UE8M0."""
     groups = _groups(op, input, group_size)
-    lead = tuple(input.shape[:-1])
     if output_q is None:
-        output_q = torch.empty(input.shape, dtype=FP8, device=input.device)
-    if output_s is None:
-        tokens = 1
-        for n in lead:
-            tokens *= n
-        if packed_ue8m0:
-            # [words, tokens padded to 4] seen as [tokens, words] (strides (1, padded)), then the leading dims.
-            words, padded = (groups + 3) // 4, (tokens + 3) // 4 * 4
-            buffer = torch.empty((words, padded), dtype=torch.int32, device=input.device)
-            output_s = buffer.t().narrow(0, 0, tokens).view(*lead, words)
-        elif column_major_scales:
-            buffer = torch.empty((groups, tokens), dtype=torch.float32, device=input.device)
-            output_s = buffer.t().view(*lead, groups)
-        else:
-            output_s = torch.empty((*lead, groups), dtype=torch.float32, device=input.device)
-    return output_q, output_s
+        output_q = input.new_empty(input.shape, dtype=FP8)
+    if output_s is not None:
+        return output_q, output_s
+    if input.ndim == 2 and not (packed_ue8m0 or column_major_scales):
+        return output_q, input.new_empty((input.shape[0], groups), dtype=torch.float32)
+    lead = tuple(input.shape[:-1])
+    tokens = 1
+    for n in lead:
+        tokens *= n
+    if packed_ue8m0:
+        # [words, tokens padded to 4] seen as [tokens, words] (strides (1, padded)), then the leading dims.
+        words, padded = (groups + 3) // 4, (tokens + 3) // 4 * 4
+        buffer = torch.empty((words, padded), dtype=torch.int32, device=input.device)
+        return output_q, buffer.t().narrow(0, 0, tokens).view(*lead, words)
+    if column_major_scales:
+        buffer = torch.empty((groups, tokens), dtype=torch.float32, device=input.device)
+        return output_q, buffer.t().view(*lead, groups)
+    return output_q, torch.empty((*lead, groups), dtype=torch.float32, device=input.device)
 
 
 def rmsnorm_per_token_group_quant_fp8(
@@ -494,39 +464,12 @@ def rmsnorm_per_token_group_quant_fp8(
     too); its strides and dtype (int32: packed, which needs ``scale_ue8m0`` or ``packed_ue8m0``),
     not the flags, decide the layout. ``eps`` is the norm's; ``quant_eps`` the scale's floor
     (``per_token_group_quant_fp8``'s ``eps``). ``normed_out``: also receives ``y``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows, row-major scales where it allocates them
-            kernel = (
-                _GROUP_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel())
-                if input.ndim == 2 and (output_s is not None or not (column_major_scales or packed_ue8m0))
-                else None
-            )
-            if kernel is not None:
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=FP8)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], input.shape[1] // group_size), dtype=torch.float32)
-                ue8m0 = scale_ue8m0 or packed_ue8m0
-                kernel(output_q, output_s, normed_out, input, weight, group_size, eps, quant_eps, ue8m0, enable_pdl)
-                return output_q, output_s
-        except _GROUP_FAST_PATH_MISS:
-            pass
     if output_q is None or output_s is None:
         output_q, output_s = _group_outputs(
             _GROUP, input, group_size, column_major_scales, packed_ue8m0, output_q, output_s
         )
-    _rmsnorm_group(
-        input,
-        weight,
-        output_q,
-        output_s,
-        group_size,
-        eps,
-        quant_eps,
-        scale_ue8m0 or packed_ue8m0,
-        normed_out,
-        enable_pdl,
-    )
+    ue8m0 = scale_ue8m0 or packed_ue8m0
+    _rmsnorm_group(input, weight, output_q, output_s, group_size, eps, quant_eps, ue8m0, normed_out, enable_pdl)
     return output_q, output_s
 
 
@@ -551,50 +494,12 @@ def fused_add_rmsnorm_per_token_group_quant_fp8(
     :func:`jit_kernel.per_token_group_quant_fp8`, in one launch. ``input`` is left unchanged.
     FlashInfer's ``fused_add_rmsnorm_fp8_block_quant`` is this with ``group_size=128``,
     ``column_major_scales=True`` (TMA-padded ``output_s``) and ``normed_out``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows, row-major scales where it allocates them
-            kernel = (
-                _GROUP_ADD_BY_DTYPE.get(input.dtype, NO_KERNELS).get(weight.numel())
-                if input.ndim == 2 and (output_s is not None or not (column_major_scales or packed_ue8m0))
-                else None
-            )
-            if kernel is not None:
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=FP8)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], input.shape[1] // group_size), dtype=torch.float32)
-                ue8m0 = scale_ue8m0 or packed_ue8m0
-                kernel(
-                    output_q,
-                    output_s,
-                    normed_out,
-                    input,
-                    residual,
-                    weight,
-                    group_size,
-                    eps,
-                    quant_eps,
-                    ue8m0,
-                    enable_pdl,
-                )
-                return output_q, output_s
-        except _GROUP_FAST_PATH_MISS:
-            pass
     if output_q is None or output_s is None:
         output_q, output_s = _group_outputs(
             _GROUP_ADD, input, group_size, column_major_scales, packed_ue8m0, output_q, output_s
         )
+    ue8m0 = scale_ue8m0 or packed_ue8m0
     _fused_add_rmsnorm_group(
-        input,
-        residual,
-        weight,
-        output_q,
-        output_s,
-        group_size,
-        eps,
-        quant_eps,
-        scale_ue8m0 or packed_ue8m0,
-        normed_out,
-        enable_pdl,
+        input, residual, weight, output_q, output_s, group_size, eps, quant_eps, ue8m0, normed_out, enable_pdl
     )
     return output_q, output_s

@@ -18,16 +18,7 @@ import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import PER_TENSOR_QUANT_FP8
-from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
-    KernelTable,
-    Launch,
-    compile_state,
-    dynamo_compiling,
-    float_dtype,
-    kernel_op,
-    not_a_tensor,
-)
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor
 
 _QUANT = Dispatcher(PER_TENSOR_QUANT_FP8)
 FP8_E4M3_MAX = 448.0
@@ -36,7 +27,6 @@ _KERNELS = {
     False: KernelTable(_QUANT, "dynamic", lambda dtype: (float_dtype(_OP, "input", dtype),)),
     True: KernelTable(_QUANT, "static", lambda dtype: (float_dtype(_OP, "input", dtype),)),
 }
-_DYNAMIC = _KERNELS[False]
 _ABSMAX_OP = "per_tensor_absmax_fp8"
 _ABSMAX = KernelTable(_QUANT, "absmax", lambda dtype: (float_dtype(_ABSMAX_OP, "input", dtype),))
 
@@ -75,9 +65,10 @@ def _quant(
     is_static: bool = False,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    kernels = table_for(_OP, _KERNELS, is_static)
+    kernels = _KERNELS.get(is_static) if type(is_static) is bool else table_for(_OP, _KERNELS, is_static)
     # C++ checks the shapes (output_q has input's, any rank), contiguity, dtypes, devices.
-    return Launch(kernels, input.dtype, (output_q, one_scale(_OP, output_s), input, enable_pdl))
+    scale = output_s if output_s.ndim == 1 else one_scale(_OP, output_s)
+    return kernels, input.dtype, (output_q, scale, input, enable_pdl), None
 
 
 def per_tensor_quant_fp8(
@@ -92,39 +83,20 @@ def per_tensor_quant_fp8(
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+). The
     cooperative kernel that dynamic mode uses above 64K elements is never launched with it."""
-    if is_static is False and not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling()
-        try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode; a scale of another shape than
-            # (1,) is viewed as (1,) by the full path
-            kernel = _DYNAMIC.get(input.dtype)
-            if kernel is not None and (output_s is None or output_s.ndim == 1):
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
-                if output_s is None:
-                    output_s = input.new_empty(1, dtype=torch.float32)
-                kernel(output_q, output_s, input, enable_pdl)
-                return output_q, output_s
-        except FAST_PATH_MISS:
-            pass
-    if output_q is None or output_s is None:
+    if output_q is None:
         if not isinstance(input, torch.Tensor):
             not_a_tensor(_OP, "input", input)
-        if output_q is None:
-            output_q = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
-        if output_s is None:
-            if is_static is True:
-                raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")
-            output_s = torch.empty(1, dtype=torch.float32, device=input.device)
+        output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn, memory_format=torch.contiguous_format)
+    if output_s is None:
+        if is_static is True:
+            raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")
+        output_s = input.new_empty(1, dtype=torch.float32)
     _quant(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
 
 @kernel_op(_ABSMAX_OP, mutates=("output_s",))
-def _absmax(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None) -> Launch:
-    # C++ checks input (contiguous, any shape) and output_s: dtypes, sizes, one device.
-    return Launch(_ABSMAX, input.dtype, (one_scale(_ABSMAX_OP, output_s), input, enable_pdl))
-
-
-def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None) -> None:
+def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pdl: bool | None = None) -> Launch:
     """``output_s = max(output_s, absmax(input) / 448)``: the scale dynamic quantisation would
     compute, folded into ``output_s`` with an atomic max (one launch, one read of ``input``, no
     fp8 output). ``output_s`` (float32, one element, on ``input``'s device) accumulates: zero it
@@ -137,4 +109,5 @@ def per_tensor_absmax_fp8(input: torch.Tensor, output_s: torch.Tensor, enable_pd
     gives inf. A NaN already in ``output_s`` stays NaN if its sign bit is clear (torch's NaN) and is
     replaced if it is set (the atomic compares bit patterns); any other old value gives the
     maximum. ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
-    _absmax(input, output_s, enable_pdl)
+    # C++ checks input (contiguous, any shape) and output_s: dtypes, sizes, one device.
+    return _ABSMAX, input.dtype, (one_scale(_ABSMAX_OP, output_s), input, enable_pdl), None

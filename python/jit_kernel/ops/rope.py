@@ -35,13 +35,14 @@ Both are also ``torch.ops.jit_kernel.*`` custom ops (mutating ``query`` and ``ke
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import QKNORM_ROPE, ROPE
-from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op
 
 _ROPE_OP = "apply_rope_with_cos_sin_cache_inplace"
 _QKR_OP = "fused_qknorm_rope"
@@ -49,8 +50,6 @@ _ROPE = Dispatcher(ROPE)
 _QKNORM_ROPE = Dispatcher(QKNORM_ROPE)
 
 _ROPE_KERNELS = KernelTable(_ROPE, "run", lambda dtype: (float_dtype(_ROPE_OP, "query", dtype),))
-
-
 _QKR_KERNELS = KernelTable(_QKNORM_ROPE, "run", lambda dtype: (float_dtype(_QKR_OP, "query", dtype),))
 
 
@@ -59,17 +58,11 @@ def _check_bool(op: str, name: str, value: object) -> None:
         raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
 
 
-def _dtype_of(op: str, name: str, t: object) -> torch.dtype:
-    try:
-        return t.dtype  # type: ignore[attr-defined]
-    except AttributeError:
-        not_a_tensor(op, name, t)
-
-
-def _position_bounds(op: str, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> Callable[[], None]:
+def _position_check(op: str) -> Any:
     """JIT_KERNEL_CHECK_INDICES=1: every position indexes a row of the cache (one sync)."""
 
-    def check() -> None:
+    def check(values: Mapping[str, Any]) -> None:
+        positions, cos_sin_cache = values["positions"], values["cos_sin_cache"]
         rows = cos_sin_cache.shape[0]
         bad = (positions < 0) | (positions >= rows)
         if bool(bad.any()):
@@ -82,45 +75,12 @@ def _position_bounds(op: str, positions: torch.Tensor, cos_sin_cache: torch.Tens
     return check
 
 
-@kernel_op(_ROPE_OP, mutates=("query", "key"))
-def _rope(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool = True,
-    enable_pdl: bool | None = None,
-) -> Launch:
-    _check_bool(_ROPE_OP, "is_neox", is_neox)
-    args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
-    bounds = _position_bounds(_ROPE_OP, positions, cos_sin_cache)
-    return Launch(_ROPE_KERNELS, _dtype_of(_ROPE_OP, "query", query), args, bounds=bounds)
-
-
-@kernel_op(_QKR_OP, mutates=("query", "key"))
-def _qknorm_rope(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    eps: float = 1e-6,
-    is_neox: bool = True,
-    enable_pdl: bool | None = None,
-) -> Launch:
-    _check_bool(_QKR_OP, "is_neox", is_neox)
-    args = (query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
-    bounds = _position_bounds(_QKR_OP, positions, cos_sin_cache)
-    return Launch(_QKR_KERNELS, _dtype_of(_QKR_OP, "query", query), args, bounds=bounds)
-
-
 # ---------------------------------------------------------------------------------------------
-# Public API. ``enable_pdl``: launch with programmatic dependent launch; ``None`` (the default)
-# turns it on for sm_90+ devices.
+# The ops. ``enable_pdl``: launch with programmatic dependent launch; ``None`` (the default) turns
+# it on for sm_90+ devices.
 
 
+@kernel_op(_ROPE_OP, mutates=("query", "key"), index_check=_position_check(_ROPE_OP))
 def apply_rope_with_cos_sin_cache_inplace(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -129,13 +89,17 @@ def apply_rope_with_cos_sin_cache_inplace(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
     enable_pdl: bool | None = None,
-) -> None:
+) -> Launch:
     """Rotary embedding of ``query`` and ``key`` in place from a ``[max_position, rotary_dim]``
     cos/sin cache (cos in the first half of a row, sin in the second), FlashInfer's semantics: see
     the module docstring."""
-    _rope(positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
+    if type(is_neox) is not bool:
+        _check_bool(_ROPE_OP, "is_neox", is_neox)
+    args = (positions, query, key, head_size, cos_sin_cache, is_neox, enable_pdl)
+    return _ROPE_KERNELS, query.dtype, args, None
 
 
+@kernel_op(_QKR_OP, mutates=("query", "key"), index_check=_position_check(_QKR_OP))
 def fused_qknorm_rope(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -146,8 +110,11 @@ def fused_qknorm_rope(
     eps: float = 1e-6,
     is_neox: bool = True,
     enable_pdl: bool | None = None,
-) -> None:
+) -> Launch:
     """Per-head RMSNorm of ``query`` (``q_weight [head_size]``) and ``key`` (``k_weight``), then
     rotary embedding, in place and in one launch; equals ``fused_inplace_qknorm`` followed by
     :func:`apply_rope_with_cos_sin_cache_inplace` (the normalised value rounded to the dtype)."""
-    _qknorm_rope(query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
+    if type(is_neox) is not bool:
+        _check_bool(_QKR_OP, "is_neox", is_neox)
+    args = (query, key, q_weight, k_weight, positions, cos_sin_cache, eps, is_neox, enable_pdl)
+    return _QKR_KERNELS, query.dtype, args, None

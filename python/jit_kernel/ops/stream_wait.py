@@ -71,36 +71,19 @@ _KERNELS = {export: KernelTable(_STREAM_WAIT, export, lambda: ()) for export in 
 
 
 @kernel_op("stream_wait_value", register=False)
-def _wait(flag: torch.Tensor, value: int) -> Launch:
-    return Launch(_KERNELS["wait"], (), (flag, _check_value("stream_wait_value", value)))
+def stream_wait_value(flag: torch.Tensor, value: int) -> Launch:
+    """Make the current stream wait until ``flag[0] == value`` (no timeout)."""
+    return _KERNELS["wait"], (), (flag, _check_value("stream_wait_value", value)), None
 
 
 @kernel_op("stream_write_value", register=False)
-def _write(flag: torch.Tensor, value: int) -> Launch:
-    return Launch(_KERNELS["write"], (), (flag, _check_value("stream_write_value", value)))
+def stream_write_value(flag: torch.Tensor, value: int) -> Launch:
+    """Set ``flag[0] = value`` on the current stream once its earlier work is done (no kernel)."""
+    return _KERNELS["write"], (), (flag, _check_value("stream_write_value", value)), None
 
 
 @kernel_op("stream_wait_value_bounded", register=False)
-def _wait_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> Launch:
-    fn = "stream_wait_value_bounded"
-    value = _check_value(fn, value)
-    timeout_ns = min(int(_check_timeout(fn, timeout_s) * 1e9), 2**63 - 1)
-    if isinstance(status, torch.Tensor) and status.dim() != 1 and status.numel() == 1:
-        status = status.view(1)  # one element of any shape; C++ checks the rest
-    return Launch(_KERNELS["wait_bounded"], (), (flag, value, status, timeout_ns))
-
-
-def stream_wait_value(flag: torch.Tensor, value: int) -> None:
-    """Make the current stream wait until ``flag[0] == value`` (no timeout)."""
-    _wait(flag, value)
-
-
-def stream_write_value(flag: torch.Tensor, value: int) -> None:
-    """Set ``flag[0] = value`` on the current stream once its earlier work is done (no kernel)."""
-    _write(flag, value)
-
-
-def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> None:
+def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tensor, timeout_s: float) -> Launch:
     """Wait until ``flag[0] == value`` for at most ``timeout_s`` seconds of GPU time, then go on.
 
     The wait writes ``status[0]``: :data:`STATUS_DONE` when the flag arrived,
@@ -109,7 +92,12 @@ def stream_wait_value_bounded(flag: torch.Tensor, value: int, status: torch.Tens
     the flag's device or in pinned host memory (which the host can read while the stream is
     busy). Read it once the wait has run, e.g. with :func:`check_status`.
     """
-    _wait_bounded(flag, value, status, timeout_s)
+    fn = "stream_wait_value_bounded"
+    value = _check_value(fn, value)
+    timeout_ns = min(int(_check_timeout(fn, timeout_s) * 1e9), 2**63 - 1)
+    if isinstance(status, torch.Tensor) and status.dim() != 1 and status.numel() == 1:
+        status = status.view(1)  # one element of any shape; C++ checks the rest
+    return _KERNELS["wait_bounded"], (), (flag, value, status, timeout_ns), None
 
 
 def check_status(status: torch.Tensor, what: str = "stream wait") -> None:

@@ -31,22 +31,14 @@ the functions switch to those under ``torch.compile``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import PER_TOKEN_GROUP_QUANT_FP8, PER_TOKEN_QUANT_FP8
-from jit_kernel.ops._common import (
-    FAST_PATH_MISS,
-    KernelTable,
-    Launch,
-    Op,
-    compile_state,
-    dynamo_compiling,
-    float_dtype,
-    kernel_op,
-    not_a_tensor,
-    rows,
-)
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor, rows
 from jit_kernel.ops.quant import one_scale, same_shape_q, table_for
 
 FP8_E4M3_MAX = 448.0
@@ -64,12 +56,6 @@ _GROUP_KERNELS = {
     False: KernelTable(_GROUP, "quant", lambda dtype: (float_dtype(_GROUP_OP, "input", dtype),)),
     True: KernelTable(_GROUP, "silu_and_mul_quant", lambda dtype: (float_dtype(_FUSED_OP, "input", dtype),)),
 }
-# The eager fast paths' tables (dtype -> kernel, one lookup once loaded).
-_TOKEN_DYNAMIC = _TOKEN_KERNELS[False]
-_GROUP_QUANT = _GROUP_KERNELS[False]
-_SILU_GROUP_QUANT = _GROUP_KERNELS[True]
-# The group quantisers' fast paths also divide by group_size: a zero one goes to the full path, which names it.
-_GROUP_FAST_PATH_MISS = (*FAST_PATH_MISS, ZeroDivisionError)
 
 
 def _width(op: str, input: object) -> int:
@@ -112,6 +98,8 @@ def _per_token(
 ) -> Launch:
     op = _TOKEN_OP
     kernels = table_for(op, _TOKEN_KERNELS, is_static)
+    if input.ndim == 2 and not is_static:  # rows as the kernel takes them; C++ checks the shapes
+        return kernels, input.dtype, (output_q, output_s, input, enable_pdl), None
     same_shape_q(op, output_q, input)
     in_rows = rows(op, "input", input)
     q_rows = rows(op, "output_q", output_q)
@@ -122,7 +110,7 @@ def _per_token(
         if output_s.shape != expected:
             raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
         s = rows(op, "output_s", output_s)
-    return Launch(kernels, input.dtype, (q_rows, s, in_rows, enable_pdl))
+    return kernels, input.dtype, (q_rows, s, in_rows, enable_pdl), None
 
 
 def per_token_quant_fp8(
@@ -139,26 +127,14 @@ def per_token_quant_fp8(
     scale, shape ``(1,)``.
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
-    if is_static is False and not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling()
-        try:  # the fast path (_common.FAST_PATH_MISS) of dynamic mode on 2-D rows, in both forms
-            kernel = _TOKEN_DYNAMIC.get(input.dtype) if input.ndim == 2 else None
-            if kernel is not None:
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], 1), dtype=torch.float32)
-                kernel(output_q, output_s, input, enable_pdl)
-                return output_q, output_s
-        except FAST_PATH_MISS:
-            pass
-    if output_q is None or output_s is None:
+    if output_q is None:
         _width(_TOKEN_OP, input)
-        if output_q is None:
-            output_q = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
-        if output_s is None:
-            if is_static is True:
-                raise ValueError(f"{_TOKEN_OP}: is_static=True needs the scale in output_s")
-            output_s = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
+        output_q = input.new_empty(input.shape, dtype=torch.float8_e4m3fn)
+    if output_s is None:
+        if is_static is True:
+            raise ValueError(f"{_TOKEN_OP}: is_static=True needs the scale in output_s")
+        _width(_TOKEN_OP, input)
+        output_s = input.new_empty((*input.shape[:-1], 1), dtype=torch.float32)
     _per_token(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
@@ -167,8 +143,9 @@ def per_token_quant_fp8(
 # per_token_group_quant_fp8 and the fused silu_and_mul
 
 
-def _declare_group(op: str, fused: bool) -> Op:
+def _declare_group(op: str, fused: bool) -> Callable[..., Any]:
     """``per_token_group_quant_fp8`` and, with ``fused``, ``silu_and_mul_per_token_group_quant_fp8``."""
+    kernels = _GROUP_KERNELS[fused]
 
     def plan(
         input: torch.Tensor,
@@ -179,6 +156,9 @@ def _declare_group(op: str, fused: bool) -> Op:
         scale_ue8m0: bool,
         enable_pdl: bool | None = None,
     ) -> Launch:
+        args = (output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl)
+        if input.ndim == 2 and type(group_size) is int:  # rows as the kernel takes them; C++ checks the shapes
+            return kernels, input.dtype, args, None
         hidden, groups = _group_shapes(op, input, group_size, fused)
         lead = tuple(input.shape[:-1])
         if output_q.shape != (*lead, hidden):
@@ -188,9 +168,9 @@ def _declare_group(op: str, fused: bool) -> Op:
         in_rows = rows(op, "input", input)
         q_rows = rows(op, "output_q", output_q)
         s_rows = rows(op, "output_s", output_s)
-        args = (q_rows, s_rows, in_rows, group_size, eps, scale_ue8m0, enable_pdl)
-        return Launch(_GROUP_KERNELS[fused], input.dtype, args)
+        return kernels, input.dtype, (q_rows, s_rows, in_rows, group_size, eps, scale_ue8m0, enable_pdl), None
 
+    plan.__name__ = plan.__qualname__ = f"_{op}"
     return kernel_op(op, mutates=("output_q", "output_s"))(plan)
 
 
@@ -207,6 +187,16 @@ def _group_outputs(
     output_s: torch.Tensor | None,
     fused: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs a group quantiser allocates where they are None: q ``[..., hidden]``, scales
+    ``[..., groups]`` row-major, or the transpose of a ``[groups, tokens]`` buffer."""
+    shape = input.shape if type(input) is torch.Tensor and input.ndim == 2 else None
+    if shape is not None and type(group_size) is int and group_size > 0 and not column_major_scales:
+        hidden = shape[1] // 2 if fused else shape[1]  # C++ checks the divisibility of the rows it is given
+        if output_q is None:
+            output_q = input.new_empty((shape[0], hidden), dtype=torch.float8_e4m3fn)
+        if output_s is None:
+            output_s = input.new_empty((shape[0], hidden // group_size), dtype=torch.float32)
+        return output_q, output_s
     hidden, groups = _group_shapes(op, input, group_size, fused)
     lead = tuple(input.shape[:-1])
     if output_q is None:
@@ -243,23 +233,6 @@ def per_token_group_quant_fp8(
     buffer. A given ``output_s`` may have any row- or column-major strides (e.g. tokens padded to a
     multiple of 4 for TMA); its strides decide the layout. ``hidden % group_size != 0`` raises
     ``ValueError``."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows, row-major scales where it allocates them
-            kernel = (
-                _GROUP_QUANT.get(input.dtype)
-                if input.ndim == 2 and (output_s is not None or column_major_scales is False)
-                else None
-            )
-            if kernel is not None:
-                hidden = input.shape[1]
-                if output_q is None:
-                    output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], hidden // group_size), dtype=torch.float32)
-                kernel(output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl)
-                return output_q, output_s
-        except _GROUP_FAST_PATH_MISS:
-            pass
     if output_q is None or output_s is None:
         output_q, output_s = _group_outputs(
             _GROUP_OP, input, group_size, column_major_scales, output_q, output_s, fused=False
@@ -284,23 +257,6 @@ def silu_and_mul_per_token_group_quant_fp8(
     dimension ``d``. The result equals ``silu_and_mul`` followed by ``per_token_group_quant_fp8``
     bit for bit (q and scales). Returns ``(output_q [..., d], output_s [..., d // group_size])``, the
     scales laid out as in :func:`per_token_group_quant_fp8`."""
-    if not (dynamo_compiling() or compile_state._is_compiling_flag):  # is_compiling(), inlined (_common)
-        try:  # the fast path (_common.FAST_PATH_MISS) on 2-D rows, row-major scales where it allocates them
-            kernel = (
-                _SILU_GROUP_QUANT.get(input.dtype)
-                if input.ndim == 2 and (output_s is not None or column_major_scales is False)
-                else None
-            )
-            if kernel is not None:
-                hidden = input.shape[1] // 2
-                if output_q is None:
-                    output_q = input.new_empty((input.shape[0], hidden), dtype=torch.float8_e4m3fn)
-                if output_s is None:
-                    output_s = input.new_empty((input.shape[0], hidden // group_size), dtype=torch.float32)
-                kernel(output_q, output_s, input, group_size, eps, scale_ue8m0, enable_pdl)
-                return output_q, output_s
-        except _GROUP_FAST_PATH_MISS:
-            pass
     if output_q is None or output_s is None:
         output_q, output_s = _group_outputs(
             _FUSED_OP, input, group_size, column_major_scales, output_q, output_s, fused=True

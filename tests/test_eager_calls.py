@@ -1,8 +1,8 @@
-"""The eager fast paths (ops/_common.py, FAST_PATH_MISS): once a call has loaded a kernel, later
-calls skip the op's Python and call it directly. A user meets them on the second call, so every
-check here runs twice: on a cold kernel table (the full path) and after a good call armed it. A
-bad call must raise the same error, word for word, both times; a form the kernel takes only
-reshaped (a 3-D input, a 0-d scale, 3-D caches) must still be served, with the same values."""
+"""The eager calls (ops/_common.py, kernel_op): the first call of a key loads its kernel into the
+op's kernel table, later calls find it there. A user meets the second on the second call, so every
+check here runs twice: on a cold kernel table and after a good call filled it. A bad call must
+raise the same error, word for word, both times; a form the kernel takes only reshaped (a 3-D
+input, a 0-d scale, 3-D caches) must still be served, with the same values."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _same_error_cold_and_armed(table: dict, good: Callable[[], object], bad: Cal
     table.clear()  # cold: the first call of the key takes the full path
     cold = _error(bad)
     good()
-    assert table, "the good call did not arm the fast path"
+    assert table, "the good call loaded no kernel"
     assert _error(bad) == cold
 
 
@@ -52,7 +52,7 @@ def _fused_add_case() -> tuple[dict, Callable[[], object], list[Callable[[], obj
         lambda: jit_kernel.fused_add_rmsnorm(x, _cuda(3, 256), w),
         lambda: jit_kernel.fused_add_rmsnorm(x, r, w.float()),
     ]
-    return norm._FUSED_ADD_ROUND_ONCE, lambda: jit_kernel.fused_add_rmsnorm(x, r, w), bad
+    return norm._FUSED_ADD_KERNELS[False], lambda: jit_kernel.fused_add_rmsnorm(x, r, w), bad
 
 
 def _qknorm_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
@@ -81,7 +81,7 @@ def _quant_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]
         lambda: jit_kernel.per_tensor_quant_fp8(x, q, torch.empty(1, device="cuda", dtype=BF16)),
         lambda: jit_kernel.per_tensor_quant_fp8(x, q[:2], s),
     ]
-    return quant._DYNAMIC, lambda: jit_kernel.per_tensor_quant_fp8(x, q, s), bad
+    return quant._KERNELS[False], lambda: jit_kernel.per_tensor_quant_fp8(x, q, s), bad
 
 
 def _scale_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
@@ -124,7 +124,7 @@ def _per_token_case() -> tuple[dict, Callable[[], object], list[Callable[[], obj
         lambda: jit_kernel.per_token_quant_fp8(x, q[:2], s),
         lambda: jit_kernel.per_token_quant_fp8(x, _cuda(4, 256), s),
     ]
-    return token_quant._TOKEN_DYNAMIC, lambda: jit_kernel.per_token_quant_fp8(x), bad
+    return token_quant._TOKEN_KERNELS[False], lambda: jit_kernel.per_token_quant_fp8(x), bad
 
 
 def _group_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
@@ -135,7 +135,7 @@ def _group_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]
         lambda: jit_kernel.per_token_group_quant_fp8(x, 128, output_s=torch.empty(4, 3, device="cuda")),
         lambda: jit_kernel.per_token_group_quant_fp8(_cuda(4, 192), 128),
     ]
-    return token_quant._GROUP_QUANT, lambda: jit_kernel.per_token_group_quant_fp8(x, 128), bad
+    return token_quant._GROUP_KERNELS[False], lambda: jit_kernel.per_token_group_quant_fp8(x, 128), bad
 
 
 def _silu_group_case() -> tuple[dict, Callable[[], object], list[Callable[[], object]]]:
@@ -144,7 +144,7 @@ def _silu_group_case() -> tuple[dict, Callable[[], object], list[Callable[[], ob
         lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(_cuda(4, 257), 128),
         lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(x, 64, output_q=_cuda(4, 256)),
     ]
-    return token_quant._SILU_GROUP_QUANT, lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(x, 128), bad
+    return token_quant._GROUP_KERNELS[True], lambda: jit_kernel.silu_and_mul_per_token_group_quant_fp8(x, 128), bad
 
 
 CASES = {
@@ -191,8 +191,8 @@ def test_forms_the_kernels_take_only_reshaped_are_served_once_armed() -> None:
     q0, s0 = torch.empty_like(q1), torch.full((), float("nan"), device="cuda")
     jit_kernel.per_tensor_quant_fp8(x, q0, s0)
     assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s0.view(1), s1)
-    # per_token / group quant: the functional forms (fast path) equal the full path's outputs on
-    # 3-D inputs, and column-major scales (which the fast path does not allocate) stay column-major.
+    # per_token / group quant: the functional forms (rows as they are) equal the reshaped path's outputs on
+    # 3-D inputs, and column-major scales (allocated only reshaped) stay column-major.
     x3 = _cuda(2, 2, 256)
     for quantise in (jit_kernel.per_token_quant_fp8, lambda t: jit_kernel.per_token_group_quant_fp8(t, 128)):
         q2, s2 = quantise(x3.view(4, 256))
@@ -215,12 +215,12 @@ def test_forms_the_kernels_take_only_reshaped_are_served_once_armed() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# What the fast paths read, on any machine
+# The kernel tables, on any machine
 
 
-def test_kernel_table_files_sized_keys_by_dtype() -> None:
-    """``KernelTable.by_dtype`` (the fast paths' two-lookup view) holds exactly what was loaded."""
-    from jit_kernel.ops._common import NO_KERNELS, KernelTable
+def test_kernel_table_loads_each_key_once() -> None:
+    """``table[key]`` loads a key's kernel once and keeps it; ``get`` and ``in`` load nothing."""
+    from jit_kernel.ops._common import KernelTable
 
     loads: list[tuple[int, str]] = []
 
@@ -232,17 +232,17 @@ def test_kernel_table_files_sized_keys_by_dtype() -> None:
             return lambda *args: config
 
     table = KernelTable(Loader(), "run", lambda dtype, d: (d, str(dtype)))  # type: ignore[arg-type]
-    assert table.by_dtype.get(BF16, NO_KERNELS).get(256) is None  # a lookup loads nothing
+    assert table.get((BF16, 256)) is None and (BF16, 256) not in table and not loads
     kernel = table[BF16, 256]
     assert loads == [(256, "torch.bfloat16")]
-    assert table.by_dtype == {BF16: {256: kernel}} and table[BF16, 256] is kernel and len(loads) == 1
+    assert table == {(BF16, 256): kernel} and table[BF16, 256] is kernel and len(loads) == 1
     table.clear()
-    assert not table and not table.by_dtype and not NO_KERNELS
+    assert not table
 
 
 def test_kernel_table_remembers_nothing_across_archs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the visible GPUs differ in arch, a loaded function serves only its own device: the
-    table asks the dispatcher (which resolves per target) on every call, and arms no fast path."""
+    table asks the dispatcher (which resolves per target) on every call, and keeps nothing."""
     from jit_kernel.engine import target
     from jit_kernel.ops._common import KernelTable
 
@@ -259,11 +259,11 @@ def test_kernel_table_remembers_nothing_across_archs(monkeypatch: pytest.MonkeyP
     table = KernelTable(Loader(), "run", lambda dtype, d: (d, str(dtype)))  # type: ignore[arg-type]
     table[BF16, 256]
     table[BF16, 256]
-    assert len(loads) == 2 and not table and not table.by_dtype
+    assert len(loads) == 2 and not table
 
 
 def test_compile_switch_reads_as_torch_compiler_is_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ops' inlined switch (``dynamo_compiling() or compile_state._is_compiling_flag``) is
+    """The ops' switch (``dynamo_compiling() or compile_state._is_compiling_flag``) is
     ``torch.compiler.is_compiling()``: False eagerly, True while torch.export or torch.compile set
     the flag, and folded to True by TorchDynamo (one graph, no break, no recompile)."""
     from jit_kernel.ops._common import compile_state, dynamo_compiling, is_compiling
