@@ -34,7 +34,7 @@ from jit_kernel.version import __version__
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["warm", "nosuchfamily"], "unknown kernel family 'nosuchfamily'; known: ['add_constant_host'"),
+        (["warm", "nosuchfamily"], "unknown kernel family or op 'nosuchfamily'; families: add_constant_host, "),
         (
             ["warm", "add_constant_host", "--config", "1,2,3"],
             "add_constant_host takes 1 parameter(s) (constant), got 3",
@@ -46,7 +46,7 @@ from jit_kernel.version import __version__
         ),
         (
             ["warm", "rmsnorm", "--config", "hidden=-5,dtype=bf16_t"],
-            "hidden=-5 is not allowed; hidden must be one of 0 (the generic kernel, which takes the width at run time",
+            "hidden=-5 is not allowed; hidden must be one of 0, 1024",
         ),
         (["warm", "add_constant_host", "--config", "constant=abc"], "constant must be an integer in [-2147483648"),
         (["warm", "hicache", "--config", "100,1,1024"], "element_size=100 is not allowed"),

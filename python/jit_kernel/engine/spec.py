@@ -42,12 +42,9 @@ class OneOf:
     def contains(self, value: ConfigValue) -> bool:
         return any(_same(value, v) for v in self.values)
 
-    def note(self, value: ConfigValue) -> str | None:
-        return next((note for v, note in self.notes.items() if _same(value, v)), None)
-
     def describe(self) -> str:
-        noted = (f"{cpp_literal(v)} ({self.note(v)})" if self.note(v) else cpp_literal(v) for v in self.values)
-        return "one of " + ", ".join(noted)
+        notes = "".join(f" ({cpp_literal(v)}: {note})" for v, note in self.notes.items())
+        return "one of " + ", ".join(cpp_literal(v) for v in self.values) + notes
 
 
 @dataclasses.dataclass(frozen=True)
