@@ -270,17 +270,21 @@ inline void check_cache_pair(
       row_bytes);
 }
 
+/// \brief The tensors of a one-layer call; v_dst and v_src are nullptr for the single cache of MLA.
+struct OneLayerCall {
+  const tvm::ffi::TensorView& k_dst;
+  const tvm::ffi::TensorView* v_dst;
+  const tvm::ffi::TensorView& indices_dst;
+  const tvm::ffi::TensorView& k_src;
+  const tvm::ffi::TensorView* v_src;
+  const tvm::ffi::TensorView& indices_src;
+};
+
 /// \brief Checks the caches of a one-layer call (rows of `row_bytes`, on the indices' GPU or in host
 /// memory) and returns its indices. Touches no data: a fake call (torch.compile) runs it too.
 template <bool kHasV>
-inline auto check_one_layer(
-    const tvm::ffi::TensorView& k_dst,
-    const tvm::ffi::TensorView* v_dst,
-    const tvm::ffi::TensorView& indices_dst,
-    const tvm::ffi::TensorView& k_src,
-    const tvm::ffi::TensorView* v_src,
-    const tvm::ffi::TensorView& indices_src,
-    std::size_t row_bytes) -> Indices {
+inline auto check_one_layer(const OneLayerCall& c, std::size_t row_bytes) -> Indices {
+  const auto& [k_dst, v_dst, indices_dst, k_src, v_src, indices_src] = c;
   const auto idx = check_indices(indices_dst, indices_src);
   auto dtype = host::SymbolicDType{};
   check_cache_pair(k_dst, v_dst, kHasV ? "k_cache_dst" : "cache_dst", "v_cache_dst", dtype, row_bytes);
@@ -297,14 +301,8 @@ inline auto check_one_layer(
 /// \brief The kernel's view of a checked one-layer call: device addresses (host caches through their
 /// device alias) and byte strides, each checked for 16-byte alignment.
 template <bool kHasV>
-inline auto resolve_one_layer(
-    const tvm::ffi::TensorView& k_dst,
-    const tvm::ffi::TensorView* v_dst,
-    const tvm::ffi::TensorView& indices_dst,
-    const tvm::ffi::TensorView& k_src,
-    const tvm::ffi::TensorView* v_src,
-    const tvm::ffi::TensorView& indices_src,
-    const Indices& idx) -> OneLayerParams {
+inline auto resolve_one_layer(const OneLayerCall& c, const Indices& idx) -> OneLayerParams {
+  const auto& [k_dst, v_dst, indices_dst, k_src, v_src, indices_src] = c;
   auto p = OneLayerParams{};
   p.length = idx.length;
   p.indices_dst = indices_dst.data_ptr();
@@ -384,20 +382,11 @@ inline void check_block_quota(int64_t block_quota) {
 /// the call and the block quota, stops for an empty transfer or a fake call (torch.compile: checks
 /// alone, no CUDA call), then hands the kernel's view of the call to `launch(params, indices)`.
 template <bool kHasV, typename Launch>
-inline void transfer_one_layer(
-    const tvm::ffi::TensorView& k_dst,
-    const tvm::ffi::TensorView* v_dst,
-    const tvm::ffi::TensorView& indices_dst,
-    const tvm::ffi::TensorView& k_src,
-    const tvm::ffi::TensorView* v_src,
-    const tvm::ffi::TensorView& indices_src,
-    std::size_t row_bytes,
-    int64_t block_quota,
-    Launch&& launch) {
-  const auto idx = check_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, row_bytes);
+inline void transfer_one_layer(const OneLayerCall& call, std::size_t row_bytes, int64_t block_quota, Launch&& launch) {
+  const auto idx = check_one_layer<kHasV>(call, row_bytes);
   check_block_quota(block_quota);
-  if (idx.length == 0 || host::has_no_data(indices_dst)) return;
-  launch(resolve_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, idx), idx);
+  if (idx.length == 0 || host::has_no_data(call.indices_dst)) return;
+  launch(resolve_one_layer<kHasV>(call, idx), idx);
 }
 
 template <std::size_t kBytes, std::size_t kUnroll, std::size_t kThreads>
@@ -429,14 +418,7 @@ struct HiCache {
   }
 
   template <bool kHasV>
-  static void launch_one(
-      const tvm::ffi::TensorView& k_dst,
-      const tvm::ffi::TensorView* v_dst,
-      const tvm::ffi::TensorView& indices_dst,
-      const tvm::ffi::TensorView& k_src,
-      const tvm::ffi::TensorView* v_src,
-      const tvm::ffi::TensorView& indices_src,
-      int64_t block_quota) {
+  static void launch_one(const OneLayerCall& call, int64_t block_quota) {
     const auto launch = [&](const OneLayerParams& p, const Indices& idx) {
       using namespace host;
       const auto shape = launch_shape(idx.length, block_quota);
@@ -445,7 +427,7 @@ struct HiCache {
       LaunchKernel(shape.blocks, shape.threads, idx.device)
           .enable_pdl(runtime::supports_pdl(idx.device.device_id))(kernel, p);
     };
-    transfer_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes, block_quota, launch);
+    transfer_one_layer<kHasV>(call, kBytes, block_quota, launch);
   }
 
   template <bool kHasV>
@@ -501,7 +483,7 @@ struct HiCache {
       tvm::ffi::TensorView v_cache_src,
       tvm::ffi::TensorView indices_src,
       int64_t block_quota) {
-    launch_one<true>(k_cache_dst, &v_cache_dst, indices_dst, k_cache_src, &v_cache_src, indices_src, block_quota);
+    launch_one<true>({k_cache_dst, &v_cache_dst, indices_dst, k_cache_src, &v_cache_src, indices_src}, block_quota);
   }
 
   static void run_one_mla(
@@ -510,7 +492,7 @@ struct HiCache {
       tvm::ffi::TensorView cache_src,
       tvm::ffi::TensorView indices_src,
       int64_t block_quota) {
-    launch_one<false>(cache_dst, nullptr, indices_dst, cache_src, nullptr, indices_src, block_quota);
+    launch_one<false>({cache_dst, nullptr, indices_dst, cache_src, nullptr, indices_src}, block_quota);
   }
 
   static void run_all(

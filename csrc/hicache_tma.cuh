@@ -358,14 +358,7 @@ struct HiCacheTma {
   static constexpr auto kR = static_cast<uint32_t>(kRows);
 
   template <bool kHasV>
-  static void launch_one(
-      const tvm::ffi::TensorView& k_dst,
-      const tvm::ffi::TensorView* v_dst,
-      const tvm::ffi::TensorView& indices_dst,
-      const tvm::ffi::TensorView& k_src,
-      const tvm::ffi::TensorView* v_src,
-      const tvm::ffi::TensorView& indices_src,
-      int64_t block_quota) {
+  static void launch_one(const OneLayerCall& call, int64_t block_quota) {
     const auto launch = [&](const OneLayerParams& r, const Indices& idx) {
       auto p = tma::Params{};
       p.src[0] = r.k_src;
@@ -385,7 +378,7 @@ struct HiCacheTma {
         tma::launch<int64_t, kB, kR, kHasV>(p, block_quota, idx.device);
       }
     };
-    transfer_one_layer<kHasV>(k_dst, v_dst, indices_dst, k_src, v_src, indices_src, kBytes, block_quota, launch);
+    transfer_one_layer<kHasV>(call, kBytes, block_quota, launch);
   }
 
   static void run_one(
@@ -396,7 +389,7 @@ struct HiCacheTma {
       tvm::ffi::TensorView v_cache_src,
       tvm::ffi::TensorView indices_src,
       int64_t block_quota) {
-    launch_one<true>(k_cache_dst, &v_cache_dst, indices_dst, k_cache_src, &v_cache_src, indices_src, block_quota);
+    launch_one<true>({k_cache_dst, &v_cache_dst, indices_dst, k_cache_src, &v_cache_src, indices_src}, block_quota);
   }
 
   static void run_one_mla(
@@ -405,7 +398,7 @@ struct HiCacheTma {
       tvm::ffi::TensorView cache_src,
       tvm::ffi::TensorView indices_src,
       int64_t block_quota) {
-    launch_one<false>(cache_dst, nullptr, indices_dst, cache_src, nullptr, indices_src, block_quota);
+    launch_one<false>({cache_dst, nullptr, indices_dst, cache_src, nullptr, indices_src}, block_quota);
   }
 };
 
