@@ -615,7 +615,7 @@ def test_gemma_empty_and_pdl() -> None:
 def test_rmsnorm_hidden_sizes_match_the_kernels_list() -> None:
     """norm_quant.cuh reduces rows of rmsnorm's specialised sizes in RowShape's order: its list must
     be the one ops/norm.py specialises for, or the fused ops stop being bit-equal to rmsnorm."""
-    text = (REPO / "csrc" / "norm" / "norm_quant.cuh").read_text()
+    text = "".join((REPO / "csrc" / "norm" / name).read_text() for name in ("norm_quant.cuh", "epilogue_row.cuh"))
     match = re.search(r"kRmsnormHiddenSizes\[\] = \{([^}]*)\}", text)
     assert match is not None
     assert tuple(int(v) for v in match.group(1).split(",")) == families.NORM_HIDDEN_SIZES
@@ -821,7 +821,7 @@ BAD_TOKEN = [
     (
         lambda: jit_kernel.rmsnorm_per_token_quant_fp8(_e(4, 64), _e(64), output_s=_e(4, dtype=torch.float32)),
         ValueError,
-        rf"{T}: output_s must have shape \(4, 1\)",
+        r"(?s)'output_s'.*Rank mismatch",
     ),
     (
         lambda: jit_kernel.rmsnorm_per_token_quant_fp8(_e(2, 2, 64), _e(64), output_s=_e(4, 1, dtype=torch.float32)),
@@ -872,7 +872,7 @@ BAD_GROUP = [
             _e(4, 256), _e(256), 64, output_s=_e(4, 8, dtype=torch.float32)
         ),
         ValueError,
-        rf"{G}: output_s must have shape \(4, 4\)",
+        r"(?s)'output_s'.*Size mismatch",
     ),
     (
         lambda: jit_kernel.rmsnorm_per_token_group_quant_fp8(

@@ -604,10 +604,12 @@ def test_load_jit_dependencies_and_header_only(monkeypatch: pytest.MonkeyPatch, 
     register_dependency("mylib")(lambda: [str(tmp_path / "inc")])
     with pytest.raises(ValueError, match="already registered"):
         register_dependency("mylib")(list)
-    assert load_jit("t", cpp_files=[str(source)], extra_dependencies=["mylib", "mylib"]) == "module"
+    assert load_jit("t", cpp_files=[str(source)], cpp_wrappers=[("f", "f")], extra_dependencies=["mylib", "mylib"]) == (
+        "module"
+    )
     assert (tmp_path / "inc").resolve() in requests[-1].units[0].include_dirs
     with pytest.raises(ValueError, match="'nope' is not registered"):
-        load_jit("t", cpp_files=[str(source)], extra_dependencies=["nope"])
+        load_jit("t", cpp_files=[str(source)], cpp_wrappers=[("f", "f")], extra_dependencies=["nope"])
     with pytest.raises(ValueError, match="header_only=False"):
         load_jit("t", cpp_files=[str(source)], cpp_wrappers=[("f", "f")], header_only=False)
     assert load_jit("t", cpp_files=[str(source)], header_only=False, build_directory=str(tmp_path)) == "module"

@@ -42,7 +42,7 @@ namespace jit_kernel::moe_align {
 inline constexpr int kThreads = 1024;
 inline constexpr int kMaxExperts = kThreads;
 // The most pairs the op gives the one-CTA kernel; the three kernels take more (docs/design/moe.md).
-inline constexpr int64_t kSmallPairs = 8192;
+inline constexpr int64_t kSmallPairs = 3072;
 inline constexpr int kScatterThreads = 256;
 inline constexpr int kScatterItems = 4;  // pairs per thread of the scatter kernel
 inline constexpr int kBatch = 8;         // ids a thread of the one-CTA loops loads before using them

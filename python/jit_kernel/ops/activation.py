@@ -41,11 +41,18 @@ def _declare(name: str, doc: str) -> Callable[..., Any]:
     kernels = _KERNELS[name]
 
     def plan(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> Launch:
-        if out is None and input.ndim == 2:  # the rows the kernel takes as they are
-            shape = input.shape
-            # An odd last dimension gets an out of half of it, rounded down; C++ then rejects the input.
-            out = input.new_empty((shape[0], shape[1] // 2))
+        if input.ndim == 2:  # the rows the kernel takes as they are; C++ matches out [rows, d] against them
+            if out is None:
+                shape = input.shape
+                # An odd last dimension gets an out of half of it, rounded down; C++ then rejects the input.
+                out = input.new_empty((shape[0], shape[1] // 2))
+            elif type(out) is not torch.Tensor or out.ndim != 2:
+                return _general(input, out, enable_pdl)
             return kernels, input.dtype, (out, input, enable_pdl), out
+        return _general(input, out, enable_pdl)
+
+    def _general(input: torch.Tensor, out: torch.Tensor | None, enable_pdl: bool | None) -> Launch:
+        """Any ``[..., 2 * d]`` input: viewed as rows, ``out`` checked against its shape."""
         try:
             dtype, shape = input.dtype, input.shape
         except AttributeError:

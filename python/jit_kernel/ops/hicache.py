@@ -273,14 +273,18 @@ def transfer_hicache_one_layer(
     (rows per page of the indices) lets page-aligned transfers take the bulk-copy kernel (module
     docstring); the register kernel's ``unroll`` does not apply there.
     """
-    paged = page_size is None or type(page_size) is int  # a float or bool equal to an int: the full path refuses
-    if paged and element_dim is None and unroll is None and k_cache_dst.ndim == v_cache_dst.ndim == 2:  # as rows
+    # Rows as they are (2-D caches: a side's V has its K's rank), the default row width and unroll, a
+    # page size that is an int (a float or bool equal to one is refused below): the remembered route.
+    if element_dim is None and unroll is None and k_cache_dst.ndim == 2 == k_cache_src.ndim:
+        if page_size is None:
+            route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], None, True))
+        elif type(page_size) is int:
+            d2d = k_cache_dst.is_cuda and v_cache_dst.is_cuda and k_cache_src.is_cuda and v_cache_src.is_cuda
+            route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], page_size, d2d))
+        else:
+            route = None
         quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-        d2d = page_size is None or (
-            k_cache_dst.is_cuda and v_cache_dst.is_cuda and k_cache_src.is_cuda and v_cache_src.is_cuda
-        )
-        route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], page_size, d2d))
-        if route is not None and type(quota) is int and quota >= 1 and k_cache_src.ndim == v_cache_src.ndim == 2:
+        if route is not None and type(quota) is int and quota >= 1:
             args = (k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
             return route[0], route[1], args, None
     dst = (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst))
@@ -306,11 +310,16 @@ def transfer_hicache_one_layer_mla(
     page_size: int | None = None,
 ) -> Launch:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    paged = page_size is None or type(page_size) is int  # a float or bool equal to an int: the full path refuses
-    if paged and element_dim is None and unroll is None and cache_dst.ndim == cache_src.ndim == 2:  # rows as they are
+    # Rows as they are: the remembered route (as in transfer_hicache_one_layer).
+    if element_dim is None and unroll is None and cache_dst.ndim == 2 == cache_src.ndim:
+        if page_size is None:
+            route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], None, True))
+        elif type(page_size) is int:
+            d2d = cache_dst.is_cuda and cache_src.is_cuda
+            route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], page_size, d2d))
+        else:
+            route = None
         quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-        d2d = page_size is None or (cache_dst.is_cuda and cache_src.is_cuda)
-        route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], page_size, d2d))
         if route is not None and type(quota) is int and quota >= 1:
             return route[0], route[1], (cache_dst, indices_dst, cache_src, indices_src, quota), None
     dst, src = (("cache_dst", cache_dst),), (("cache_src", cache_src),)
@@ -336,13 +345,6 @@ def _all_layer(
 ) -> Launch:
     """The launch of both all-layer forms (pointer tables for two caches a side, or one for MLA) on
     the register kernel, whatever the page size (see :func:`uses_bulk_copy_kernel`)."""
-    # The defaults with equal strides: the config follows from the row size alone.
-    defaults = element_size is None and unroll is None and block_quota is None and page_size is None
-    rows_of = src_stride if defaults and type(src_stride) is type(dst_stride) is int and src_stride == dst_stride else 0
-    if rows_of > 0 and rows_of % 16 == 0:
-        key = (rows_of, default_unroll(rows_of), HICACHE_NUM_THREADS)
-        args = (*tables_dst, indices_dst, *tables_src, indices_src, rows_of, rows_of, DEFAULT_BLOCK_QUOTA)
-        return kernels, key, args, None
     for name, value in (("kv_cache_src_stride_bytes", src_stride), ("kv_cache_dst_stride_bytes", dst_stride)):
         if type(value) is not int or value <= 0:
             raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
@@ -354,9 +356,26 @@ def _all_layer(
         element_size = src_stride
     elif type(element_size) is not int:
         raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
+    defaults = unroll is None and block_quota is None and page_size is None and src_stride == dst_stride
     unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
+    key = (element_size, unroll, HICACHE_NUM_THREADS)
+    if defaults and element_size == src_stride:
+        _ALL_LAYER_KEYS[element_size] = key
     args = (*tables_dst, indices_dst, *tables_src, indices_src, src_stride, dst_stride, block_quota)
-    return kernels, (element_size, unroll, HICACHE_NUM_THREADS), args, None
+    return kernels, key, args, None
+
+
+# The all-layer config of rows as far apart as they are long, with the defaults: row bytes -> key.
+_ALL_LAYER_KEYS: dict[int, tuple[int, int, int]] = {}
+
+
+def _all_layer_defaults(
+    element_size: int | None, unroll: int | None, block_quota: int | None, page_size: int | None, src: int, dst: int
+) -> tuple[int, int, int] | None:
+    """The key of an all-layer call with every default and equal strides, once a call filed it."""
+    if element_size is None and unroll is None and block_quota is None and page_size is None and src == dst:
+        return _ALL_LAYER_KEYS.get(src) if type(src) is type(dst) is int else None
+    return None
 
 
 def _all_layer_check(fn: str) -> Any:
@@ -396,6 +415,11 @@ def transfer_hicache_all_layer(
     whatever it is, since the tables do not say where the caches are, and between two GPU caches
     the bulk-copy kernel is the slower one (host<->device the two are even).
     """
+    src, dst = kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes
+    key = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)
+    if key is not None:
+        args = (k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, src, dst, DEFAULT_BLOCK_QUOTA)
+        return _ALL_LAYER_KERNELS, key, args, None
     return _all_layer(
         "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst),
         indices_dst, (k_ptr_src, v_ptr_src), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes,
@@ -422,6 +446,15 @@ def transfer_hicache_all_layer_mla(
     page_size: int | None = None,
 ) -> Launch:
     """The MLA form of :func:`transfer_hicache_all_layer`: one cache per layer, no V."""
+    src, dst = kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes
+    key = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)
+    if key is not None:
+        return (
+            _ALL_LAYER_MLA_KERNELS,
+            key,
+            (ptr_dst, indices_dst, ptr_src, indices_src, src, dst, DEFAULT_BLOCK_QUOTA),
+            None,
+        )
     return _all_layer(
         "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,),
         indices_dst, (ptr_src,), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size,

@@ -229,7 +229,8 @@ def moe_align_block_size(
     )
     block = block_size if type(block_size) is int and block_size > 0 else _positive_int(op, "block_size", block_size)
     numel = topk_ids.numel()
-    length = numel + torch.sym_min(numel, experts) * (block - 1)
+    # min for the eager int; torch.sym_min keeps a symbolic size symbolic while torch.compile traces.
+    length = numel + (min(numel, experts) if type(numel) is int else torch.sym_min(numel, experts)) * (block - 1)
     sorted_ids = topk_ids.new_empty((length,), dtype=torch.int32)
     expert_ids = topk_ids.new_empty(((length + block - 1) // block,), dtype=torch.int32)
     post_padded = topk_ids.new_empty((1,), dtype=torch.int32)

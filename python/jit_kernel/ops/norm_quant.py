@@ -285,6 +285,12 @@ def _token_outputs(
     op: str, input: torch.Tensor, output_q: torch.Tensor | None, output_s: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The outputs a per-token op allocates where they are None: q of ``input``'s shape, s ``[..., 1]``."""
+    if type(input) is torch.Tensor and input.ndim == 2:  # rows as they are
+        if output_q is None:
+            output_q = torch.empty_like(input, dtype=FP8)
+        if output_s is None:
+            output_s = input.new_empty((input.shape[0], 1), dtype=torch.float32)
+        return output_q, output_s
     _key(op, input)
     if output_q is None:
         output_q = input.new_empty(input.shape, dtype=FP8)
@@ -416,13 +422,20 @@ def _group_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The outputs a group op allocates where they are None: q of ``input``'s shape; scales
     ``[..., groups]`` row-major, the transpose of a ``[groups, tokens]`` buffer, or packed UE8M0."""
+    if type(input) is torch.Tensor and input.ndim == 2 and not (packed_ue8m0 or column_major_scales):
+        # Rows as they are, row-major scales; C++ checks that group_size divides the rows it is given.
+        shape = input.shape
+        if type(group_size) is int and group_size > 0:
+            if output_q is None:
+                output_q = torch.empty_like(input, dtype=FP8)
+            if output_s is None:
+                output_s = input.new_empty((shape[0], shape[1] // group_size), dtype=torch.float32)
+            return output_q, output_s
     groups = _groups(op, input, group_size)
     if output_q is None:
         output_q = input.new_empty(input.shape, dtype=FP8)
     if output_s is not None:
         return output_q, output_s
-    if input.ndim == 2 and not (packed_ue8m0 or column_major_scales):
-        return output_q, input.new_empty((input.shape[0], groups), dtype=torch.float32)
     lead = tuple(input.shape[:-1])
     tokens = 1
     for n in lead:

@@ -86,7 +86,7 @@ def per_tensor_quant_fp8(
     if output_q is None:
         if not isinstance(input, torch.Tensor):
             not_a_tensor(_OP, "input", input)
-        output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn, memory_format=torch.contiguous_format)
+        output_q = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
     if output_s is None:
         if is_static is True:
             raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")

@@ -127,14 +127,21 @@ def per_token_quant_fp8(
     scale, shape ``(1,)``.
 
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
+    rows_as_they_are = type(input) is torch.Tensor and input.ndim == 2
     if output_q is None:
-        _width(_TOKEN_OP, input)
-        output_q = input.new_empty(input.shape, dtype=torch.float8_e4m3fn)
+        if rows_as_they_are:
+            output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn)
+        else:
+            _width(_TOKEN_OP, input)
+            output_q = input.new_empty(input.shape, dtype=torch.float8_e4m3fn)
     if output_s is None:
         if is_static is True:
             raise ValueError(f"{_TOKEN_OP}: is_static=True needs the scale in output_s")
-        _width(_TOKEN_OP, input)
-        output_s = input.new_empty((*input.shape[:-1], 1), dtype=torch.float32)
+        if rows_as_they_are:
+            output_s = input.new_empty((input.shape[0], 1), dtype=torch.float32)
+        else:
+            _width(_TOKEN_OP, input)
+            output_s = input.new_empty((*input.shape[:-1], 1), dtype=torch.float32)
     _per_token(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
