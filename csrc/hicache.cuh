@@ -270,8 +270,9 @@ inline void check_cache_pair(
       row_bytes);
 }
 
-/// \brief The tensors of a one-layer call; v_dst and v_src are nullptr for the single cache of MLA.
-struct OneLayerCall {
+/// \brief The tensors of a transfer: the caches of one layer, or the per-layer tables of their base
+/// addresses (all-layer calls); v_dst and v_src are nullptr for the single cache of MLA.
+struct TransferTensors {
   const tvm::ffi::TensorView& k_dst;
   const tvm::ffi::TensorView* v_dst;
   const tvm::ffi::TensorView& indices_dst;
@@ -283,7 +284,7 @@ struct OneLayerCall {
 /// \brief Checks the caches of a one-layer call (rows of `row_bytes`, on the indices' GPU or in host
 /// memory) and returns its indices. Touches no data: a fake call (torch.compile) runs it too.
 template <bool kHasV>
-inline auto check_one_layer(const OneLayerCall& c, std::size_t row_bytes) -> Indices {
+inline auto check_one_layer(const TransferTensors& c, std::size_t row_bytes) -> Indices {
   const auto& [k_dst, v_dst, indices_dst, k_src, v_src, indices_src] = c;
   const auto idx = check_indices(indices_dst, indices_src);
   auto dtype = host::SymbolicDType{};
@@ -301,7 +302,7 @@ inline auto check_one_layer(const OneLayerCall& c, std::size_t row_bytes) -> Ind
 /// \brief The kernel's view of a checked one-layer call: device addresses (host caches through their
 /// device alias) and byte strides, each checked for 16-byte alignment.
 template <bool kHasV>
-inline auto resolve_one_layer(const OneLayerCall& c, const Indices& idx) -> OneLayerParams {
+inline auto resolve_one_layer(const TransferTensors& c, const Indices& idx) -> OneLayerParams {
   const auto& [k_dst, v_dst, indices_dst, k_src, v_src, indices_src] = c;
   auto p = OneLayerParams{};
   p.length = idx.length;
@@ -329,16 +330,10 @@ inline auto resolve_one_layer(const OneLayerCall& c, const Indices& idx) -> OneL
 /// the number of layers.
 template <bool kHasV>
 inline auto check_all_layer(
-    const tvm::ffi::TensorView& k_ptr_dst,
-    const tvm::ffi::TensorView* v_ptr_dst,
-    const tvm::ffi::TensorView& indices_dst,
-    const tvm::ffi::TensorView& k_ptr_src,
-    const tvm::ffi::TensorView* v_ptr_src,
-    const tvm::ffi::TensorView& indices_src,
-    int64_t src_stride_bytes,
-    int64_t dst_stride_bytes,
-    std::size_t row_bytes) -> std::pair<Indices, int64_t> {
+    const TransferTensors& tables, int64_t src_stride_bytes, int64_t dst_stride_bytes, std::size_t row_bytes)
+    -> std::pair<Indices, int64_t> {
   using namespace host;
+  const auto& [k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src] = tables;
   const auto idx = check_indices(indices_dst, indices_src);
   auto layers = SymbolicSize{"num_layers"};
   auto device = SymbolicDevice{};
@@ -382,7 +377,8 @@ inline void check_block_quota(int64_t block_quota) {
 /// the call and the block quota, stops for an empty transfer or a fake call (torch.compile: checks
 /// alone, no CUDA call), then hands the kernel's view of the call to `launch(params, indices)`.
 template <bool kHasV, typename Launch>
-inline void transfer_one_layer(const OneLayerCall& call, std::size_t row_bytes, int64_t block_quota, Launch&& launch) {
+inline void transfer_one_layer(
+    const TransferTensors& call, std::size_t row_bytes, int64_t block_quota, Launch&& launch) {
   const auto idx = check_one_layer<kHasV>(call, row_bytes);
   check_block_quota(block_quota);
   if (idx.length == 0 || host::has_no_data(call.indices_dst)) return;
@@ -418,7 +414,7 @@ struct HiCache {
   }
 
   template <bool kHasV>
-  static void launch_one(const OneLayerCall& call, int64_t block_quota) {
+  static void launch_one(const TransferTensors& call, int64_t block_quota) {
     const auto launch = [&](const OneLayerParams& p, const Indices& idx) {
       using namespace host;
       const auto shape = launch_shape(idx.length, block_quota);
@@ -432,26 +428,10 @@ struct HiCache {
 
   template <bool kHasV>
   static void launch_all(
-      const tvm::ffi::TensorView& k_ptr_dst,
-      const tvm::ffi::TensorView* v_ptr_dst,
-      const tvm::ffi::TensorView& indices_dst,
-      const tvm::ffi::TensorView& k_ptr_src,
-      const tvm::ffi::TensorView* v_ptr_src,
-      const tvm::ffi::TensorView& indices_src,
-      int64_t src_stride_bytes,
-      int64_t dst_stride_bytes,
-      int64_t block_quota) {
+      const TransferTensors& tables, int64_t src_stride_bytes, int64_t dst_stride_bytes, int64_t block_quota) {
     using namespace host;
-    const auto [idx, num_layers] = check_all_layer<kHasV>(
-        k_ptr_dst,
-        v_ptr_dst,
-        indices_dst,
-        k_ptr_src,
-        v_ptr_src,
-        indices_src,
-        src_stride_bytes,
-        dst_stride_bytes,
-        kBytes);
+    const auto [idx, num_layers] = check_all_layer<kHasV>(tables, src_stride_bytes, dst_stride_bytes, kBytes);
+    const auto& [k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src] = tables;
     check_block_quota(block_quota);
     const auto shape = launch_shape(idx.length * num_layers, block_quota);
     if (idx.length == 0 || num_layers == 0 || has_no_data(indices_dst)) return;
@@ -506,12 +486,7 @@ struct HiCache {
       int64_t dst_stride_bytes,
       int64_t block_quota) {
     launch_all<true>(
-        k_ptr_dst,
-        &v_ptr_dst,
-        indices_dst,
-        k_ptr_src,
-        &v_ptr_src,
-        indices_src,
+        {k_ptr_dst, &v_ptr_dst, indices_dst, k_ptr_src, &v_ptr_src, indices_src},
         src_stride_bytes,
         dst_stride_bytes,
         block_quota);
@@ -526,7 +501,10 @@ struct HiCache {
       int64_t dst_stride_bytes,
       int64_t block_quota) {
     launch_all<false>(
-        ptr_dst, nullptr, indices_dst, ptr_src, nullptr, indices_src, src_stride_bytes, dst_stride_bytes, block_quota);
+        {ptr_dst, nullptr, indices_dst, ptr_src, nullptr, indices_src},
+        src_stride_bytes,
+        dst_stride_bytes,
+        block_quota);
   }
 };
 

@@ -358,7 +358,7 @@ struct HiCacheTma {
   static constexpr auto kR = static_cast<uint32_t>(kRows);
 
   template <bool kHasV>
-  static void launch_one(const OneLayerCall& call, int64_t block_quota) {
+  static void launch_one(const TransferTensors& call, int64_t block_quota) {
     const auto launch = [&](const OneLayerParams& r, const Indices& idx) {
       auto p = tma::Params{};
       p.src[0] = r.k_src;

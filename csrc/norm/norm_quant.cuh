@@ -546,39 +546,26 @@ struct RMSNormPerTokenGroupQuantFp8 {
     G.set_value(packed ? (groups + 3) / 4 : groups);
     TensorMatcher({N, G}).with_strides({S0, S1}).with_device<kDLCUDA>(device).with_dtype<fp32_t, int32_t>().verify(
         output_s, "output_s");
-    const int64_t n = r.rows;
-    const int64_t g = G.unwrap();
-    const int64_t s0 = S0.unwrap();
-    const int64_t s1 = S1.unwrap();
-    const bool row_major = (g <= 1 || s1 == 1) && (n <= 1 || s0 >= g);
-    const bool col_major = (n <= 1 || s0 == 1) && (g <= 1 || s1 >= n);
+    const token_quant::ScaleStrides strides{r.rows, G.unwrap(), S0.unwrap(), S1.unwrap()};
     if (packed) {
       RuntimeCheck(scale_ue8m0, op, ": an int32 output_s holds packed UE8M0 exponents, which needs scale_ue8m0=True");
       RuntimeCheck(
-          col_major,
+          strides.col_major(),
           op,
           ": a packed (int32) output_s must be column-major (strides (1, >= num_tokens)), got strides (",
-          s0,
+          strides.s0,
           ", ",
-          s1,
+          strides.s1,
           ")");
     } else {
-      RuntimeCheck(
-          row_major || col_major,
-          op,
-          ": output_s must be row-major (strides (>= num_groups, 1)) or column-major (strides (1, >= num_tokens)), "
-          "got strides (",
-          s0,
-          ", ",
-          s1,
-          ")");
+      token_quant::check_scale_strides(op, strides);
     }
     check_rows(op, r.rows);
     if (r.rows == 0 || has_no_data(output_q)) return;
     EpiArgs a{};
     a.s = static_cast<float*>(output_s.data_ptr());
-    a.s_row = s0;
-    a.s_col = s1;
+    a.s_row = strides.s0;
+    a.s_col = strides.s1;
     a.quant_eps = static_cast<float>(quant_eps);
     a.group_size = static_cast<int32_t>(group_size);
     a.group_vecs = static_cast<int32_t>(group_size / kVecElems<T>);

@@ -143,21 +143,7 @@ struct RMSNorm {
       tvm::ffi::TensorView weight,
       double eps,
       tvm::ffi::Optional<bool> enable_pdl) {
-    using namespace host;
-    auto N = SymbolicSize{"num_tokens"};
-    auto D = SymbolicSize{"hidden_size"};
-    auto device = SymbolicDevice{};
-    TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input");
-    TensorMatcher::cuda_rows<T>({N, D}, device).verify(out, "out");
-    TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
-    check_eps_and_dim(eps, D.unwrap(), "input");
-    if (has_no_data(out)) return;
-    Params p{};
-    p.num_sets = 1;
-    p.eps = static_cast<float>(eps);
-    p.set[0] = make_rows(out, input, weight.data_ptr());
-    const auto dev = device.unwrap();
-    launch_rows<T, kHidden>(p, dev, runtime::resolve_pdl(enable_pdl, dev.device_id));
+    run_rows<false>(out, input, nullptr, weight, eps, enable_pdl);
   }
 
   // residual = T(input + residual); input = rmsnorm(residual) * weight.
@@ -167,7 +153,7 @@ struct RMSNorm {
       tvm::ffi::TensorView weight,
       double eps,
       tvm::ffi::Optional<bool> enable_pdl) {
-    fused_add_impl<false>(input, residual, weight, eps, enable_pdl);
+    run_rows<false>(input, input, &residual, weight, eps, enable_pdl);
   }
 
   // SGLang's fused_add_rmsnorm(..., cast_x_before_out_mul=True), Hugging Face's rounding order:
@@ -181,7 +167,7 @@ struct RMSNorm {
       tvm::ffi::TensorView weight,
       double eps,
       tvm::ffi::Optional<bool> enable_pdl) {
-    fused_add_impl<!std::is_same_v<T, fp32_t>>(input, residual, weight, eps, enable_pdl);
+    run_rows<!std::is_same_v<T, fp32_t>>(input, input, &residual, weight, eps, enable_pdl);
   }
 
   // q = rmsnorm(q) * q_weight and k = rmsnorm(k) * k_weight over whole rows, in one launch.
@@ -214,10 +200,13 @@ struct RMSNorm {
   }
 
  private:
+  // out = rmsnorm(input) * weight, or with `residual` residual = T(input + residual) and
+  // out = rmsnorm(residual) * weight (out is input then); kCast: fused_add_cast's rounding.
   template <bool kCast>
-  static void fused_add_impl(
+  static void run_rows(
+      tvm::ffi::TensorView out,
       tvm::ffi::TensorView input,
-      tvm::ffi::TensorView residual,
+      const tvm::ffi::TensorView* residual,
       tvm::ffi::TensorView weight,
       double eps,
       tvm::ffi::Optional<bool> enable_pdl) {
@@ -226,16 +215,22 @@ struct RMSNorm {
     auto D = SymbolicSize{"hidden_size"};
     auto device = SymbolicDevice{};
     TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input");
-    TensorMatcher::cuda_rows<T>({N, D}, device).verify(residual, "residual");
+    if (residual != nullptr) {
+      TensorMatcher::cuda_rows<T>({N, D}, device).verify(*residual, "residual");
+    } else {
+      TensorMatcher::cuda_rows<T>({N, D}, device).verify(out, "out");
+    }
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
     check_eps_and_dim(eps, D.unwrap(), "input");
-    if (has_no_data(input)) return;
+    if (has_no_data(out)) return;
     Params p{};
     p.num_sets = 1;
     p.eps = static_cast<float>(eps);
-    p.set[0] = make_rows(input, input, weight.data_ptr());
-    p.set[0].residual = residual.data_ptr();
-    p.set[0].res_s0 = residual.stride(0);
+    p.set[0] = make_rows(out, input, weight.data_ptr());
+    if (residual != nullptr) {
+      p.set[0].residual = residual->data_ptr();
+      p.set[0].res_s0 = residual->stride(0);
+    }
     const auto dev = device.unwrap();
     launch_rows<T, kHidden, kCast>(p, dev, runtime::resolve_pdl(enable_pdl, dev.device_id));
   }

@@ -138,18 +138,22 @@ struct PerTokenQuantFp8 {
       tvm::ffi::TensorView output_s,
       tvm::ffi::TensorView input,
       tvm::ffi::Optional<bool> enable_pdl) {
-    using namespace host;
-    auto N = SymbolicSize{"num_tokens"};
-    auto D = SymbolicSize{"hidden_size"};
-    auto device = SymbolicDevice{};
-    TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input");
-    TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
-    TensorMatcher({N, 1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
-    launch<false>(output_q, static_cast<float*>(output_s.data_ptr()), nullptr, input, device.unwrap(), enable_pdl);
+    run<false>(output_q, output_s, input, enable_pdl);
   }
 
   // q = fp8(input * (1 / output_s[0])): output_s holds one per-tensor scale, shape (1,).
   static void static_scale(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView input,
+      tvm::ffi::Optional<bool> enable_pdl) {
+    run<true>(output_q, output_s, input, enable_pdl);
+  }
+
+ private:
+  // Both forms: output_s is [N, 1] (written, dynamic) or (1,) (read, kStatic).
+  template <bool kStatic>
+  static void run(
       tvm::ffi::TensorView output_q,
       tvm::ffi::TensorView output_s,
       tvm::ffi::TensorView input,
@@ -160,20 +164,14 @@ struct PerTokenQuantFp8 {
     auto device = SymbolicDevice{};
     TensorMatcher::cuda_rows<T>({N, D}, device).verify(input, "input");
     TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
-    TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
-    launch<true>(output_q, nullptr, static_cast<const float*>(output_s.data_ptr()), input, device.unwrap(), enable_pdl);
-  }
-
- private:
-  template <bool kStatic>
-  static void launch(
-      tvm::ffi::TensorView output_q,
-      float* s,
-      const float* static_scale,
-      tvm::ffi::TensorView input,
-      DLDevice dev,
-      tvm::ffi::Optional<bool> enable_pdl) {
-    using namespace host;
+    if constexpr (kStatic) {
+      TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
+    } else {
+      TensorMatcher({N, 1}).with_device<kDLCUDA>(device).with_dtype<fp32_t>().verify(output_s, "output_s");
+    }
+    float* s = kStatic ? nullptr : static_cast<float*>(output_s.data_ptr());
+    const float* static_scale = kStatic ? static_cast<const float*>(output_s.data_ptr()) : nullptr;
+    const DLDevice dev = device.unwrap();
     const int64_t n = input.size(0);
     const int64_t d = input.size(1);
     RuntimeCheck(n < (int64_t{1} << 31), "per_token_quant_fp8: at most 2^31 - 1 rows, got ", n);

@@ -167,6 +167,31 @@ __global__ void __launch_bounds__(kGroupThreads) per_token_group_kernel(const Gr
   }
 }
 
+/// \brief The strides (s0, s1) of a scale tensor of n tokens by g groups, and the layouts
+/// they make: row-major (>= g, 1) or column-major (1, >= n); a dimension of one takes any stride.
+struct ScaleStrides {
+  int64_t n, g, s0, s1;
+  bool row_major() const {
+    return (g <= 1 || s1 == 1) && (n <= 1 || s0 >= g);
+  }
+  bool col_major() const {
+    return (n <= 1 || s0 == 1) && (g <= 1 || s1 >= n);
+  }
+};
+
+/// \brief output_s must be row- or column-major (`op` names the call in the message).
+inline void check_scale_strides(const char* op, const ScaleStrides& s) {
+  host::RuntimeCheck(
+      s.row_major() || s.col_major(),
+      op,
+      ": output_s must be row-major (strides (>= num_groups, 1)) or column-major (strides (1, >= num_tokens)), "
+      "got strides (",
+      s.s0,
+      ", ",
+      s.s1,
+      ")");
+}
+
 template <typename T>
 struct PerTokenGroupQuantFp8 {
   // output_q [N, D] fp8, output_s [N, D / group_size] fp32 (row- or column-major strides), input [N, D].
@@ -246,17 +271,7 @@ struct PerTokenGroupQuantFp8 {
     const int64_t g = G.unwrap();
     const int64_t s0 = S0.unwrap();
     const int64_t s1 = S1.unwrap();
-    const bool row_major = (g <= 1 || s1 == 1) && (n <= 1 || s0 >= g);
-    const bool col_major = (n <= 1 || s0 == 1) && (g <= 1 || s1 >= n);
-    RuntimeCheck(
-        row_major || col_major,
-        op,
-        ": output_s must be row-major (strides (>= num_groups, 1)) or column-major (strides (1, >= num_tokens)), "
-        "got strides (",
-        s0,
-        ", ",
-        s1,
-        ")");
+    check_scale_strides(op, ScaleStrides{n, g, s0, s1});
     RuntimeCheck(n * g < (int64_t{1} << 31), op, ": at most 2^31 - 1 groups, got ", n * g);
     if (n * g == 0 || has_no_data(output_q)) return;  // nothing to do, or a fake call's checks alone
     const DLDevice dev = device.unwrap();
