@@ -77,7 +77,7 @@ def test_wait_in_every_order(mode: str, order: str, loading: str, warm: bool, de
 
 
 _CUDA_LIMITATION = (
-    "CUDA limitation (README, troubleshooting): lazily loading a kernel that was never launched "
+    "CUDA limitation (docs/troubleshooting.md): lazily loading a kernel that was never launched "
     "synchronises the context, which waits for the held stream"
 )
 
