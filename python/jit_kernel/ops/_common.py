@@ -326,6 +326,8 @@ class Op:
             "dynamo_compiling": dynamo_compiling,
             "compile_state": compile_state,
             "check_indices": env.check_indices,
+            "CHECK_INDICES_KEY": env.CHECK_INDICES_KEY,
+            "ENVIRON_DATA": env.ENVIRON_DATA,
             "plan": self.plan,
             "traced": self.traced,
             "run": self.run,
@@ -353,8 +355,11 @@ class Op:
                 "    if dynamo_compiling() or compile_state._is_compiling_flag:",
                 f"        return traced({arguments})",
             ]
-        if self._index_check is not None:
-            lines += ["    if check_indices():", f"        return run(True, {by_name})"]
+        if self._index_check is not None:  # env.check_indices, its common answer (unset) inlined
+            lines += [
+                "    if CHECK_INDICES_KEY in ENVIRON_DATA and check_indices():",
+                f"        return run(True, {by_name})",
+            ]
         # The locals' names end in "__" so that no parameter of a plan can shadow them.
         lines += [
             "    args__ = None",

@@ -145,6 +145,9 @@ def store_kv_cache(
     (float32 tensor of one element, or a float; the stored value is ``fp8(clamp(x * (1 / scale),
     -448, 448))``), ignored otherwise. ``enable_pdl``: programmatic dependent launch (``None``: on for
     sm_90+). See the module docstring for out-of-range and duplicate slots."""
+    if k_scale is None and v_scale is None:  # a cache in the activation dtype
+        _store(k, v, k_cache, v_cache, out_cache_loc, None, None, None, None, enable_pdl)
+        return
     ks, ksv = _split_scale(_STORE, "k_scale", k_scale)
     vs, vsv = _split_scale(_STORE, "v_scale", v_scale)
     _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
@@ -180,6 +183,9 @@ def set_mla_kv_buffer(
     ``cache_k_rope``: ``[tokens, 1, Dr]`` or ``[tokens, Dr]`` (e.g. 64), both any token stride;
     ``loc``: int32/int64 ``[tokens]``. ``scale`` (fp8 buffers only; default 1): the stored value is
     ``fp8(clamp(x * (1 / scale), -448, 448))``."""
+    if scale is None:
+        _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, None, None, enable_pdl)
+        return
     s, sv = _split_scale(_MLA, "scale", scale)
     _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
 
