@@ -90,7 +90,7 @@ def per_tensor_quant_fp8(
     if output_s is None:
         if is_static is True:
             raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")
-        output_s = input.new_empty(1, dtype=torch.float32)
+        output_s = torch.empty(1, dtype=torch.float32, device=input.device)
     _quant(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
