@@ -431,7 +431,7 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
         f"python -m jit_kernel.benchmark.report --json-dir {DEFAULT_JSON_DIR} --output {DEFAULT_OUTPUT}",
         "```",
         "",
-        "On the project's GPU machine `bash ci/bench-docs.sh` builds the package and runs both. `run_all` runs "
+        "On a GPU machine, `bash ci/bench-docs.sh` builds the package and runs both. `run_all` runs "
         "each script on its CI-sized grid within a time budget; each section gives its script's own command.",
     ]
     if manifest:
