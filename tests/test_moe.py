@@ -747,7 +747,9 @@ def test_align_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         series = len(bench.ALIGN_SWEEP_SERIES)
         assert len(rows) == 90 + series + len(costs)  # the paths' rows, the crossovers, the candidates
         assert "| 8 | 256 | 1024 | 128 | 1.50 (8 CTA) | 3.02 | 5.63 | per-thread | per-thread |" in out
-        assert "| 8 | 256 | 4096 | 512 | - | 6.10 | 6.01 | three kernels | one CTA |" in out
+        # the op's path follows align.cuh's bounds (the one CTA path up to kSmallPairs pairs)
+        op_path = "one CTA" if bench.op_path(4096) == "one_cta" else "three kernels"
+        assert f"| 8 | 256 | 4096 | 512 | - | 6.10 | 6.01 | three kernels | {op_path} |" in out
         assert f"suggested kSmallPairs: 3072 (csrc/moe/align.cuh has {constants['kSmallPairs']})" in out
         assert "device: Fake GPU" in out and "198 medians" in out
         for argv, message in [
