@@ -27,7 +27,7 @@ from jit_kernel.hicache import (
     transfer_hicache_one_layer_mla,
 )
 from jit_kernel.ops import hicache as ops_hicache
-from jit_kernel.ops import hicache_staged as ops_staged
+from jit_kernel.ops import hicache_pages as ops_pages
 
 POISON = 0xA5
 DTYPE_FOR_SIZE = {16: torch.float32, 128: torch.bfloat16, 256: torch.bfloat16, 576: torch.uint8, 1024: torch.float16}
@@ -922,11 +922,11 @@ def test_load_back_ops_are_registered_with_fakes() -> None:
             op(k, v, src, idx, idx, 3)
 
 
-def test_bulk_copy_and_staged_families_compile_without_a_gpu() -> None:
+def test_bulk_copy_and_page_families_compile_without_a_gpu() -> None:
     """A bulk-copy config (all four exports, int32 and int64, one-layer and table forms) and the
-    staged family build for sm_90a and expose every symbol (the prebuilt library is the proof where
+    hicache_pages family build for sm_90a and expose every symbol (the prebuilt library is the proof where
     it holds them for sm_90a; see ``assert_builds_for_arch``)."""
-    for spec, config in ((families.HICACHE_TMA, (1024, 32)), (families.HICACHE_STAGED, ())):
+    for spec, config in ((families.HICACHE_TMA, (1024, 32)), (families.HICACHE_PAGES, ())):
         assert_builds_for_arch(spec, config, "9.0a")
 
 
@@ -1198,11 +1198,11 @@ def test_staged_lf_pf(
     want_k = lf_pf_expected(host_k, k_pool, src_tok, dst_tok, page_size)
     want_v = lf_pf_expected(host_v, v_pool, src_tok, dst_tok, page_size)
     if staged_copies and mla:
-        ops_staged.transfer_hicache_all_layer_mla_staged_lf_pf(
+        ops_pages.transfer_hicache_all_layer_mla_staged_lf_pf(
             _table(k_pool), src_tok, dst_tok, staging_k, host_k, page_size=page_size, staged_copies=True
         )
     elif staged_copies:
-        ops_staged.transfer_hicache_all_layer_staged_lf_pf(
+        ops_pages.transfer_hicache_all_layer_staged_lf_pf(
             _table(k_pool), _table(v_pool), src_tok, dst_tok, staging_k, staging_v, host_k, host_v,
             page_size=page_size, staged_copies=True,
         )  # fmt: skip
@@ -1308,7 +1308,7 @@ def test_page_unified_write_back_and_load_back(
     want = as_bytes(host).clone()
     want[dst_pages] = pu_expected_pages(k_pool, v_pool, src_pages, groups, heads, ps)
     if staged_copies:
-        ops_staged.transfer_hicache_all_layer_staged_lf_page_unified(
+        ops_pages.transfer_hicache_all_layer_staged_lf_page_unified(
             _table(k_pool), _table(v_pool), src_pages, dst_pages, staging, host, staged_copies=True
         )
     else:
@@ -1356,7 +1356,7 @@ def test_page_unified_mla_write_back_and_load_back(dtype: torch.dtype, staged_co
     for sp, dp in zip(src_pages.tolist(), dst_pages.tolist(), strict=True):
         want[dp] = torch.stack([as_bytes(buf[sp * ps : (sp + 1) * ps]) for buf in pool])
     if staged_copies:
-        ops_staged.transfer_hicache_all_layer_mla_staged_lf_page_unified(
+        ops_pages.transfer_hicache_all_layer_mla_staged_lf_page_unified(
             _table(pool), src_pages, dst_pages, staging, host, staged_copies=True
         )
     else:

@@ -4,7 +4,7 @@ on the row transfers, the staged write-back to page-first and page-unified host 
 page-unified load-back), and the flag-based stream wait used to order them.
 
 The row transfers are the functions of ``jit_kernel.ops.hicache`` (also exported at the top
-level), and the staged write-back and page-unified load-back those of ``jit_kernel.ops.hicache_staged``,
+level), and the staged write-back and page-unified load-back those of ``jit_kernel.ops.hicache_pages``,
 except :func:`transfer_hicache_all_layer_mla`, which takes the seed's keywords
 ``cache_src_stride_bytes`` / ``cache_dst_stride_bytes`` (the top-level function spells them
 ``kv_cache_*``, like the non-MLA form; both spellings work here). Differences from the seed
@@ -27,7 +27,7 @@ from jit_kernel.ops.hicache import (
     transfer_hicache_one_layer_mla,
     uses_bulk_copy_kernel,
 )
-from jit_kernel.ops.hicache_staged import (
+from jit_kernel.ops.hicache_pages import (
     can_use_page_unified_load_back_jit_kernel,
     can_use_write_back_jit_kernel,
     transfer_hicache_all_layer_mla_staged_lf_page_unified,

@@ -49,7 +49,7 @@ from jit_kernel.hicache import (
     uses_bulk_copy_kernel,
 )
 from jit_kernel.ops.hicache import _ONE_LAYER_TMA_KERNELS
-from jit_kernel.ops.hicache_staged import (
+from jit_kernel.ops.hicache_pages import (
     transfer_hicache_all_layer_staged_lf_page_unified,
     transfer_hicache_all_layer_staged_lf_pf,
 )

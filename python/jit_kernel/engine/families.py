@@ -108,21 +108,23 @@ HICACHE_TMA = KernelSpec(
     prebuilt=tuple((size, hicache_tma_stage_rows(size)) for size in HICACHE_ROW_SIZES),
 )
 
-# hicache_staged: write-back from layer-first device pools through a device staging buffer to
-# page-first and page-unified host layouts, and load-back from page-unified host pages
-# (csrc/hicache_staged.cuh). Row sizes are run-time values: one config serves every shape.
-HICACHE_STAGED = KernelSpec(
-    family="hicache_staged",
-    sources=("hicache_staged.cuh",),
+# hicache_pages: whole-page transfers between the device pools and pinned host pages
+# (csrc/hicache_pages.cuh): write-back from layer-first device pools to page-first and page-unified
+# host layouts (direct stores through the host pages' device alias; a staging buffer and copy-engine
+# copies on request), and load-back from page-unified host pages. Row sizes are run-time values: one
+# config serves every shape.
+HICACHE_PAGES = KernelSpec(
+    family="hicache_pages",
+    sources=("hicache_pages.cuh",),
     params=(),
     domains={},
     exports={
-        "lf_pf": "jit_kernel::hicache_staged::run_lf_pf",
-        "lf_pf_mla": "jit_kernel::hicache_staged::run_lf_pf_mla",
-        "pu_write": "jit_kernel::hicache_staged::run_pu_write",
-        "pu_write_mla": "jit_kernel::hicache_staged::run_pu_write_mla",
-        "pu_load": "jit_kernel::hicache_staged::run_pu_load",
-        "pu_load_mla": "jit_kernel::hicache_staged::run_pu_load_mla",
+        "lf_pf": "jit_kernel::hicache_pages::run_lf_pf",
+        "lf_pf_mla": "jit_kernel::hicache_pages::run_lf_pf_mla",
+        "pu_write": "jit_kernel::hicache_pages::run_pu_write",
+        "pu_write_mla": "jit_kernel::hicache_pages::run_pu_write_mla",
+        "pu_load": "jit_kernel::hicache_pages::run_pu_load",
+        "pu_load_mla": "jit_kernel::hicache_pages::run_pu_load_mla",
     },
     prebuilt=((),),
 )
@@ -385,7 +387,7 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_CUDA,
     HICACHE,
     HICACHE_TMA,
-    HICACHE_STAGED,
+    HICACHE_PAGES,
     STREAM_WAIT,
     RMSNORM,
     QKNORM,

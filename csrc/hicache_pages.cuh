@@ -58,7 +58,7 @@
 #include <string_view>
 #include <vector>
 
-namespace jit_kernel::hicache_staged {
+namespace jit_kernel::hicache_pages {
 
 inline constexpr int64_t kVecBytes = 16;
 inline constexpr uint32_t kUnroll = 4;  // 16-byte loads a lane has in flight
@@ -879,4 +879,4 @@ inline void run_pu_load_mla(
   pu_load<false>(cache_dst, nullptr, src, src_indices, dst_indices, layer_id, block_quota);
 }
 
-}  // namespace jit_kernel::hicache_staged
+}  // namespace jit_kernel::hicache_pages

@@ -29,7 +29,7 @@ page-unified host pages straight into the device pool's rows, the SMs reading pi
 its device alias under a block quota. An index out of range is skipped (no fault);
 ``JIT_KERNEL_CHECK_INDICES=1`` raises :class:`IndexError` naming it instead.
 
-Row sizes are run-time values (``csrc/hicache_staged.cuh``): one prebuilt module serves every shape.
+Row sizes are run-time values (``csrc/hicache_pages.cuh``): one prebuilt module serves every shape.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from typing import Any
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
-from jit_kernel.engine.families import HICACHE_STAGED
+from jit_kernel.engine.families import HICACHE_PAGES
 from jit_kernel.ops._common import KernelTable, Launch, kernel_op
 from jit_kernel.ops.hicache import DEFAULT_BLOCK_QUOTA, _check_bounds, _options
 
-_STAGED = Dispatcher(HICACHE_STAGED)
-_KERNELS = {export: KernelTable(_STAGED, export, lambda: ()) for export in HICACHE_STAGED.exports}
+_STAGED = Dispatcher(HICACHE_PAGES)
+_KERNELS = {export: KernelTable(_STAGED, export, lambda: ()) for export in HICACHE_PAGES.exports}
 
 
 def can_use_write_back_jit_kernel(
