@@ -44,8 +44,8 @@ from jit_kernel.engine.families import HICACHE_PAGES
 from jit_kernel.ops._common import KernelTable, Launch, kernel_op
 from jit_kernel.ops.hicache import DEFAULT_BLOCK_QUOTA, _check_bounds, _options
 
-_STAGED = Dispatcher(HICACHE_PAGES)
-_KERNELS = {export: KernelTable(_STAGED, export, lambda: ()) for export in HICACHE_PAGES.exports}
+_PAGES = Dispatcher(HICACHE_PAGES)
+_KERNELS = {export: KernelTable(_PAGES, export, lambda: ()) for export in HICACHE_PAGES.exports}
 
 
 def can_use_write_back_jit_kernel(
