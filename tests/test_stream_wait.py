@@ -68,7 +68,7 @@ _CORRECT_CASES = [
 @pytest.mark.parametrize(("order", "loading", "warm"), _CORRECT_CASES)
 @pytest.mark.parametrize("mode", ["event", "event_timeout"])
 def test_wait_in_every_order(mode: str, order: str, loading: str, warm: bool, device: int) -> None:
-    """The issue's reproduction: ``ev.wait(1); y = x + 1`` against ``_sleep; x.fill_(41);
+    """The user's case: ``ev.wait(1); y = x + 1`` against ``_sleep; x.fill_(41);
     ev.record(1)``, the wait enqueued first or last, lazy or eager loading: y is 42, no deadlock."""
     result = _run_case(order, mode, device, loading, warm)
     assert result["values"] == [42.0], result
@@ -87,8 +87,8 @@ _CUDA_LIMITATION = (
 def test_cold_wait_first_under_lazy_loading_still_deadlocks() -> None:
     """Pins the one order no stream-holding wait can serve: under lazy loading, the first launch of
     a kernel (the consumer's ``x + 1``) after the wait is enqueued, and before the producer is,
-    blocks the host thread for ever. Measured with the driver's wait (no SM held) as with the old
-    spinning kernel. If a driver ever lifts this, this test starts passing and fails as XPASS."""
+    blocks the host thread for ever, with the driver's wait (no SM held) as with a spinning kernel.
+    If a driver ever lifts this, this test starts passing and fails as XPASS."""
     _run_case("wait_first", "event", 0, "LAZY", warm=False, watchdog_s=15.0)
 
 

@@ -465,8 +465,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jit_kernel", description=__doc__)
     parser.set_defaults(handler=cmd_clangd, arch=None, output=".clangd", overwrite=False)
-    commands = parser.add_subparsers(dest="command")
     from_env = "default: $JIT_KERNEL_CUDA_ARCH, else this GPU's"
+    # Without a command the package writes .clangd, as the seed's does: it takes clangd's arch option too.
+    parser.add_argument(ARCH_OPTION, dest="arch", help=f"with no command: the .clangd's CUDA arch ({from_env})")
+    commands = parser.add_subparsers(dest="command")
 
     clangd = commands.add_parser("clangd", help="write a .clangd file for editing kernels")
     clangd.add_argument(ARCH_OPTION, "--cuda-arch", dest="arch", help=f"CUDA arch to configure, e.g. 9.0a ({from_env})")
