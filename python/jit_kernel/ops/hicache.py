@@ -356,7 +356,7 @@ def _all_layer(
         element_size = src_stride
     elif type(element_size) is not int:
         raise TypeError(f"{fn}: element_size must be an int, got {type(element_size).__name__}")
-    defaults = unroll is None and block_quota is None and page_size is None and src_stride == dst_stride
+    defaults = unroll is None and page_size is None and src_stride == dst_stride  # the key is the quota's too
     unroll, block_quota = _options(fn, element_size, unroll, block_quota, page_size)
     key = (element_size, unroll, HICACHE_NUM_THREADS)
     if defaults and element_size == src_stride:
@@ -371,10 +371,14 @@ _ALL_LAYER_KEYS: dict[int, tuple[int, int, int]] = {}
 
 def _all_layer_defaults(
     element_size: int | None, unroll: int | None, block_quota: int | None, page_size: int | None, src: int, dst: int
-) -> tuple[int, int, int] | None:
-    """The key of an all-layer call with every default and equal strides, once a call filed it."""
-    if element_size is None and unroll is None and block_quota is None and page_size is None and src == dst:
-        return _ALL_LAYER_KEYS.get(src) if type(src) is type(dst) is int else None
+) -> tuple[tuple[int, int, int], int] | None:
+    """(key, block quota) of an all-layer call with the default row size and unroll and equal
+    strides, once a call filed the key; None for any other call (the full plan checks it)."""
+    if element_size is None and unroll is None and page_size is None and src == dst and type(src) is type(dst) is int:
+        key = _ALL_LAYER_KEYS.get(src)
+        quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
+        if key is not None and type(quota) is int and quota >= 1:
+            return key, quota
     return None
 
 
@@ -416,9 +420,10 @@ def transfer_hicache_all_layer(
     the bulk-copy kernel is the slower one (host<->device the two are even).
     """
     src, dst = kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes
-    key = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)
-    if key is not None:
-        args = (k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, src, dst, DEFAULT_BLOCK_QUOTA)
+    remembered = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)
+    if remembered is not None:
+        key, quota = remembered
+        args = (k_ptr_dst, v_ptr_dst, indices_dst, k_ptr_src, v_ptr_src, indices_src, src, dst, quota)
         return _ALL_LAYER_KERNELS, key, args, None
     return _all_layer(
         "transfer_hicache_all_layer", _ALL_LAYER_KERNELS, (k_ptr_dst, v_ptr_dst),
@@ -447,14 +452,10 @@ def transfer_hicache_all_layer_mla(
 ) -> Launch:
     """The MLA form of :func:`transfer_hicache_all_layer`: one cache per layer, no V."""
     src, dst = kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes
-    key = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)
-    if key is not None:
-        return (
-            _ALL_LAYER_MLA_KERNELS,
-            key,
-            (ptr_dst, indices_dst, ptr_src, indices_src, src, dst, DEFAULT_BLOCK_QUOTA),
-            None,
-        )
+    remembered = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)
+    if remembered is not None:
+        key, quota = remembered
+        return _ALL_LAYER_MLA_KERNELS, key, (ptr_dst, indices_dst, ptr_src, indices_src, src, dst, quota), None
     return _all_layer(
         "transfer_hicache_all_layer_mla", _ALL_LAYER_MLA_KERNELS, (ptr_dst,),
         indices_dst, (ptr_src,), indices_src, kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes, element_size,
