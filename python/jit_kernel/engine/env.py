@@ -86,7 +86,7 @@ def aot_archs() -> str | None:
     return os.environ.get("JIT_KERNEL_AOT_ARCHS")
 
 
-# The ops' eager fast paths read JIT_KERNEL_CHECK_INDICES on every call (it may be toggled at run
+# The ops read JIT_KERNEL_CHECK_INDICES on every call (it may be toggled at run
 # time), so the common answer, "unset", must cost one dict lookup. No public form does: os.environ.get
 # and ``in`` of an unset variable raise and catch a KeyError inside, and os.environ has no hook that
 # would let an answer read once see a later change (timings: docs/design/engine.md). So this module
