@@ -15,10 +15,15 @@
 # for the scripts not rerun, so a run split over two jobs ends with one complete document.
 #
 # FlashInfer's JIT modules take about a minute each to compile: build them once with
-# ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz; norm, rope, page and the three
-# activations). Its JIT is disabled here (FLASHINFER_DISABLE_JIT=1; BENCH_FLASHINFER_JIT=1 keeps it):
-# a module missing from that file makes its FlashInfer cells read n/a instead of spending the run's
-# time compiling.
+# ci/prebuild-flashinfer.sh (.peers/flashinfer-jit-cache.tgz; norm, rope, page, the three
+# activations and sampling, the one bench_sampling's FlashInfer columns load). Its JIT is disabled
+# here (FLASHINFER_DISABLE_JIT=1; BENCH_FLASHINFER_JIT=1 keeps it): a module missing from that file
+# makes its FlashInfer cells read n/a instead of spending the run's time compiling.
+#
+# bench_sampling's CI grid is 176 medians and 11 torch.compile graphs (`python -m
+# jit_kernel.benchmark.run_all --plan --only sampling` prints its estimate): beside the other scripts
+# it does not fit one job's budget, so it runs as a job of its own:
+#   JIT_KERNEL_BENCH_COMMIT=$(git rev-parse --short HEAD) bash ci/bench-docs.sh --only sampling
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

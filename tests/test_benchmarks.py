@@ -373,7 +373,7 @@ def test_bench_elementwise_reports(load_bench: Callable[[str, bool], ModuleType]
     assert [report.fn.__name__ for report in module.REPORTS] == ["bench_scale", "bench_add_constant"]
 
 
-@pytest.mark.parametrize("name", ["bench_norm", "bench_quant", "bench_elementwise"])
+@pytest.mark.parametrize("name", ["bench_norm", "bench_quant", "bench_elementwise", "bench_sampling"])
 def test_bench_import_does_not_touch_cuda(load_bench: Callable[[str, bool], ModuleType], name: str) -> None:
     load_bench(name, False)
     assert not torch.cuda.is_initialized()
@@ -538,6 +538,285 @@ def test_main_without_save_path_writes_nothing(
 
 
 # ---------------------------------------------------------------------------------------------
+# bench_sampling: its grid, the torch baselines on the CPU, and a whole main() with a fake timer
+# (the read ceilings and the targets computed from the same measurements)
+
+SAMPLE_LINES = ["jit", "flashinfer", "vllm_torch", "torch_topk", "compile", "read", "copy"]
+FILTER_LINES = ["jit", "flashinfer", "vllm_torch", "copy"]
+COMPAT_LINES = ["jit", "flashinfer", "copy"]
+COMPAT_OPS = [
+    "top_p_sampling_from_probs",
+    "top_k_sampling_from_probs",
+    "min_p_sampling_from_probs",
+    "top_k_renorm_probs",
+    "top_p_renorm_probs",
+    "top_k_mask_logits",
+    "top_k_top_p_sampling_from_logits",
+]
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_bench_sampling_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
+    module = load_bench("bench_sampling", ci)
+    batches = [1, 32, 256] if ci else [1, 8, 32, 256, 1024]
+    side = [128256] if ci else [128256, 151936]
+    assert _describe(module.bench_sample, SAMPLE_LINES) == [
+        ("sample-float32-V128256", batches, {"dtype": "float32", "vocab": 128256}),
+        ("sample-float32-V151936", batches, {"dtype": "float32", "vocab": 151936}),
+        ("sample-float32-V262144", [1, 32], {"dtype": "float32", "vocab": 262144}),
+        *((f"sample-bfloat16-V{v}", batches, {"dtype": "bfloat16", "vocab": v}) for v in side),
+    ]
+    assert _describe(module.bench_filter, FILTER_LINES) == [
+        (f"{name}-float32-V{v}", batches, {"name": name, "vocab": v})
+        for name in ("top_k", "top_p", "min_p")
+        for v in side
+    ]
+    assert _describe(module.bench_compat, COMPAT_LINES) == [
+        (f"{op}-float32-V{v}", batches, {"op": op, "vocab": v}) for op in COMPAT_OPS for v in side
+    ]
+    assert [report.fn.__name__ for report in module.REPORTS] == ["bench_sample", "bench_filter", "bench_compat"]
+    # every config of the summary tables is one the reports measure, and the other way round
+    reports = ((module.bench_sample, "sample", "dtype"), (module.bench_filter, "filter", "name"))
+    measured = {
+        (kind, bench.args[arg], b, bench.args["vocab"])
+        for report, kind, arg in (*reports, (module.bench_compat, "compat", "op"))
+        for bench in report.benchmarks
+        for b in bench.x_vals
+    }
+    assert {key for table in module.summary_tables() for key, *_ in table.configs} == measured
+
+
+def test_bench_sampling_ci_grid_counts(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    module = load_bench("bench_sampling", True)
+    # sample: 11 configs x 7 providers; filters: 3 x 3 x 4; compat: 7 x 3 x 3
+    assert run_all.grid_counts(module.REPORTS) == {"measurements": 77 + 36 + 63, "jit": 11 + 9 + 21, "compiles": 11}
+
+
+def test_sampling_bytes(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    module = load_bench("bench_sampling", False)
+    assert module.logits_bytes(2, 1000, "bfloat16") == 4000
+    assert module.sample_bytes(2, 1000) == 2 * 1000 * 4 + 2 * module.REQUEST_BYTES
+    assert module.sample_bytes(2, 1000, "bfloat16") == 2 * 1000 * 2 + 2 * module.REQUEST_BYTES
+    assert module.compat_bytes("top_k_renorm_probs", 2, 1000) == 2 * 2 * 1000 * 4 + 2 * 4
+    assert module.compat_bytes("top_k_mask_logits", 2, 1000) == module.compat_bytes("top_p_renorm_probs", 2, 1000)
+    assert module.compat_bytes("top_p_sampling_from_probs", 2, 1000) == module.sample_bytes(2, 1000)
+
+
+def _allowed(logits: torch.Tensor, top_k: torch.Tensor, top_p: float | None, min_p: float | None) -> list[set[int]]:
+    """Per row, the tokens top-k (then top-p over the renormalised top-k set) or min-p keep, in float64."""
+    out = []
+    for row, k in zip(logits.double(), top_k.tolist(), strict=True):
+        probs = row.softmax(-1)
+        if min_p is not None:
+            out.append(set(torch.nonzero(probs >= min_p * probs.max()).flatten().tolist()))
+            continue
+        order = probs.argsort(descending=True)[:k]
+        kept = probs[order] / probs[order].sum()
+        above = kept.cumsum(-1) - kept
+        keep = above < top_p if top_p is not None else torch.ones_like(kept, dtype=torch.bool)
+        out.append(set(order[keep].tolist()))
+    return out
+
+
+def test_sampling_torch_baselines_on_cpu(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    """torch.topk + multinomial and vLLM's torch sampler draw only tokens that top-k then top-p (or
+    min-p) keep, with each request's own k."""
+    module = load_bench("bench_sampling", False)
+    torch.manual_seed(0)
+    logits = module.make_logits(3, 400, device="cpu")
+    r = module.make_requests(3, device="cpu")
+    assert logits.dtype == torch.float32 and logits.std() > 2.5  # randn * LOGITS_STD
+    assert r.top_k.dtype == torch.int32 and r.seed.dtype == r.offset.dtype == torch.int64
+    top_k = r.top_k.clone()
+    top_k[1] = 3
+    both = _allowed(logits, top_k, module.TOP_P, None)
+    assert len(both[1]) <= 3 and all(1 <= len(s) <= module.TOP_K for s in both)
+    k_only = _allowed(logits, top_k, None, None)
+    min_p = _allowed(logits, top_k, None, module.MIN_P)
+    for _ in range(20):
+        drawn = module.torch_topk_sample(logits, r.temperature, top_k, r.top_p)
+        vllm = module.vllm_torch_sample(logits.clone(), r.temperature, top_k, r.top_p)
+        vllm_k = module.vllm_torch_sample(logits.clone(), r.temperature, top_k=top_k)
+        vllm_min_p = module.vllm_torch_sample(logits.clone(), r.temperature, min_p=r.min_p)
+        for row in range(3):
+            assert int(drawn[row]) in both[row] and int(vllm[row]) in both[row]
+            assert int(vllm_k[row]) in k_only[row] and int(vllm_min_p[row]) in min_p[row]
+    # vLLM's sampler works in place on float32 logits, as vLLM does; bf16 logits are converted first
+    bf16 = logits.bfloat16()
+    module.vllm_torch_sample(bf16, r.temperature, top_k, r.top_p)
+    assert torch.equal(bf16, logits.bfloat16())
+    # the cases build the same calls
+    assert module.sample_case("torch_topk", "bfloat16", 2, 300, device="cpu")().shape == (2,)
+    assert module.sample_case("read", "float32", 2, 300, device="cpu")().shape == (2,)
+    assert module.filter_case("vllm_torch", "top_p", 2, 300, device="cpu")().shape == (2,)
+    assert module.sample_case("copy", "float32", 2, 300, device="cpu")().numel() == module.sample_bytes(2, 300) // 2
+    assert module.compat_case("copy", "top_k_mask_logits", 2, 300, device="cpu")().numel() == 2 * 300 * 4 + 4
+    with pytest.raises(ValueError, match="unknown provider"):
+        module.compat_case("vllm_torch", "top_k_renorm_probs", 2, 300, device="cpu")
+    with pytest.raises(ValueError, match="unknown op"):
+        module.compat_case("jit", "top_k_sampling", 2, 300, device="cpu")
+    with pytest.raises(ValueError, match="unknown filter"):
+        module.filter_case("jit", "typical_p", 2, 300, device="cpu")
+
+
+def test_bench_sampling_calls_bind_to_the_jit_kernel_ops(
+    load_bench: Callable[[str, bool], ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each jit case calls the public op with arguments its signature takes (on the CPU, the ops
+    replaced by recorders)."""
+    import inspect
+
+    import jit_kernel
+
+    module = load_bench("bench_sampling", False)
+    calls: list[str] = []
+
+    def recorder(name: str) -> Callable[..., None]:
+        signature = inspect.signature(getattr(jit_kernel, name))
+
+        def record(*args: object, **kwargs: object) -> None:
+            signature.bind(*args, **kwargs)
+            calls.append(name)
+
+        return record
+
+    for name in ("sample", *module.COMPAT_OPS):
+        monkeypatch.setattr(jit_kernel, name, recorder(name))
+    module.sample_case("jit", "bfloat16", 2, 64, device="cpu")()
+    for name in module.FILTERS:
+        module.filter_case("jit", name, 2, 64, device="cpu")()
+    for op in module.COMPAT_OPS:
+        module.compat_case("jit", op, 2, 64, device="cpu")()
+    assert calls == ["sample"] * 4 + list(module.COMPAT_OPS)
+
+
+SAMPLING_FAKE_US = {
+    "jit": 10.0,
+    "flashinfer": 40.0,
+    "vllm_torch": 200.0,
+    "torch_topk": 300.0,
+    "compile": 250.0,
+    "read": 5.0,
+    "copy": 8.0,
+}
+
+
+def _run_bench_sampling(
+    module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[tuple[Hashable, str]]
+) -> dict[str, object]:
+    """bench_sampling.main with a fake timer: the bandwidth copy at 2,000 GB/s, the paired empty
+    kernel at 2.0 us, FlashInfer missing at batch 256 of the compatible ops."""
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append((key, provider))
+        if key == module.BANDWIDTH_KEY:
+            return module.BANDWIDTH_BYTES / 2e6  # us for 2,000 GB/s
+        if provider == "flashinfer" and key[0] == "compat" and key[2] == 256:  # type: ignore[index]
+            return NAN
+        return SAMPLING_FAKE_US[provider]
+
+    monkeypatch.setattr(module, "RESULTS", Measurements(timer, lambda: 2.0))
+    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    module.main(["--json-dir", str(tmp_path)])
+    return json.loads((tmp_path / "bench_sampling.json").read_text())
+
+
+def test_bench_sampling_main_checks_the_targets_on_the_same_measurements(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench("bench_sampling", True)
+    calls: list[tuple[Hashable, str]] = []
+    doc = _run_bench_sampling(module, monkeypatch, tmp_path, calls)
+    printed = capsys.readouterr().out
+
+    # every (config, provider) measured once, plus the bandwidth copy
+    assert len(calls) == len(set(calls)) == 1 + run_all.grid_counts(module.REPORTS)["measurements"]
+    assert calls[0] == (module.BANDWIDTH_KEY, "copy")
+    assert doc["command"] == "JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_sampling --json-dir " + str(
+        tmp_path
+    )
+    assert doc["complete"] is True and doc["empty_kernel_us"] == 2.5
+    assert doc["notes"] == [module.bandwidth_note(2000.0)] and "at 2000 GB/s" in doc["notes"][0]
+    names = [table["name"] for table in doc["tables"]]
+    assert names == ["sample_float32", "sample_bfloat16", "filters", "compat", "targets"]
+    tables = {table["name"]: table for table in doc["tables"]}
+
+    # the read ceiling: the logits' bytes at 2,000 GB/s plus the empty kernel paired with the row's jit
+    sample = tables["sample_float32"]
+    assert list(sample["providers"]) == [*SAMPLE_LINES[:-1], "ceiling", "copy"]
+    assert [row["key"] for row in sample["rows"]] == [
+        [1, 128256], [32, 128256], [256, 128256], [1, 151936], [32, 151936], [256, 151936], [1, 262144], [32, 262144]
+    ]  # fmt: skip
+    row = sample["rows"][2]
+    assert row["us"]["ceiling"] == pytest.approx(256 * 128256 * 4 / 2e3 / 1e3 + 2.0, abs=1e-3)
+    assert row["us"]["jit"] == 10.0 and row["us"]["flashinfer"] == 40.0 and not row["tiny"]
+    bf16 = tables["sample_bfloat16"]["rows"][0]
+    assert bf16["us"]["ceiling"] == pytest.approx(128256 * 2 / 2e6 + 2.0, abs=1e-4) and bf16["vs_empty"] == 5.0
+    assert "ceiling" in tables["filters"]["providers"] and "ceiling" not in tables["compat"]["providers"]
+    assert tables["compat"]["rows"][2]["us"]["flashinfer"] is None  # batch 256 failed: n/a
+
+    # the targets, from the same numbers: FlashInfer 4x, vLLM 20x, 10 us at batch 1 (missed), the
+    # ceiling rows at batch >= 32, each compatible op 4x where FlashInfer was measured
+    targets = tables["targets"]
+    assert targets["header"] == ["target", "rows", "met", "worst row", "worst"]
+    by_text = {row[0]: row[1:] for row in targets["rows"]}
+    fi, vllm, ceiling, batch1, compat = (by_text[target.text] for target in module.TARGETS)
+    assert fi == ["11", "11 of 11", fi[2], "4.00x"] and vllm[1:2] == ["11 of 11"] and vllm[3] == "20.00x"
+    assert batch1[:2] == ["4", "0 of 4"] and batch1[3] == "10.00 us" and "batch 1" in batch1[2]
+    worst_ceiling = 10.0 / (32 * 128256 * 2 / 2e6 + 2.0)  # the fewest bytes: bf16 at batch 32
+    assert ceiling[:2] == ["7", "7 of 7"] and ceiling[3] == f"{worst_ceiling:.2f}x"
+    assert ceiling[2] == "bfloat16, batch 32, vocab 128256"
+    assert compat == ["21", "14 of 14", compat[2], "4.00x"]
+
+    # the printed summary shows the same tables and targets
+    summary = printed[printed.index("device: Fake GPU") : printed.index("results: ")]
+    assert "read ceiling: the logits' bytes at 2000 GB/s" in summary
+    assert "### targets, checked on this run" in summary
+    assert "| sample (top-k + top-p), batch 1: <= 5 us | 4 | 0 of 4 |" in summary
+    assert "| 256 | 128256 | 10.00 | 40.00 (4.00x) | 200.00 (20.00x) |" in summary
+
+
+def test_report_renders_the_sampling_section(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """The section: its command, the device, where the read ceiling comes from, the providers
+    tables (peers first, then the read and the ceiling) and the targets."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench("bench_sampling", True)
+    doc = _run_bench_sampling(module, monkeypatch, tmp_path, [])
+    text = report.render([*_fixture_docs(), doc], None)
+    lines = text.splitlines()
+    sections = [line for line in lines if line.startswith("## ")]
+    assert sections.index("## Sampling: top-k, top-p and min-p") == sections.index("## Gated activations") + 1
+    section = text[text.index("## Sampling: top-k, top-p and min-p") :]
+    section = section[: section.index("\n## ")]
+    assert "`JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_sampling --json-dir DIR`" in section
+    assert "Device: Fake GPU (compute capability 9.0, 132 SMs)." in section
+    assert f"- {module.bandwidth_note(2000.0)}" in section
+    assert (
+        "| batch | vocab | jit_kernel us | % of copy | vs empty | torch.compile us | FlashInfer us | vLLM torch us "
+        "| torch.topk + multinomial us | torch amax (read) us | read ceiling us | copy us |" in section
+    )
+    assert "| 256 | 128256 | 10.0 | 80% |  | 250.0 (25.00x) | 40.0 (4.00x) | 200.0 (20.00x) |" in section
+    assert "| sample (top-k + top-p), batch 1: <= 5 us | 4 | 0 of 4 |" in section
+    # the summary names the sampling peers; a document without them keeps its sentence
+    assert "FlashInfer in that row (sampling: also vLLM's torch sampler and torch.topk + torch.multinomial)." in text
+    assert "torch.compile and FlashInfer in that row.\n" in report.render(_fixture_docs(), None)
+
+
+# ---------------------------------------------------------------------------------------------
 # bench_dispatch: its CPU section runs for real (the add_constant host family); the GPU sections
 # are skipped without CUDA.
 
@@ -598,6 +877,21 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "moe_align_block_size (functional)",
         "moe_sum_reduce (out=)",
         "moe_sum_reduce (functional)",
+        "sample (out=)",
+        "sample (functional)",
+        "mask_logits (out=)",
+        "mask_logits (functional)",
+        "sampling_from_logits (functional)",
+        "sampling_from_probs (functional)",
+        "top_k_sampling_from_probs (functional)",
+        "top_p_sampling_from_probs (functional)",
+        "min_p_sampling_from_probs (functional)",
+        "top_k_top_p_sampling_from_logits (functional)",
+        "top_k_top_p_sampling_from_probs (functional)",
+        "top_k_renorm_probs (functional)",
+        "top_p_renorm_probs (functional)",
+        "top_k_mask_logits (functional)",
+        "chain_speculative_sampling (functional)",
     ]
     assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
     assert not torch.cuda.is_initialized()

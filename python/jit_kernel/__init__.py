@@ -88,7 +88,26 @@ if importlib.util.find_spec("torch") is not None:
     )
     from jit_kernel.ops.quant import per_tensor_quant_fp8
     from jit_kernel.ops.rope import apply_rope_with_cos_sin_cache_inplace, fused_qknorm_rope
+    from jit_kernel.ops.sampling import (
+        mask_logits,
+        min_p_sampling_from_probs,
+        sample,
+        sampling_from_logits,
+        sampling_from_probs,
+        top_k_mask_logits,
+        top_k_renorm_probs,
+        top_k_sampling_from_probs,
+        top_k_top_p_sampling_from_logits,
+        top_k_top_p_sampling_from_probs,
+        top_p_renorm_probs,
+        top_p_sampling_from_probs,
+    )
     from jit_kernel.ops.scale import scale
+    from jit_kernel.ops.speculative import (
+        chain_speculative_sampling,
+        tree_speculative_sampling_target_only,
+        verify_tree_greedy,
+    )
     from jit_kernel.ops.stream_wait import Event, StreamWaitTimeout, stream_wait_value, stream_wait_value_bounded
     from jit_kernel.ops.token_quant import (
         per_token_group_quant_fp8,
@@ -111,6 +130,7 @@ __all__ = [
     "apply_rope_with_cos_sin_cache_inplace",
     "cache_once",
     "can_use_hicache_jit_kernel",
+    "chain_speculative_sampling",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_per_token_group_quant_fp8",
     "fused_add_rmsnorm_per_token_quant_fp8",
@@ -124,6 +144,8 @@ __all__ = [
     "grouped_topk",
     "load_jit",
     "make_cpp_args",
+    "mask_logits",
+    "min_p_sampling_from_probs",
     "moe_align_block_size",
     "moe_sum_reduce",
     "per_tensor_quant_fp8",
@@ -134,6 +156,9 @@ __all__ = [
     "rmsnorm_per_token_group_quant_fp8",
     "rmsnorm_per_token_quant_fp8",
     "rmsnorm_quant_fp8",
+    "sample",
+    "sampling_from_logits",
+    "sampling_from_probs",
     "scale",
     "set_mla_kv_buffer",
     "silu_and_mul",
@@ -141,10 +166,19 @@ __all__ = [
     "store_kv_cache",
     "stream_wait_value",
     "stream_wait_value_bounded",
+    "top_k_mask_logits",
+    "top_k_renorm_probs",
+    "top_k_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_renorm_probs",
+    "top_p_sampling_from_probs",
     "topk_sigmoid",
     "topk_softmax",
     "transfer_hicache_all_layer",
     "transfer_hicache_all_layer_mla",
     "transfer_hicache_one_layer",
     "transfer_hicache_one_layer_mla",
+    "tree_speculative_sampling_target_only",
+    "verify_tree_greedy",
 ]

@@ -87,6 +87,9 @@ TOPK = 8  # MoE: experts per token
 QWEN3_EXPERTS = 128  # topk_softmax: Qwen3-MoE's routing, renormalised
 DSV3_EXPERTS, DSV3_GROUPS, DSV3_TOPK_GROUP, DSV3_SCALE = 256, 8, 4, 2.5  # grouped_topk: DeepSeek-V3's
 ALIGN_BLOCK = 64  # moe_align_block_size: block size, over DSV3_EXPERTS experts
+VOCAB = 128256  # sampling: Llama 3's vocabulary, float32 logits
+SAMPLE_TOP_K, SAMPLE_TOP_P = 50, 0.9  # sampling: per-request tensors of these values
+SPEC_DRAFT = 4  # chain_speculative_sampling: draft tokens per request
 GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
 EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
@@ -170,6 +173,20 @@ class Inputs:
         self.padded_total = empty(1, dtype=torch.int32)
         # moe_sum_reduce: bf16 [T, 8, HIDDEN] with float32 weights [T, 8] into out [T, HIDDEN]
         self.expert_out, self.expert_weights = act(tokens, TOPK, HIDDEN), torch.rand(tokens, TOPK, device=device)
+        # sampling: float32 logits [T, VOCAB] (and their softmax), per-request top-k / top-p tensors, each
+        # request's seed and offset, token ids [T]
+        self.logits = torch.randn(tokens, VOCAB, device=device)
+        self.probs = torch.softmax(self.logits, dim=-1)
+        self.sample_top_k = torch.full((tokens,), SAMPLE_TOP_K, dtype=torch.int32, device=device)
+        self.sample_top_p = torch.full((tokens,), SAMPLE_TOP_P, device=device)
+        self.seeds = torch.arange(tokens, dtype=torch.int64, device=device)
+        self.offsets = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.token_ids = empty(tokens, dtype=torch.int32)
+        self.masked = torch.empty_like(self.logits)
+        # chain_speculative_sampling: 4 draft tokens per request, their draft and target distributions
+        self.draft_probs = torch.softmax(torch.randn(tokens, SPEC_DRAFT, VOCAB, device=device), dim=-1)
+        self.draft_ids = torch.randint(0, VOCAB, (tokens, SPEC_DRAFT), dtype=torch.int32, device=device)
+        self.target_probs = torch.softmax(torch.randn(tokens, SPEC_DRAFT + 1, VOCAB, device=device), dim=-1)
 
 
 def _bind(fn: Callable[..., object], variables: Mapping[str, object], arguments: str) -> Call:
@@ -300,6 +317,20 @@ def _activation(name: str) -> tuple[tuple[str, ...], Callable[[Inputs], Spec]]:
         peer=peer("activation", name, t.gate_up, out=t.act_out),
         peer_functional=peer("activation", name, t.gate_up),
     )
+
+
+def _flashinfer_sampling(
+    name: str, inputs: Callable[[Inputs], tuple[object, ...]]
+) -> tuple[tuple[str, ...], Callable[[Inputs], Spec]]:
+    """A FlashInfer-named sampling op (it allocates its result): ours and FlashInfer's, on the same
+    per-request tensors; the samplers with each request's seed and offset."""
+
+    def spec(t: Inputs) -> Spec:
+        args = inputs(t)
+        kwargs = {} if name.endswith(("renorm_probs", "mask_logits")) else {"seed": t.seeds, "offset": t.offsets}
+        return Spec(getattr(jit_kernel, name), args, kwargs=kwargs, peer=peer("sampling", name, *args, **kwargs))
+
+    return ALLOCATES, spec
 
 
 # op -> (its forms, inputs -> Spec): the public call of each op and its FlashInfer peer; the raw call is
@@ -576,6 +607,36 @@ SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
             ("out",),
         ),
     ),
+    "sample": (
+        OUT,
+        lambda t: Spec(
+            jit_kernel.sample,
+            (t.logits,),
+            (t.token_ids,),
+            ("out",),
+            kwargs={"top_k": t.sample_top_k, "top_p": t.sample_top_p, "seed": t.seeds, "offset": t.offsets},
+        ),
+    ),
+    "mask_logits": (
+        OUT,
+        lambda t: Spec(jit_kernel.mask_logits, (t.logits,), (t.masked,), ("out",), kwargs={"top_k": t.sample_top_k}),
+    ),
+    **{
+        name: _flashinfer_sampling(name, inputs)
+        for name, inputs in (
+            ("sampling_from_logits", lambda t: (t.logits,)),
+            ("sampling_from_probs", lambda t: (t.probs,)),
+            ("top_k_sampling_from_probs", lambda t: (t.probs, t.sample_top_k)),
+            ("top_p_sampling_from_probs", lambda t: (t.probs, t.sample_top_p)),
+            ("min_p_sampling_from_probs", lambda t: (t.probs, t.sample_top_p)),
+            ("top_k_top_p_sampling_from_logits", lambda t: (t.logits, t.sample_top_k, t.sample_top_p)),
+            ("top_k_top_p_sampling_from_probs", lambda t: (t.probs, t.sample_top_k, t.sample_top_p)),
+            ("top_k_renorm_probs", lambda t: (t.probs, t.sample_top_k)),
+            ("top_p_renorm_probs", lambda t: (t.probs, t.sample_top_p)),
+            ("top_k_mask_logits", lambda t: (t.logits, t.sample_top_k)),
+            ("chain_speculative_sampling", lambda t: (t.draft_probs, t.draft_ids, t.target_probs)),
+        )
+    },
 }
 OPS: dict[str, Row] = {
     name + form: _row(spec, form, only=len(forms) == 1) for name, (forms, spec) in SPECS.items() for form in forms
@@ -584,6 +645,10 @@ CPU_OPS = ("add_constant (out=)", "add_constant (functional)")  # the ops with a
 # Public functions of jit_kernel.ops without a row, and why (tests/test_benchmarks.py checks that every
 # other one has a row).
 NO_ROW = {
+    "tree_speculative_sampling_target_only": "its inputs are a draft tree (seven index tensors of the "
+    "drafter's shape); tests/test_speculative.py covers it, no benchmark times it yet",
+    "verify_tree_greedy": "its inputs are a draft tree (seven index tensors of the drafter's shape); "
+    "tests/test_speculative.py covers it, no benchmark times it yet",
     "can_use_hicache_jit_kernel": "a predicate on a row size: launches nothing",
     "stream_wait_value": "a wait on a device flag (a driver stream memory operation): its cost is the wait",
     "stream_wait_value_bounded": "a wait on a device flag (one polling thread, bounded): its cost is the wait",

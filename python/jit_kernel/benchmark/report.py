@@ -42,6 +42,7 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("bench_quant", "Per-tensor fp8 quantization", "quant"),
     ("bench_norm_quant", "Fused RMSNorm + fp8 quantization, Gemma's RMSNorm", "norm_quant"),
     ("bench_moe", "MoE routing, align and combine", "moe"),
+    ("bench_sampling", "Sampling: top-k, top-p and min-p", "sampling"),
     ("bench_elementwise", "Elementwise: scale and add_constant", "elementwise"),
     ("bench_hicache", "hicache KV-cache transfers", "hicache"),
     ("bench_dispatch", "Dispatch overhead", "dispatch"),
@@ -50,7 +51,9 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
 )
 # Providers that are someone else's code (the rest are jit_kernel variants, the copy ceiling, or
 # compositions of our own ops).
-PEERS = ("eager", "eager_hf", "compile", "flashinfer", "liger")
+PEERS = ("eager", "eager_hf", "compile", "flashinfer", "liger", "vllm_torch", "torch_topk")
+# Peers only some scripts compare against, named in the summary's sentence where a table has them.
+OTHER_PEERS = {"vllm_torch": "vLLM's torch sampler", "torch_topk": "torch.topk + torch.multinomial"}
 ENVIRONMENT_LABELS = (
     ("torch", "torch"),
     ("triton", "triton"),
@@ -296,6 +299,22 @@ PLOTTERS = {
 }
 
 
+def device_and_notes_lines(doc: Json) -> list[str]:
+    """The device a section was measured on and the script's notes (bench_sampling: where its read
+    ceiling comes from)."""
+    device = doc["environment"].get("device") or {}
+    if device.get("name"):
+        lines = [f"Device: {device['name']} (compute capability {device['capability']}, {device['sms']} SMs)."]
+    else:
+        lines = ["Device: no CUDA device."]
+    notes = doc.get("notes") or []
+    return lines + ([""] + [f"- {note}" for note in notes] if notes else [])
+
+
+# script -> the lines its section adds after its command.
+SECTION_LINES = {"bench_sampling": device_and_notes_lines}
+
+
 def has_plot(doc: Json) -> bool:
     """Whether ``doc`` gets a plot (decided from the data alone, so the document does not depend
     on whether matplotlib ran)."""
@@ -444,12 +463,15 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
 
     summary = [row for doc in docs for t in doc["tables"] if t["kind"] == "providers" if (row := summary_row(t))]
     if summary:
+        present = {p for doc in docs for t in doc["tables"] if t["kind"] == "providers" for p in t["providers"]}
+        others = [label for provider, label in OTHER_PEERS.items() if provider in present]
         out += [
             "",
             "## Summary",
             "",
             "Ranges over each table's rows. The fastest peer is the fastest of torch eager (the norms: either "
-            "torch form), torch.compile and FlashInfer in that row.",
+            "torch form), torch.compile and FlashInfer in that row"
+            + (f" (sampling: also {' and '.join(others)})." if others else "."),
             "",
             *_table(SUMMARY_HEADER, summary),
         ]
@@ -465,6 +487,8 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
     for doc in docs:
         title, plot = family(doc["script"])
         out += ["", f"## {title}", "", doc["summary"], "", f"`{_public_command(doc['command'])}`"]
+        if doc["script"] in SECTION_LINES:
+            out += ["", *SECTION_LINES[doc["script"]](doc)]
         if run_of[doc["script"]] != usual_run:
             date, commit = run_of[doc["script"]]
             out += ["", f"_From another run than the other sections: {date}, commit {commit}._"]

@@ -84,6 +84,8 @@ SCRIPTS: tuple[Script, ...] = (
     # The grid's own estimate (routing at five sizes: ~130 s) plus room for FlashInfer's DeepSeek
     # routing module, which its JIT builds on first use when the cache carried in lacks it.
     Script("bench_moe", (), 170.0),
+    # The CI grid's medians (three tables and the targets' ceilings) and FlashInfer's sampling module.
+    Script("bench_sampling"),
     # Four 4-layer models (Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B shapes, Qwen3-8B with fp8 linear
     # layers): eager, CUDA graph and torch.compile (the compiles dominate; the two dense models took
     # 57 s and 35 s on the H100, the fp8 one 30 s).

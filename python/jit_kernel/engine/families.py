@@ -382,6 +382,37 @@ MOE_SUM_REDUCE = KernelSpec(
     prebuilt=(("bf16_t",),),
 )
 
+# sampling: temperature / top-k / top-p / min-p filtering, then a draw, a renormalisation or a mask
+# (csrc/sampling/sample.cuh). Config = the dtype of the logits or probabilities; the vocabulary,
+# the batch and every parameter are run-time, so one instance serves every model.
+SAMPLING = KernelSpec(
+    family="sampling",
+    sources=("sampling/sample.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={"run": "jit_kernel::sampling::Sampler<{args}>::run"},
+    prebuilt=(("fp32_t",), ("bf16_t",), ("fp16_t",)),
+)
+
+# speculative: verification of speculative-decoding drafts (csrc/sampling/speculative.cuh): chain
+# speculative sampling (FlashInfer's), the EAGLE tree's target-only sampling and greedy verification
+# (sgl-kernel's). Config = the dtype of the probabilities (verify_tree_greedy takes none and is
+# served by the fp32 instance); batch, draft length, tree size and vocabulary are run-time.
+# Prebuilt: fp32, what the serving frameworks pass.
+SPECULATIVE = KernelSpec(
+    family="speculative",
+    sources=("sampling/speculative.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={
+        "chain": "jit_kernel::speculative::Speculative<{args}>::chain",
+        "tree": "jit_kernel::speculative::Speculative<{args}>::tree",
+        "greedy": "jit_kernel::speculative::Speculative<{args}>::greedy",
+    },
+    prebuilt=(("fp32_t",),),
+)
+
+
 ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
     ADD_CONSTANT_CUDA,
@@ -406,6 +437,8 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     MOE_ROUTE,
     MOE_ALIGN,
     MOE_SUM_REDUCE,
+    SAMPLING,
+    SPECULATIVE,
 )
 
 
