@@ -15,15 +15,16 @@
 // memory once (renorm and mask read it a second time, from L2, to write their output), and a batch
 // of one row still spreads over kCluster SMs.
 //
-// Thresholds are exact radix selections (four passes of 8 bits) over order-preserving 32-bit keys:
-// top-k over the logits' float keys (counting elements), top-p over the fixed-point weights (summing
-// them). Weights are w = exp(x - max) (logits) or p / max(p) (probabilities) in fixed point,
+// Thresholds take two steps: a histogram over bins of each value's distance below the row's maximum
+// picks the bin holding the threshold, then an exact radix selection (four passes of 8 bits over the
+// values' order-preserving float keys) runs over that bin's elements only, from a list of candidates
+// where they fit (docs/design/sampling.md). top-k counts elements, top-p sums weights. Weights are w = exp(x - max) (logits) or p / max(p) (probabilities) in fixed point,
 // round(w * 2^30), so every sum is an integer, exact and independent of the order of the atomics:
 // the same row and random bits give the same token bit for bit, at any slot and batch size. A token
 // whose weight rounds to 0 (below 2^-31 of the largest) is never kept.
 //
-// Ties at a threshold are kept: every element equal to the k-th largest logit, and every element of
-// the weight at which top-p's cumulative mass (from the top) first reaches p of the total.
+// Ties at a threshold are kept: every element equal to the k-th largest value, and every element equal
+// to the value at which top-p's cumulative mass (from the largest value down) first reaches p.
 //
 // The draw: 64 random bits from Philox4x32-10 keyed by the row's seed with counter (offset, stream)
 // (`device::philox::draw`) scale the kept mass S to an integer target t in [0, S); the token is the
@@ -63,8 +64,6 @@ inline constexpr uint32_t kWarps = kThreads / 32;
 // A block's slice of the row lives in shared memory: 8 slices of up to 49,152 floats (192 KiB each).
 inline constexpr int64_t kMaxVocab = 393216;
 inline constexpr uint32_t kOne = 1u << 30;         // the fixed-point weight of the largest element
-inline constexpr uint32_t kExcluded = 1u << 31;    // "joint" order: outside top-k, still in top-p's mass
-inline constexpr uint32_t kWeightMask = kExcluded - 1;
 
 enum Mode : int { kSample = 0, kRenorm = 1, kMask = 2 };
 
