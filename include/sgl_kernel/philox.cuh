@@ -37,7 +37,9 @@ SGL_PHILOX_FN uint32_t mul_hi(uint32_t a, uint32_t b) {
 
 /// \brief Philox4x32 with 10 rounds: the 128 output bits for `counter` under `key` (k0, k1).
 SGL_PHILOX_FN Words philox4x32_10(Words counter, uint32_t k0, uint32_t k1) {
+#if defined(__CUDA_ARCH__)  // the host compiler does not know the pragma
 #pragma unroll
+#endif
   for (int round = 0; round < 10; ++round) {
     const uint32_t hi0 = mul_hi(kMultiplier0, counter.x);
     const uint32_t lo0 = kMultiplier0 * counter.x;
