@@ -125,14 +125,14 @@ SGL_DEVICE uint32_t float_key(float x) {
 // buffer again only after the next barrier, which every block passes after its reads of this one.
 struct Exchange {
   unsigned long long hist[2][256];
-  unsigned long long slot[2][4];
+  unsigned long long slot[2][2];
 };
 
 struct Shared {
   Exchange x;
   unsigned long long total[256];  // the cluster's histogram of the current pass
   unsigned long long warp_part[kWarps][2];
-  unsigned long long result[4];
+  unsigned long long result[16];
   uint32_t picked;
   unsigned long long remaining;
   uint32_t list_size;
@@ -145,35 +145,49 @@ SGL_DEVICE void next_round(Shared& s) {
   __syncthreads();
 }
 
-// Sum (op 0) or max (op 1) of up to four u64 per block over the cluster: every block gets the same
-// results in s.result, reduced in rank order.
+// The maxima of two u64 per block over the cluster, into s.result[0] and s.result[1] for every block.
 template <uint32_t kCluster>
-SGL_DEVICE void cluster_reduce(Shared& s, const unsigned long long (&mine)[4], const int (&ops)[4]) {
+SGL_DEVICE void cluster_max(Shared& s, unsigned long long first, unsigned long long second) {
   auto cluster = cooperative_groups::this_cluster();
   const uint32_t buf = s.round & 1;
-  if (threadIdx.x < 4) s.x.slot[buf][threadIdx.x] = mine[threadIdx.x];
+  if (threadIdx.x < 2) s.x.slot[buf][threadIdx.x] = threadIdx.x == 0 ? first : second;
   cluster.sync();
-  if (threadIdx.x < 4) {
-    const int op = ops[threadIdx.x];
+  if (threadIdx.x < 2) {
     unsigned long long acc = 0;
-    for (uint32_t r = 0; r < kCluster; ++r) {
-      const unsigned long long v = cluster.map_shared_rank(&s.x, r)->slot[buf][threadIdx.x];
-      acc = op == 1 ? (v > acc ? v : acc) : acc + v;
-    }
+    for (uint32_t r = 0; r < kCluster; ++r) acc = max(acc, cluster.map_shared_rank(&s.x, r)->slot[buf][threadIdx.x]);
     s.result[threadIdx.x] = acc;
   }
   next_round(s);
 }
 
-// Block-wide sum of one u64 per thread, in a fixed order; every thread gets it.
-SGL_DEVICE unsigned long long block_sum(Shared& s, unsigned long long v, int slot) {
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  if (threadIdx.x % 32 == 0) s.warp_part[threadIdx.x / 32][slot] = v;
+// Every block's value of one u64 over the cluster, into s.result[0 .. kCluster).
+template <uint32_t kCluster>
+SGL_DEVICE void cluster_gather(Shared& s, unsigned long long mine) {
+  auto cluster = cooperative_groups::this_cluster();
+  const uint32_t buf = s.round & 1;
+  if (threadIdx.x == 0) s.x.slot[buf][0] = mine;
+  cluster.sync();
+  if (threadIdx.x < kCluster) s.result[threadIdx.x] = cluster.map_shared_rank(&s.x, threadIdx.x)->slot[buf][0];
+  next_round(s);
+}
+
+// Inclusive prefix sum over the block of one u64 per thread (in thread order), and the block's total.
+SGL_DEVICE unsigned long long block_inclusive_scan(Shared& s, unsigned long long v, unsigned long long& total) {
+  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= static_cast<uint32_t>(d)) v += up;
+  }
+  if (lane == 31) s.warp_part[warp][1] = v;
   __syncthreads();
-  unsigned long long total = 0;
-  for (uint32_t w = 0; w < kWarps; ++w) total += s.warp_part[w][slot];
+  total = 0;
+  for (uint32_t w = 0; w < kWarps; ++w) {
+    const unsigned long long part = s.warp_part[w][1];
+    if (w < warp) v += part;
+    total += part;
+  }
   __syncthreads();
-  return total;
+  return v;
 }
 
 // The elements a pass visits: the block's slice of the row, or its list of candidates (values and
@@ -204,12 +218,18 @@ SGL_DEVICE void histogram(Shared& s, const Domain& domain, F&& bin_and_weight) {
   unsigned long long* hist = s.x.hist[buf];
   if (threadIdx.x < 256) hist[threadIdx.x] = 0;
   __syncthreads();
+  // Bin 255 (everything far below the maximum) would take most elements' atomics: it sums in a
+  // register instead, one atomic per warp.
+  unsigned long long far = 0;
   domain.each([&](float x) {
     uint32_t bin;
     unsigned long long w;
     bin_and_weight(x, bin, w);
-    if (w != 0) atomicAdd(&hist[bin], w);
+    if (bin == 255) far += w;
+    else if (w != 0) atomicAdd(&hist[bin], w);
   });
+  for (int d = 16; d > 0; d >>= 1) far += __shfl_xor_sync(0xffffffffu, far, d);
+  if (threadIdx.x % 32 == 0 && far != 0) atomicAdd(&hist[255], far);
   cluster.sync();
   if (threadIdx.x < 256) {
     unsigned long long acc = 0;
@@ -289,18 +309,77 @@ SGL_DEVICE float to_float(T v) {
 
 }  // namespace detail
 
-inline constexpr uint32_t kListCapacity = 2048;  // candidates a block keeps, beyond its slice
+// Candidates a block lists (values and indices of its slice's elements in the bins a threshold's
+// first step picked), and the most the cluster gathers into one sorted list to finish the thresholds
+// and the draw inside one block. The same bound for both: whether a row is finished from the gathered
+// list depends on the row alone, never on how many blocks share it.
+inline constexpr uint32_t kListCapacity = 2048;
 
-// Shared memory of a block, beyond the static `Shared`: its slice, then its candidate list.
+// Shared memory of a block, beyond the static `Shared`, in 32-bit words: its slice (reused for the
+// gathered list, 2 x kListCapacity u64), then its list of candidates (values, then indices).
 inline std::size_t dynamic_smem(int64_t chunk) {
-  return static_cast<std::size_t>(chunk + kListCapacity) * sizeof(uint32_t);
+  const int64_t region = chunk > 4 * int64_t{kListCapacity} ? chunk : 4 * int64_t{kListCapacity};
+  return static_cast<std::size_t>(region + 2 * kListCapacity) * sizeof(uint32_t);
 }
+
+namespace detail {
+
+// The float whose order-preserving key is `key` (the inverse of float_key).
+SGL_DEVICE float key_float(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// The smallest key in [low, high] at which `holds(value)` is true, for a predicate that holds from
+// some value upward (`high` must hold): 32 halvings of the key range.
+template <typename F>
+SGL_DEVICE uint32_t lowest_key_where(uint32_t low, uint32_t high, F&& holds) {
+  while (low < high) {
+    const uint32_t mid = low + (high - low) / 2;
+    if (holds(key_float(mid))) high = mid;
+    else low = mid + 1;
+  }
+  return low;
+}
+
+// Sorts `n2` (a power of two) u64 in shared memory in ascending order: a bitonic network.
+SGL_DEVICE void bitonic_sort(unsigned long long* a, uint32_t n2) {
+  for (uint32_t k = 2; k <= n2; k <<= 1) {
+    for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+      for (uint32_t i = threadIdx.x; i < n2; i += kThreads) {
+        const uint32_t partner = i ^ j;
+        if (partner > i) {
+          const unsigned long long x = a[i], y = a[partner];
+          if ((x > y) == ((i & k) == 0)) {
+            a[i] = y;
+            a[partner] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The first position in [0, n) whose value is >= `target` (or n) in an ascending array.
+SGL_DEVICE uint32_t lower_bound(const unsigned long long* a, uint32_t n, unsigned long long target) {
+  uint32_t low = 0, high = n;
+  while (low < high) {
+    const uint32_t mid = (low + high) / 2;
+    if (a[mid] < target) low = mid + 1;
+    else high = mid;
+  }
+  return low;
+}
+
+}  // namespace detail
 
 template <typename T, uint32_t kCluster>
 __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_constant__ Params p, int mode) {
   using namespace detail;
   extern __shared__ __align__(16) uint32_t values[];  // the slice's values (float bits), then the list
-  uint32_t* list_x = values + p.chunk;
+  const uint32_t region = static_cast<uint32_t>(max(p.chunk, 4 * int64_t{kListCapacity}));
+  uint32_t* list_x = values + region;
+  uint32_t* list_i = list_x + kListCapacity;
   __shared__ Shared s;
   auto cluster = cooperative_groups::this_cluster();
   const uint32_t rank = cluster.block_rank();
@@ -339,19 +418,20 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
   bool bad = false;
   if (valid) {
     const T* src = static_cast<const T*>(p.input) + row * p.input_stride + begin;
-    auto take = [&](uint32_t i, float x) {
-      values[i] = __float_as_uint(x);
-      bad |= (!(x < INFINITY) && !(x == -INFINITY)) || (p.probs && x < 0.0f);  // NaN, +inf, p < 0
+    auto take = [&](float x) {
+      bad |= !(x < INFINITY) || (p.probs && x < 0.0f);  // NaN, +inf, p < 0
       local_max = fmaxf(local_max, x);
+      return __float_as_uint(x);
     };
     uint32_t vector_end = 0;
     if (p.aligned) {
       // Every thread issues up to kBatch 16-byte loads before it uses any: enough bytes in flight
-      // for one block to stream its slice.
+      // for one block to stream its slice. Each load's elements go to shared memory as 16-byte stores.
       constexpr uint32_t kVec = 16 / sizeof(T);
       constexpr uint32_t kBatch = 32 / kVec;
       const uint32_t vectors = n / kVec;
       const uint4* src4 = reinterpret_cast<const uint4*>(src);
+      uint4* dst4 = reinterpret_cast<uint4*>(values);
       for (uint32_t base = 0; base < vectors; base += kThreads * kBatch) {
         uint4 v[kBatch];
 #pragma unroll
@@ -365,13 +445,19 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
           if (idx < vectors) {
             const T* e = reinterpret_cast<const T*>(&v[j]);
 #pragma unroll
-            for (uint32_t k = 0; k < kVec; ++k) take(idx * kVec + k, to_float(e[k]) * scale);
+            for (uint32_t q = 0; q < kVec; q += 4) {
+              dst4[idx * (kVec / 4) + q / 4] = make_uint4(
+                  take(to_float(e[q]) * scale),
+                  take(to_float(e[q + 1]) * scale),
+                  take(to_float(e[q + 2]) * scale),
+                  take(to_float(e[q + 3]) * scale));
+            }
           }
         }
       }
       vector_end = vectors * kVec;
     }
-    for (uint32_t i = vector_end + threadIdx.x; i < n; i += kThreads) take(i, to_float(src[i]) * scale);
+    for (uint32_t i = vector_end + threadIdx.x; i < n; i += kThreads) values[i] = take(to_float(src[i]) * scale);
   }
   {
     float m = local_max;
@@ -381,12 +467,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     __syncthreads();
     unsigned long long key = 0;
     for (uint32_t w = 0; w < kWarps; ++w) key = max(key, s.warp_part[w][0]);
-    const unsigned long long mine[4] = {key, any_bad ? 1ull : 0ull, 0, 0};
-    constexpr int ops[4] = {1, 1, 0, 0};
-    cluster_reduce<kCluster>(s, mine, ops);
+    cluster_max<kCluster>(s, key, any_bad ? 1ull : 0ull);
   }
   const uint32_t max_key = static_cast<uint32_t>(s.result[0]);
-  const float row_max = __uint_as_float((max_key & 0x80000000u) ? (max_key & 0x7fffffffu) : ~max_key);
+  const float row_max = key_float(max_key);
   valid = valid && s.result[1] == 0 && row_max > -INFINITY && (!p.probs || row_max > 0.0f);
 
   auto finish = [&] {
@@ -411,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     return;
   }
 
-  // The bins of the thresholds' first pass: a value's distance below the row's maximum, in eighths
+  // The bins of the thresholds' first step: a value's distance below the row's maximum, in eighths
   // of a nat (logits) or of an octave (probabilities); 255 holds all from 31.875 on. Monotone: a
   // larger value never has a larger bin.
   const float inv_max = 1.0f / row_max;
@@ -446,9 +530,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     unsigned long long lowest = 0xffffffffull;
     for (uint32_t w = 0; w < kWarps; ++w) lowest = min(lowest, s.warp_part[w][0]);
     const unsigned long long global = lowest == 0xffffffffull ? ~0ull : static_cast<unsigned long long>(begin) + lowest;
-    const unsigned long long mine[4] = {~global, 0, 0, 0};  // the max of the complement: the lowest index
-    constexpr int ops[4] = {1, 0, 0, 0};
-    cluster_reduce<kCluster>(s, mine, ops);
+    cluster_max<kCluster>(s, ~global, 0);  // the max of the complement: the lowest index
     argmax = static_cast<int64_t>(~s.result[0]);
     if (mode == kSample) {
       if (rank == 0 && threadIdx.x == 0) write_id(argmax, 0.0f);
@@ -457,31 +539,110 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     }
   }
 
-  Domain domain{values, n, list_x, 0, false};
-  // Build the block's list of candidates: the slice's elements in bins up to `last`, kept when they
-  // fit (kListCapacity); otherwise the passes keep reading the slice.
-  auto build_list = [&](uint32_t last) {
-    if (threadIdx.x == 0) s.list_size = 0;
-    __syncthreads();
-    for (uint32_t base = 0; base < n; base += kThreads) {
-      const uint32_t i = base + threadIdx.x;
-      const bool in = i < n && bin_of(__uint_as_float(values[i])) <= last;
-      const uint32_t ballot = __ballot_sync(0xffffffffu, in);
-      uint32_t start = 0;
-      if (threadIdx.x % 32 == 0 && ballot) start = atomicAdd(&s.list_size, __popc(ballot));
-      start = __shfl_sync(0xffffffffu, start, 0);
-      const uint32_t at = start + __popc(ballot & ((1u << (threadIdx.x % 32)) - 1));
-      if (in && at < kListCapacity) list_x[at] = values[i];
+  // Every filter keeps the values from some threshold up, so what all of them keep is the elements
+  // whose key is at least the largest of their threshold keys: `kept_from`.
+  uint32_t kept_from = 0;
+  const bool filter_k = !greedy && top_k < p.vocab;
+  const bool filter_p = !greedy && top_p < 1.0f;
+  // 4. min-p: weight >= min_p * the largest weight (2^30).
+  if (!greedy && min_p > 0.0f) {
+    const uint32_t min_weight = static_cast<uint32_t>(ceil(static_cast<double>(min_p) * kOne));
+    kept_from = lowest_key_where(0, max_key, [&](float x) { return weight_of(x) >= min_weight; });
+  }
+
+  // The rest of the row's draw: the kept mass of the slice (each thread a run of odd length, so that
+  // a warp's reads of shared memory fall in 32 different banks), the cluster's total, and the token
+  // at the target, found by the thread whose run holds it.
+  auto draw_from_slice = [&] {
+    const uint32_t per_thread = ((n + kThreads - 1) / kThreads) | 1u;
+    const uint32_t run_begin = min(n, threadIdx.x * per_thread);
+    const uint32_t run_end = min(n, run_begin + per_thread);
+    unsigned long long run_mass = 0;
+    for (uint32_t i = run_begin; i < run_end; ++i) {
+      const uint32_t bits = values[i];
+      if (float_key(__uint_as_float(bits)) >= kept_from) run_mass += weight_of(__uint_as_float(bits));
     }
-    __syncthreads();
-    domain.list_n = s.list_size;
-    domain.use_list = domain.list_n <= kListCapacity;
-    __syncthreads();
+    unsigned long long block_mass = 0;
+    const unsigned long long run_last = block_inclusive_scan(s, run_mass, block_mass);
+    cluster_gather<kCluster>(s, block_mass);
+    unsigned long long total = 0, before = 0;
+    for (uint32_t r = 0; r < kCluster; ++r) {
+      if (r < rank) before += s.result[r];
+      total += s.result[r];
+    }
+    const uint64_t stream = p.stream_is_row ? static_cast<uint64_t>(b) : 0;
+    const uint64_t random = device::philox::bits64(device::philox::draw(seed, offset, stream));
+    const unsigned long long target = __umul64hi(random, total);  // uniform on [0, total)
+    const unsigned long long run_start = before + run_last - run_mass;
+    if (run_mass > 0 && target >= run_start && target < run_start + run_mass) {
+      unsigned long long acc = run_start;
+      for (uint32_t i = run_begin; i < run_end; ++i) {
+        const float x = __uint_as_float(values[i]);
+        if (float_key(x) < kept_from) continue;
+        const uint32_t q = weight_of(x);
+        acc += q;
+        if (acc > target) {
+          write_id(begin + i, static_cast<float>(log(static_cast<double>(q)) - log(static_cast<double>(total))));
+          break;
+        }
+      }
+    }
+    finish();
   };
 
-  // 2. top-k: the elements in bins below `k_bin`, and those in `k_bin` with keys from `k_key` on.
-  uint32_t k_bin = 255, k_key = 0;
-  if (!greedy && top_k < p.vocab) {
+  // Renorm / mask: read the slice again (from L2) and write it, keeping what `keeps` keeps.
+  auto write_rows = [&](auto&& keeps) {
+    const T* src = static_cast<const T*>(p.input) + row * p.input_stride + begin;
+    T* dst = static_cast<T*>(p.output) + b * p.output_stride + begin;
+    if (mode == kRenorm) {
+      // The kept probabilities' float sum, in a fixed order (threads, warps, blocks by rank).
+      float sum = 0.0f;
+      for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
+        const float x = to_float(src[i]);
+        if (keeps(begin + i, x)) sum += x;
+      }
+      for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      if (threadIdx.x % 32 == 0) s.warp_part[threadIdx.x / 32][0] = __float_as_uint(sum);
+      __syncthreads();
+      float block_total = 0.0f;
+      for (uint32_t w = 0; w < kWarps; ++w) block_total += __uint_as_float(static_cast<uint32_t>(s.warp_part[w][0]));
+      cluster_gather<kCluster>(s, __float_as_uint(block_total));
+      float row_sum = 0.0f;
+      for (uint32_t r = 0; r < kCluster; ++r) row_sum += __uint_as_float(static_cast<uint32_t>(s.result[r]));
+      const float inv = 1.0f / row_sum;
+      for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
+        const float x = to_float(src[i]);
+        dst[i] = dtype_trait<T>::from(keeps(begin + i, x) ? x * inv : 0.0f);
+      }
+    } else {
+      for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
+        const float x = to_float(src[i]) * scale;
+        dst[i] = dtype_trait<T>::from(keeps(begin + i, x) ? x : -INFINITY);
+      }
+    }
+    finish();
+  };
+  auto keeps_from = [&](int64_t, float x) { return float_key(x) >= kept_from; };
+
+  if (greedy) {
+    write_rows([&](int64_t i, float) { return i == argmax; });
+    return;
+  }
+  if (!filter_k && !filter_p) {
+    if (mode == kSample) draw_from_slice();
+    else write_rows(keeps_from);
+    return;
+  }
+
+  // 2, 3. top-k and top-p. The first step of the first of them (top-k's counts, or top-p's mass
+  // where top-k is off) picks the bin holding its threshold; each block lists the elements in that
+  // bin and above. Where the cluster's lists together fit in one (kListCapacity), every block that
+  // needs the thresholds gathers them, sorted by value (largest first, ties by index), and finishes
+  // alone; otherwise the thresholds take the cluster's exact radix passes.
+  Domain domain{values, n, list_x, 0, false};
+  unsigned long long target = 0, row_mass = 0;
+  uint32_t first_bin = 255;
+  if (filter_k) {
     // Counts per bin; bin 255 (everything far below the maximum) is the rest of the row.
     histogram<kCluster>(s, domain, [&](float x, uint32_t& bin, unsigned long long& w) {
       bin = bin_of(x);
@@ -492,143 +653,149 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     __syncthreads();
     if (threadIdx.x == 0) s.total[255] = static_cast<unsigned long long>(p.vocab) - near;
     __syncthreads();
-    unsigned long long target = static_cast<unsigned long long>(top_k);
-    k_bin = pick(s, target, false);
-    const bool whole_bin = s.total[k_bin] == target;
-    if (k_bin < 255 || n <= kListCapacity) build_list(k_bin);
-    if (!whole_bin) {
-      k_key = refine<kCluster>(s, domain, k_bin, target, bin_of, [](float) { return 1ull; });
-    }
-  }
-  auto passes_k = [&](float x) {
-    const uint32_t bin = bin_of(x);
-    return bin < k_bin || (bin == k_bin && float_key(x) >= k_key);
-  };
-
-  // 3. top-p: the smallest set of the largest values whose mass reaches top_p of the top-k set's (or,
-  //    joint, the row's), by the same two steps with weights for counts.
-  uint32_t p_bin = 255, p_key = 0;
-  if (!greedy && top_p < 1.0f) {
-    const Domain mass_domain = p.joint ? Domain{values, n, list_x, 0, false} : domain;
-    histogram<kCluster>(s, mass_domain, [&](float x, uint32_t& bin, unsigned long long& w) {
-      bin = bin_of(x);
-      w = (p.joint || passes_k(x)) ? weight_of(x) : 0u;
-    });
-    unsigned long long base = 0;
-    for (uint32_t j = 0; j < 256; ++j) base += s.total[j];
-    unsigned long long target = static_cast<unsigned long long>(ceil(static_cast<double>(base) * top_p));
-    target = max(target, 1ull);
-    p_bin = pick(s, target, false);
-    if (!domain.use_list && !p.joint && (p_bin < 255 || n <= kListCapacity)) build_list(p_bin);
-    const Domain refine_domain = p.joint ? mass_domain : domain;
-    p_key = refine<kCluster>(s, refine_domain, p_bin, target, bin_of, [&](float x) -> unsigned long long {
-      return (p.joint || passes_k(x)) ? weight_of(x) : 0u;
-    });
-  }
-  // 4. min-p: weight >= min_p * the largest weight (2^30).
-  const uint32_t min_weight = min_p > 0.0f ? static_cast<uint32_t>(ceil(static_cast<double>(min_p) * kOne)) : 0u;
-  auto kept = [&](float x) {
-    const uint32_t bin = bin_of(x);
-    const uint32_t key = float_key(x);
-    return (bin < k_bin || (bin == k_bin && key >= k_key)) && (bin < p_bin || (bin == p_bin && key >= p_key)) &&
-           (min_weight == 0 || weight_of(x) >= min_weight);
-  };
-
-  if (mode == kSample) {
-    // 5. The kept mass, per block and in all, then the draw.
-    unsigned long long mass = 0;
-    domain.each([&](float x) {
-      if (kept(x)) mass += weight_of(x);
-    });
-    const unsigned long long block_mass = block_sum(s, mass, 0);
-    __shared__ unsigned long long block_masses[kCluster];
-    {
-      const uint32_t buf = s.round & 1;
-      if (threadIdx.x == 0) s.x.slot[buf][0] = block_mass;
-      cluster.sync();
-      if (threadIdx.x < kCluster) block_masses[threadIdx.x] = cluster.map_shared_rank(&s.x, threadIdx.x)->slot[buf][0];
-      next_round(s);
-    }
-    unsigned long long total = 0, before = 0;
-    for (uint32_t r = 0; r < kCluster; ++r) {
-      if (r < rank) before += block_masses[r];
-      total += block_masses[r];
-    }
-    const uint64_t stream = p.stream_is_row ? static_cast<uint64_t>(b) : 0;
-    const uint64_t bits = device::philox::bits64(device::philox::draw(seed, offset, stream));
-    const unsigned long long target = __umul64hi(bits, total);  // uniform on [0, total)
-    if (target >= before && target < before + block_mass) {
-      // This block holds the token: the first index whose inclusive prefix of kept weights, in index
-      // order, exceeds the target. Runs of odd length per thread, so that a warp's reads of shared
-      // memory fall in 32 different banks.
-      const uint32_t per_thread = ((n + kThreads - 1) / kThreads) | 1u;
-      const uint32_t run_begin = min(n, threadIdx.x * per_thread);
-      const uint32_t run_end = min(n, run_begin + per_thread);
-      unsigned long long run_mass = 0;
-      for (uint32_t i = run_begin; i < run_end; ++i) {
-        const float x = __uint_as_float(values[i]);
-        if (kept(x)) run_mass += weight_of(x);
-      }
-      unsigned long long inclusive = run_mass;
-      const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-      for (int d = 1; d < 32; d <<= 1) {
-        const unsigned long long up = __shfl_up_sync(0xffffffffu, inclusive, d);
-        if (lane >= static_cast<uint32_t>(d)) inclusive += up;
-      }
-      if (lane == 31) s.warp_part[warp][1] = inclusive;
-      __syncthreads();
-      unsigned long long run_start = before + inclusive - run_mass;
-      for (uint32_t w = 0; w < warp; ++w) run_start += s.warp_part[w][1];
-      if (run_mass > 0 && target >= run_start && target < run_start + run_mass) {
-        unsigned long long acc = run_start;
-        for (uint32_t i = run_begin; i < run_end; ++i) {
-          const float x = __uint_as_float(values[i]);
-          if (!kept(x)) continue;
-          const uint32_t q = weight_of(x);
-          acc += q;
-          if (acc > target) {
-            write_id(begin + i, static_cast<float>(log(static_cast<double>(q)) - log(static_cast<double>(total))));
-            break;
-          }
-        }
-      }
-    }
+    target = static_cast<unsigned long long>(top_k);
   } else {
-    // Renorm / mask: read the row again (from L2) and write it.
-    const T* src = static_cast<const T*>(p.input) + row * p.input_stride + begin;
-    T* dst = static_cast<T*>(p.output) + b * p.output_stride + begin;
-    auto keeps = [&](uint32_t i) {
-      return greedy ? begin + i == argmax : kept(__uint_as_float(values[i]));
-    };
-    if (mode == kRenorm) {
-      // The kept probabilities' float sum, in a fixed order (threads, warps, blocks by rank).
-      float sum = 0.0f;
-      for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
-        if (keeps(i)) sum += to_float(src[i]);
-      }
-      for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-      if (threadIdx.x % 32 == 0) s.warp_part[threadIdx.x / 32][0] = __float_as_uint(sum);
-      __syncthreads();
-      float block_total = 0.0f;
-      for (uint32_t w = 0; w < kWarps; ++w) block_total += __uint_as_float(static_cast<uint32_t>(s.warp_part[w][0]));
-      const uint32_t buf = s.round & 1;
-      if (threadIdx.x == 0) s.x.slot[buf][0] = __float_as_uint(block_total);
-      cluster.sync();
-      float row_sum = 0.0f;
-      for (uint32_t r = 0; r < kCluster; ++r) {
-        row_sum += __uint_as_float(static_cast<uint32_t>(cluster.map_shared_rank(&s.x, r)->slot[buf][0]));
-      }
-      const float inv = 1.0f / row_sum;
-      for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
-        dst[i] = dtype_trait<T>::from(keeps(i) ? to_float(src[i]) * inv : 0.0f);
-      }
-    } else {
-      for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
-        dst[i] = dtype_trait<T>::from(keeps(i) ? to_float(src[i]) * scale : -INFINITY);
-      }
+    histogram<kCluster>(s, domain, [&](float x, uint32_t& bin, unsigned long long& w) {
+      bin = bin_of(x);
+      w = weight_of(x);
+    });
+    for (uint32_t j = 0; j < 256; ++j) row_mass += s.total[j];
+    target = max(static_cast<unsigned long long>(ceil(static_cast<double>(row_mass) * top_p)), 1ull);
+  }
+  first_bin = pick(s, target, false);
+  const bool whole_bin = s.total[first_bin] == target;
+  __syncthreads();
+
+  // The block's list, in any order: values and (global) indices of its elements in bins up to first_bin.
+  for (uint32_t base = 0; base < n; base += kThreads) {
+    const uint32_t i = base + threadIdx.x;
+    const bool in = i < n && bin_of(__uint_as_float(values[i])) <= first_bin;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, in);
+    uint32_t start = 0;
+    if (threadIdx.x % 32 == 0 && ballot) start = atomicAdd(&s.list_size, __popc(ballot));
+    start = __shfl_sync(0xffffffffu, start, 0);
+    const uint32_t at = start + __popc(ballot & ((1u << (threadIdx.x % 32)) - 1));
+    if (in && at < kListCapacity) {
+      list_x[at] = values[i];
+      list_i[at] = static_cast<uint32_t>(begin + i);
     }
   }
-  finish();
+  __syncthreads();
+  const uint32_t listed = s.list_size;
+  cluster_gather<kCluster>(s, listed);
+  unsigned long long gathered = 0;
+  for (uint32_t r = 0; r < kCluster; ++r) gathered += s.result[r];
+  // joint top-p after top-k needs the whole row's mass, which the lists do not hold.
+  if (gathered <= kListCapacity && !(filter_k && filter_p && p.joint)) {
+    unsigned long long* sorted = reinterpret_cast<unsigned long long*>(values);  // the slice is no longer read
+    unsigned long long* prefix = sorted + kListCapacity;
+    const bool finishes = mode != kSample || rank == 0;
+    const uint32_t count = static_cast<uint32_t>(gathered);
+    uint32_t n2 = 1;
+    while (n2 < count) n2 <<= 1;
+    if (finishes) {
+      // Sort keys: (~key << 32 | index) ascending is value descending, then index ascending.
+      uint32_t at = 0;
+      for (uint32_t r = 0; r < kCluster; ++r) {
+        const uint32_t size = static_cast<uint32_t>(s.result[r]);
+        const uint32_t* rx = cluster.map_shared_rank(list_x, r);
+        const uint32_t* ri = cluster.map_shared_rank(list_i, r);
+        for (uint32_t j = threadIdx.x; j < size; j += kThreads) {
+          sorted[at + j] = (static_cast<unsigned long long>(~float_key(__uint_as_float(rx[j]))) << 32) | ri[j];
+        }
+        at += size;
+      }
+      for (uint32_t j = count + threadIdx.x; j < n2; j += kThreads) sorted[j] = ~0ull;
+    }
+    cluster.sync();  // every block's list is read: blocks may leave
+    if (!finishes) return;
+    __syncthreads();
+    bitonic_sort(sorted, n2);
+    auto key_at = [&](uint32_t j) { return ~static_cast<uint32_t>(sorted[j] >> 32); };
+    // Inclusive prefix sums of the weights in sorted order: each thread four consecutive entries.
+    {
+      constexpr uint32_t kPer = kListCapacity / kThreads;
+      unsigned long long q[kPer], mine = 0;
+#pragma unroll
+      for (uint32_t j = 0; j < kPer; ++j) {
+        const uint32_t at = threadIdx.x * kPer + j;
+        q[j] = at < count ? weight_of(key_float(key_at(at))) : 0u;
+        mine += q[j];
+      }
+      unsigned long long total = 0;
+      unsigned long long acc = block_inclusive_scan(s, mine, total) - mine;
+#pragma unroll
+      for (uint32_t j = 0; j < kPer; ++j) {
+        const uint32_t at = threadIdx.x * kPer + j;
+        acc += q[j];
+        if (at < count) prefix[at] = acc;
+      }
+      __syncthreads();
+    }
+    // The number of sorted entries whose key is at least `key`.
+    auto count_from = [&](uint32_t key) {
+      return lower_bound(sorted, count, (static_cast<unsigned long long>(~key) << 32) | 0xffffffffull);
+    };
+    const uint32_t k_from = filter_k ? key_at(static_cast<uint32_t>(min(top_k, static_cast<int64_t>(count))) - 1) : 0u;
+    kept_from = max(kept_from, k_from);
+    if (filter_p) {
+      // top-p over the top-k set (ties at its threshold included), or over the row.
+      const unsigned long long base = filter_k ? prefix[count_from(k_from) - 1] : row_mass;
+      const unsigned long long p_target = max(static_cast<unsigned long long>(ceil(static_cast<double>(base) * top_p)), 1ull);
+      const uint32_t at = lower_bound(prefix, count, p_target);
+      kept_from = max(kept_from, key_at(min(at, count - 1)));
+    }
+    const uint32_t kept = count_from(kept_from);
+    if (mode == kSample) {
+      const unsigned long long total = prefix[kept - 1];
+      const uint64_t stream = p.stream_is_row ? static_cast<uint64_t>(b) : 0;
+      const uint64_t random = device::philox::bits64(device::philox::draw(seed, offset, stream));
+      const unsigned long long t = __umul64hi(random, total);
+      if (threadIdx.x == 0) {
+        const uint32_t at = lower_bound(prefix, kept, t + 1);  // the first inclusive prefix above t
+        const unsigned long long q = prefix[at] - (at > 0 ? prefix[at - 1] : 0);
+        write_id(static_cast<int64_t>(sorted[at] & 0xffffffffull),
+                 static_cast<float>(log(static_cast<double>(q)) - log(static_cast<double>(total))));
+        if (p.advance && p.offset != nullptr) p.offset[b] = static_cast<int64_t>(offset + 1);
+      }
+      return;
+    }
+    write_rows(keeps_from);
+    return;
+  }
+
+  // The cluster's exact passes. A block whose list holds all its candidates passes over the list.
+  domain.list_n = listed;
+  domain.use_list = listed <= kListCapacity;
+  uint32_t k_from = 0;
+  if (filter_k) {
+    // top-k's threshold: the smallest key of the bins up to first_bin where the whole bin is kept,
+    // else the refinement inside it.
+    k_from = whole_bin ? lowest_key_where(0, max_key, [&](float x) { return bin_of(x) <= first_bin; })
+                       : refine<kCluster>(s, domain, first_bin, target, bin_of, [](float) { return 1ull; });
+    kept_from = max(kept_from, k_from);
+  }
+  if (filter_p) {
+    auto mass_of = [&](float x) -> unsigned long long {
+      return (p.joint || float_key(x) >= k_from) ? weight_of(x) : 0u;
+    };
+    uint32_t p_bin = first_bin;
+    if (filter_k) {
+      const Domain mass_domain = p.joint ? Domain{values, n, list_x, 0, false} : domain;
+      histogram<kCluster>(s, mass_domain, [&](float x, uint32_t& bin, unsigned long long& w) {
+        bin = bin_of(x);
+        w = mass_of(x);
+      });
+      unsigned long long base = 0;
+      for (uint32_t j = 0; j < 256; ++j) base += s.total[j];
+      target = max(static_cast<unsigned long long>(ceil(static_cast<double>(base) * top_p)), 1ull);
+      p_bin = pick(s, target, false);
+    }
+    const Domain refine_domain = p.joint && filter_k ? Domain{values, n, list_x, 0, false} : domain;
+    kept_from = max(kept_from, refine<kCluster>(s, refine_domain, p_bin, target, bin_of, mass_of));
+  }
+  if (mode == kSample) draw_from_slice();
+  else write_rows(keeps_from);
 }
 
 // The launcher: `mode` kSample writes token ids into `output` [B] (int32 or int64) and, when given,
@@ -793,11 +960,15 @@ struct Sampler {
     p.chunk = div_ceil(div_ceil(p.vocab, int64_t{kBlocks}), kVec) * kVec;
     p.aligned = reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && p.input_stride % kVec == 0;
     constexpr auto kernel = sample_kernel<T, kBlocks>;
-    if constexpr (kBlocks > 8) {
-      runtime::init_per_device<Sampler>(dev.device_id, [] {
+    // Once per device: the opt-in to the largest slice (LaunchKernel's own opt-in above 48 KiB of
+    // dynamic shared memory does not count the static `Shared`), and clusters above the portable 8.
+    runtime::init_per_device(dev.device_id, [] {
+      constexpr int64_t kMaxChunk = (kMaxVocab / kBlocks + kVec - 1) / kVec * kVec;
+      runtime::set_max_dynamic_smem(kernel, dynamic_smem(kMaxChunk));
+      if constexpr (kBlocks > 8) {
         RuntimeDeviceCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      });
-    }
+      }
+    });
     LaunchKernel(static_cast<uint32_t>(p.batch * kBlocks), kThreads, dev, dynamic_smem(p.chunk))
         .enable_cluster(kBlocks)
         .enable_pdl(pdl)(kernel, p, mode);
