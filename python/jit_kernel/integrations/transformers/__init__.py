@@ -51,6 +51,9 @@ The package, by concern:
 - ``plans``: what each patched module keeps, and reading a module into its plan (or why not).
 - ``forwards``: the patched forwards.
 - ``patching``: :func:`apply`, one step per part, and :class:`Patched`.
+- ``sampling``: ``generate()``'s temperature, top-k, top-p and min-p as one ``mask_logits`` launch
+  (:class:`JitKernelLogitsProcessor`), and :func:`logits_processor`, which reads them from a
+  ``GenerationConfig`` and returns a copy of it with transformers' own warpers off.
 
 A new op (a decode GEMM, a sampler) is a field of :class:`Backend` with its torch computation in
 ``reference``; a module that runs it gets a plan in ``plans``, a forward in ``forwards`` and a step
@@ -78,14 +81,18 @@ from .plans import ACTIVATIONS as ACTIVATIONS
 from .plans import STATIC_ROPE_TYPES as STATIC_ROPE_TYPES
 from .reference import FP8_BLOCK as FP8_BLOCK
 from .reference import FP8_E4M3_MAX as FP8_E4M3_MAX
+from .sampling import JitKernelLogitsProcessor as JitKernelLogitsProcessor
+from .sampling import logits_processor as logits_processor
 
 __all__ = [
     "BACKENDS",
     "SUPPORTED_MODEL_TYPES",
     "Backend",
+    "JitKernelLogitsProcessor",
     "JitKernelRMSNorm",
     "Patched",
     "apply",
     "get_backend",
     "kernel_mapping",
+    "logits_processor",
 ]
