@@ -124,7 +124,10 @@ SGL_DEVICE uint32_t float_key(float x) {
 // alternates between two buffers, so one cluster barrier per exchange suffices: a block writes a
 // buffer again only after the next barrier, which every block passes after its reads of this one.
 struct Exchange {
-  unsigned long long hist[2][256];
+  // A histogram's bins as two 32-bit words each: shared memory has native 32-bit atomic adds only
+  // (a 64-bit one is a compare-and-swap loop, which contended bins spin in).
+  uint32_t low[2][256];
+  uint32_t high[2][256];
   unsigned long long slot[2][2];
 };
 
@@ -215,9 +218,21 @@ template <uint32_t kCluster, typename F>
 SGL_DEVICE void histogram(Shared& s, const Domain& domain, F&& bin_and_weight) {
   auto cluster = cooperative_groups::this_cluster();
   const uint32_t buf = s.round & 1;
-  unsigned long long* hist = s.x.hist[buf];
-  if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+  uint32_t* low = s.x.low[buf];
+  uint32_t* high = s.x.high[buf];
+  if (threadIdx.x < 256) {
+    low[threadIdx.x] = 0;
+    high[threadIdx.x] = 0;
+  }
   __syncthreads();
+  // Adds w to a bin exactly: the low word wraps at most once per add, and the add that wraps it
+  // carries one into the high word.
+  auto add = [&](uint32_t bin, unsigned long long w) {
+    const uint32_t w_low = static_cast<uint32_t>(w);
+    const uint32_t before = atomicAdd(&low[bin], w_low);
+    const uint32_t carry = (before + w_low < before ? 1u : 0u) + static_cast<uint32_t>(w >> 32);
+    if (carry != 0) atomicAdd(&high[bin], carry);
+  };
   // Bin 255 (everything far below the maximum) would take most elements' atomics: it sums in a
   // register instead, one atomic per warp.
   unsigned long long far = 0;
@@ -226,14 +241,17 @@ SGL_DEVICE void histogram(Shared& s, const Domain& domain, F&& bin_and_weight) {
     unsigned long long w;
     bin_and_weight(x, bin, w);
     if (bin == 255) far += w;
-    else if (w != 0) atomicAdd(&hist[bin], w);
+    else if (w != 0) add(bin, w);
   });
   for (int d = 16; d > 0; d >>= 1) far += __shfl_xor_sync(0xffffffffu, far, d);
-  if (threadIdx.x % 32 == 0 && far != 0) atomicAdd(&hist[255], far);
+  if (threadIdx.x % 32 == 0 && far != 0) add(255, far);
   cluster.sync();
   if (threadIdx.x < 256) {
     unsigned long long acc = 0;
-    for (uint32_t r = 0; r < kCluster; ++r) acc += cluster.map_shared_rank(&s.x, r)->hist[buf][threadIdx.x];
+    for (uint32_t r = 0; r < kCluster; ++r) {
+      const Exchange* remote = cluster.map_shared_rank(&s.x, r);
+      acc += (static_cast<unsigned long long>(remote->high[buf][threadIdx.x]) << 32) | remote->low[buf][threadIdx.x];
+    }
     s.total[threadIdx.x] = acc;
   }
   next_round(s);

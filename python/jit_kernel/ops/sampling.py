@@ -250,7 +250,10 @@ def _draw_call(
     k, kv = _split(op, "top_k", top_k, integer=True)
     p, pv = _split(op, "top_p", top_p)
     m, mv = _split(op, "min_p", min_p)
-    s, o, sv, ov = _seed_and_offset(op, seed, offset, input.device, generator)
+    if seed is None and offset is None and t is None and tv == 0.0:
+        s, o, sv, ov = None, None, 0, 0  # every row greedy: no random numbers to draw
+    else:
+        s, o, sv, ov = _seed_and_offset(op, seed, offset, input.device, generator)
     _draw(out, logprobs, input, indices, t, tv, k, kv, p, pv, m, mv, s, o, sv, ov, probs, joint, advance, enable_pdl)
     return out, logprobs
 
