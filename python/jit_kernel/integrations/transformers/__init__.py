@@ -62,6 +62,8 @@ of :func:`apply` in ``patching``, with an option of its own.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .backends import BACKENDS as BACKENDS
 from .backends import TORCH as TORCH
 from .backends import Backend as Backend
@@ -81,8 +83,6 @@ from .plans import ACTIVATIONS as ACTIVATIONS
 from .plans import STATIC_ROPE_TYPES as STATIC_ROPE_TYPES
 from .reference import FP8_BLOCK as FP8_BLOCK
 from .reference import FP8_E4M3_MAX as FP8_E4M3_MAX
-from .sampling import JitKernelLogitsProcessor as JitKernelLogitsProcessor
-from .sampling import logits_processor as logits_processor
 
 __all__ = [
     "BACKENDS",
@@ -96,3 +96,19 @@ __all__ = [
     "kernel_mapping",
     "logits_processor",
 ]
+
+if TYPE_CHECKING:
+    from .sampling import JitKernelLogitsProcessor as JitKernelLogitsProcessor
+    from .sampling import logits_processor as logits_processor
+
+# The sampling module subclasses transformers' LogitsProcessor, so it imports transformers; the rest
+# of the package imports it only where a model is patched. Its names load on first use.
+_SAMPLING_NAMES = ("JitKernelLogitsProcessor", "logits_processor")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SAMPLING_NAMES:
+        from . import sampling
+
+        return getattr(sampling, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
