@@ -15,20 +15,28 @@
 // memory once (renorm and mask read it a second time, from L2, to write their output), and a batch
 // of one row still spreads over kCluster SMs.
 //
-// Thresholds take two steps: a histogram over bins of each value's distance below the row's maximum
-// picks the bin holding the threshold, then an exact radix selection (four passes of 8 bits over the
-// values' order-preserving float keys) runs over that bin's elements only, from a list of candidates
-// where they fit (docs/design/sampling.md). top-k counts elements, top-p sums weights. Weights are w = exp(x - max) (logits) or p / max(p) (probabilities) in fixed point,
-// round(w * 2^30), so every sum is an integer, exact and independent of the order of the atomics:
-// the same row and random bits give the same token bit for bit, at any slot and batch size. A token
-// whose weight rounds to 0 (below 2^-31 of the largest) is never kept.
+// Every filter keeps the values from some threshold up, so a row's kept set is the elements whose
+// order-preserving float key is at least the largest of the filters' threshold keys. min-p's follows
+// from the maximum. top-k's and top-p's take two steps: a histogram over bins of each value's
+// distance below the row's maximum picks the bin holding the threshold; every block lists its
+// elements in that bin and above. Where the cluster's lists together hold at most kListCapacity
+// elements (top-k with a small k, as engines use it), the blocks that need the thresholds gather
+// them, sort them (largest value first, ties by index) and finish alone: the thresholds, the kept
+// mass and the draw are prefix sums of that order. Otherwise an exact radix selection (four passes of
+// 8 bits over the keys, through the cluster) runs over the threshold bin's elements
+// (docs/design/sampling.md). top-k counts elements, top-p sums weights. Weights are w = exp(x - max)
+// (logits) or p / max(p) (probabilities) in fixed point, round(w * 2^30), so every sum is an
+// integer, exact and independent of the order of the atomics: the same row and random bits give the
+// same token bit for bit, at any slot and batch size. A token whose weight rounds to 0 (below 2^-31
+// of the largest) is never kept.
 //
 // Ties at a threshold are kept: every element equal to the k-th largest value, and every element equal
 // to the value at which top-p's cumulative mass (from the largest value down) first reaches p.
 //
 // The draw: 64 random bits from Philox4x32-10 keyed by the row's seed with counter (offset, stream)
 // (`device::philox::draw`) scale the kept mass S to an integer target t in [0, S); the token is the
-// first index whose inclusive prefix sum of kept weights (in index order) exceeds t.
+// first element whose inclusive prefix sum of kept weights exceeds t, in a fixed order: the sorted
+// order of the gathered list, or else the slice's threads' runs in index order.
 //
 // Invalid rows never fault: a NaN or +inf in the row, no finite logit (no positive probability), or
 // a per-row parameter out of range (temperature < 0 or NaN, top_k < 1, top_p outside (0, 1], min_p
