@@ -351,8 +351,25 @@ def _dist_emb() -> torch.Tensor:
     return x[None]
 
 
-DISTS: dict[str, Callable[[], torch.Tensor]] = {"small16": _dist_small16, "v1000": _dist_v1000, "emb": _dist_emb}
-TOP_K = {"small16": 10, "v1000": 40, "emb": 60}  # small16: the 10th largest is tied with the 11th: 11 kept
+def _dist_wide() -> torch.Tensor:
+    """32,000 tokens with their mass spread over 6,000 (normal logits, sd 0.3), the rest 30 below: top-k
+    3,000 and top-p keep more candidates than the kernel gathers into one block (2,048), so their
+    thresholds take the cluster's radix passes."""
+    g = torch.Generator().manual_seed(32000)
+    x = torch.full((32000,), -30.0, dtype=F64)
+    pos = torch.randperm(32000, generator=g)[:6000]
+    x[pos] = (torch.randn(6000, generator=g, dtype=F64) * 0.3).float().double()
+    return x[None]
+
+
+DISTS: dict[str, Callable[[], torch.Tensor]] = {
+    "small16": _dist_small16,
+    "v1000": _dist_v1000,
+    "emb": _dist_emb,
+    "wide": _dist_wide,
+}
+# small16: the 10th largest is tied with the 11th: 11 kept
+TOP_K = {"small16": 10, "v1000": 40, "emb": 60, "wide": 3000}
 
 SAMPLE_CONFIGS: dict[str, dict[str, float | bool]] = {
     "temperature": {"temperature": 0.7},
@@ -699,7 +716,7 @@ def _other(order: str) -> str:
 # GPU: distributions of sample
 # ---------------------------------------------------------------------------------------------
 
-SAMPLE_DRAWS = {"small16": (4096, 8), "v1000": (4096, 16), "emb": (1024, 16)}  # (rows, calls)
+SAMPLE_DRAWS = {"small16": (4096, 8), "v1000": (4096, 16), "emb": (1024, 16), "wide": (4096, 32)}  # (rows, calls)
 
 
 def _as_tensors(params: dict[str, Any], rows: int) -> dict[str, torch.Tensor]:
@@ -760,8 +777,8 @@ FI_CASES: list[tuple[str, str | None, dict[str, Any]]] = [
     for name, spec in FI_SPECS.items()
     for order in (("top_k_first", "joint") if name.startswith("top_k_top_p") else (None,))
 ]
-FI_TOP_K = {"small16": 5, "v1000": 40, "emb": 80}  # small16: the 5th largest is tied three ways: 6 kept
-FI_MIN_P = {"small16": 0.3, "v1000": 0.1, "emb": 0.1}
+FI_TOP_K = {"small16": 5, "v1000": 40, "emb": 80, "wide": 3000}  # small16: the 5th largest is tied three ways: 6 kept
+FI_MIN_P = {"small16": 0.3, "v1000": 0.1, "emb": 0.1, "wide": 0.5}
 FI_TOP_K_TOP_P = {"small16": (6, 0.65)}  # fixed: the two orders keep 3 and 6 tokens
 
 
