@@ -892,6 +892,8 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "top_p_renorm_probs (functional)",
         "top_k_mask_logits (functional)",
         "chain_speculative_sampling (functional)",
+        "tree_speculative_sampling_target_only",
+        "verify_tree_greedy",
     ]
     assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
     assert not torch.cuda.is_initialized()

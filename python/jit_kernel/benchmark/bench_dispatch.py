@@ -89,7 +89,7 @@ DSV3_EXPERTS, DSV3_GROUPS, DSV3_TOPK_GROUP, DSV3_SCALE = 256, 8, 4, 2.5  # group
 ALIGN_BLOCK = 64  # moe_align_block_size: block size, over DSV3_EXPERTS experts
 VOCAB = 128256  # sampling: Llama 3's vocabulary, float32 logits
 SAMPLE_TOP_K, SAMPLE_TOP_P = 50, 0.9  # sampling: per-request tensors of these values
-SPEC_DRAFT = 4  # chain_speculative_sampling: draft tokens per request
+SPEC_DRAFT = 4  # speculative ops: draft tokens per request (the tree ops: a chain of SPEC_DRAFT + 1 nodes)
 GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
 EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
@@ -187,6 +187,28 @@ class Inputs:
         self.draft_probs = torch.softmax(torch.randn(tokens, SPEC_DRAFT, VOCAB, device=device), dim=-1)
         self.draft_ids = torch.randint(0, VOCAB, (tokens, SPEC_DRAFT), dtype=torch.int32, device=device)
         self.target_probs = torch.softmax(torch.randn(tokens, SPEC_DRAFT + 1, VOCAB, device=device), dim=-1)
+        # the tree ops: request b's draft tree a chain of SPEC_DRAFT + 1 nodes over target_probs (int32
+        # [T, 5]: node i's first child i + 1, no siblings, slot b * 5 + i), the drafts the target's argmax
+        # (target_predict: the greedy walk accepts the whole chain); EAGLE's zero draft_probs, each node's
+        # uniform and the final one; predicts [T * 5], accept_index [T, 5], accept_token_num [T] in place
+        nodes = SPEC_DRAFT + 1
+        self.target_predict = self.target_probs.argmax(dim=-1).int()
+        chain = torch.arange(nodes, dtype=torch.int32, device=device).repeat(tokens, 1)
+        root = torch.randint(0, VOCAB, (tokens, 1), dtype=torch.int32, device=device)
+        self.tree = (
+            torch.cat([root, self.target_predict[:, :-1]], dim=1),  # candidates
+            chain + nodes * torch.arange(tokens, dtype=torch.int32, device=device)[:, None],  # retrive_index
+            torch.where(chain < nodes - 1, chain + 1, -1),  # retrive_next_token
+            torch.full((tokens, nodes), -1, dtype=torch.int32, device=device),  # retrive_next_sibling
+        )
+        self.tree_outs = (
+            empty(tokens * nodes, dtype=torch.int32),
+            empty(tokens, nodes, dtype=torch.int32),
+            empty(tokens, dtype=torch.int32),
+        )
+        self.tree_coins = torch.rand(tokens, nodes, device=device)
+        self.tree_final_coins = torch.rand(tokens, device=device)
+        self.tree_draft_probs = torch.zeros_like(self.target_probs)
 
 
 def _bind(fn: Callable[..., object], variables: Mapping[str, object], arguments: str) -> Call:
@@ -637,6 +659,17 @@ SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
             ("chain_speculative_sampling", lambda t: (t.draft_probs, t.draft_ids, t.target_probs)),
         )
     },
+    "tree_speculative_sampling_target_only": (
+        ONE,
+        lambda t: Spec(
+            jit_kernel.tree_speculative_sampling_target_only,
+            (*t.tree_outs, *t.tree, t.tree_coins, t.tree_final_coins, t.target_probs, t.tree_draft_probs),
+        ),
+    ),
+    "verify_tree_greedy": (
+        ONE,
+        lambda t: Spec(jit_kernel.verify_tree_greedy, (*t.tree_outs, *t.tree, t.target_predict)),
+    ),
 }
 OPS: dict[str, Row] = {
     name + form: _row(spec, form, only=len(forms) == 1) for name, (forms, spec) in SPECS.items() for form in forms
@@ -645,10 +678,6 @@ CPU_OPS = ("add_constant (out=)", "add_constant (functional)")  # the ops with a
 # Public functions of jit_kernel.ops without a row, and why (tests/test_benchmarks.py checks that every
 # other one has a row).
 NO_ROW = {
-    "tree_speculative_sampling_target_only": "its inputs are a draft tree (seven index tensors of the "
-    "drafter's shape); tests/test_speculative.py covers it, no benchmark times it yet",
-    "verify_tree_greedy": "its inputs are a draft tree (seven index tensors of the drafter's shape); "
-    "tests/test_speculative.py covers it, no benchmark times it yet",
     "can_use_hicache_jit_kernel": "a predicate on a row size: launches nothing",
     "stream_wait_value": "a wait on a device flag (a driver stream memory operation): its cost is the wait",
     "stream_wait_value_bounded": "a wait on a device flag (one polling thread, bounded): its cost is the wait",
