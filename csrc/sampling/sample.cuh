@@ -304,17 +304,28 @@ SGL_DEVICE uint32_t pick(Shared& s, unsigned long long& target, bool from_top) {
 }
 
 // The key (float_key of the value) at which the weighted count, from the largest value down, of
-// the domain's elements in bin `bin` first reaches `target`: four passes of 8 bits.
+// the domain's elements in bin `bin` first reaches `target`: passes of 8 bits over the keys, from the
+// digit holding the highest bit in which `low` and `high` (keys that bound the bin's) differ. The
+// bits above it are the same in every key of the bin, so the passes above it would each find one digit.
 template <uint32_t kCluster, typename Bin, typename Weight>
 SGL_DEVICE uint32_t refine(
-    Shared& s, const Domain& domain, uint32_t bin, unsigned long long target, Bin&& bin_of, Weight&& weight_of) {
-  uint32_t prefix = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    const uint32_t high = shift >= 24 ? 0u : (0xffffffffu << (shift + 8));
+    Shared& s,
+    const Domain& domain,
+    uint32_t bin,
+    unsigned long long target,
+    uint32_t low,
+    uint32_t high,
+    Bin&& bin_of,
+    Weight&& weight_of) {
+  const uint32_t differ = low ^ high;
+  int shift = differ == 0 ? 0 : (31 - __clz(differ)) / 8 * 8;
+  uint32_t prefix = shift >= 24 ? 0u : (low & (0xffffffffu << (shift + 8)));
+  for (; shift >= 0; shift -= 8) {
+    const uint32_t above = shift >= 24 ? 0u : (0xffffffffu << (shift + 8));
     histogram<kCluster>(s, domain, [&](float x, uint32_t& digit, unsigned long long& w) {
       const uint32_t key = float_key(x);
       digit = (key >> shift) & 255u;
-      w = (bin_of(x) == bin && (key & high) == (prefix & high)) ? weight_of(x) : 0ull;
+      w = (bin_of(x) == bin && (key & above) == (prefix & above)) ? weight_of(x) : 0ull;
     });
     prefix |= pick(s, target, true) << shift;
   }
@@ -533,6 +544,26 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     const uint32_t w = min(__float_as_uint(fmaxf(x * inv_max, 0.0f)), 0x3f800000u);
     return min((0x3f800000u - w) >> 20, 255u);
   };
+  // Keys that bound those of a bin's values: its edges, widened by far more than the rounding of
+  // bin_of's arithmetic.
+  auto bin_keys = [&](uint32_t bin, uint32_t& low, uint32_t& high) {
+    if (bin >= 255) {
+      low = 0;
+      high = max_key;
+      return;
+    }
+    float upper, lower;
+    if (!p.probs) {
+      upper = row_max - static_cast<float>(bin) * 0.125f;
+      lower = row_max - static_cast<float>(bin + 1) * 0.125f;
+    } else {
+      upper = row_max * __uint_as_float(0x3f800000u - (bin << 20));
+      lower = row_max * __uint_as_float(0x3f800000u - ((bin + 1) << 20));
+    }
+    const float margin = (fabsf(row_max) + fabsf(lower)) * 1e-5f + 1e-30f;
+    high = min(max_key, float_key(upper + margin));
+    low = float_key(lower - margin);
+  };
   // Fixed-point weights: round(w * 2^30), w = exp(x - max) or p / max(p).
   const float max_log2 = row_max * device::math::log2e;
   auto weight_of = [&](float x) -> uint32_t {
@@ -721,15 +752,18 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
     while (n2 < count) n2 <<= 1;
     if (finishes) {
       // Sort keys: (~key << 32 | index) ascending is value descending, then index ascending.
-      uint32_t at = 0;
-      for (uint32_t r = 0; r < kCluster; ++r) {
+      // One warp per block of the cluster (kCluster <= kWarps), all reading at once.
+      static_assert(kCluster <= kWarps);
+      const uint32_t r = threadIdx.x / 32;
+      if (r < kCluster) {
+        uint32_t at = 0;
+        for (uint32_t q = 0; q < r; ++q) at += static_cast<uint32_t>(s.result[q]);
         const uint32_t size = static_cast<uint32_t>(s.result[r]);
         const uint32_t* rx = cluster.map_shared_rank(list_x, r);
         const uint32_t* ri = cluster.map_shared_rank(list_i, r);
-        for (uint32_t j = threadIdx.x; j < size; j += kThreads) {
+        for (uint32_t j = threadIdx.x % 32; j < size; j += 32) {
           sorted[at + j] = (static_cast<unsigned long long>(~float_key(__uint_as_float(rx[j]))) << 32) | ri[j];
         }
-        at += size;
       }
       for (uint32_t j = count + threadIdx.x; j < n2; j += kThreads) sorted[j] = ~0ull;
     }
@@ -795,10 +829,12 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
   domain.use_list = listed <= kListCapacity;
   uint32_t k_from = 0;
   if (filter_k) {
+    uint32_t k_low, k_high;
+    bin_keys(first_bin, k_low, k_high);
     // top-k's threshold: the smallest key of the bins up to first_bin where the whole bin is kept,
     // else the refinement inside it.
     k_from = whole_bin ? lowest_key_where(0, max_key, [&](float x) { return bin_of(x) <= first_bin; })
-                       : refine<kCluster>(s, domain, first_bin, target, bin_of, [](float) { return 1ull; });
+                       : refine<kCluster>(s, domain, first_bin, target, k_low, k_high, bin_of, [](float) { return 1ull; });
     kept_from = max(kept_from, k_from);
   }
   if (filter_p) {
@@ -818,7 +854,9 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(const __grid_consta
       p_bin = pick(s, target, false);
     }
     const Domain refine_domain = p.joint && filter_k ? Domain{values, n, list_x, 0, false} : domain;
-    kept_from = max(kept_from, refine<kCluster>(s, refine_domain, p_bin, target, bin_of, mass_of));
+    uint32_t p_low, p_high;
+    bin_keys(p_bin, p_low, p_high);
+    kept_from = max(kept_from, refine<kCluster>(s, refine_domain, p_bin, target, p_low, p_high, bin_of, mass_of));
   }
   if (mode == kSample) draw_from_slice();
   else write_rows(keeps_from);
