@@ -20,7 +20,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
 from transformers.generation.logits_process import (  # noqa: E402
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -32,29 +32,16 @@ from transformers.generation.logits_process import (  # noqa: E402
 import jit_kernel  # noqa: E402
 from jit_kernel.integrations import transformers as jt  # noqa: E402
 from jit_kernel.integrations.transformers import sampling as jt_sampling  # noqa: E402
+from test_integration_transformers import tiny_config  # noqa: E402
 
 WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
 VOCAB = 128
 
 
 def tiny_llama(vocab: int = VOCAB, seed: int = 0) -> LlamaForCausalLM:
-    """2 layers, hidden 64, 4 query heads and 2 kv heads of 16: built from its config, no download."""
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
-    config._attn_implementation = "sdpa"
+    """The integration tests' tiny Llama (2 layers, hidden 64), built from its config: no download."""
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(tiny_config("llama", vocab_size=vocab)).eval()
 
 
 def prompt(batch: int = 2, length: int = 6, vocab: int = VOCAB, seed: int = 1) -> torch.Tensor:
