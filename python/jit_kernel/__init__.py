@@ -63,6 +63,7 @@ if importlib.util.find_spec("torch") is not None:
     # it in sys.modules and leaves the attribute alone. A function, not a callable module or a wrapper object:
     # TorchDynamo cannot call a module, and a wrapper would cost a Python call on every op.
     from jit_kernel import add_constant as _add_constant_module
+    from jit_kernel import distributed  # noqa: F401 (jit_kernel.distributed.CustomAllReduce)
     from jit_kernel import per_tensor_quant_fp8 as _per_tensor_quant_fp8_module
     from jit_kernel import scale as _scale_module
     from jit_kernel.ops.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul

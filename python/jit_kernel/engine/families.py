@@ -412,6 +412,29 @@ SPECULATIVE = KernelSpec(
     prebuilt=(("fp32_t",),),
 )
 
+# custom_all_reduce: the all-reduce of jit_kernel.distributed over buffers shared by CUDA IPC, and
+# the same fused with the residual add and RMSNorm (csrc/allreduce/allreduce.cuh), with the CUDA IPC
+# helpers that allocate, share and map its regions. Config = dtype only: the world size, the
+# algorithm, the hidden size and kper are run-time values.
+CUSTOM_ALL_REDUCE = KernelSpec(
+    family="custom_all_reduce",
+    sources=("allreduce/allreduce.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={
+        "all_reduce": "jit_kernel::allreduce::CustomAllReduce<{args}>::all_reduce",
+        "fused_add_rmsnorm": "jit_kernel::allreduce::CustomAllReduce<{args}>::fused_add_rmsnorm",
+        "ipc_alloc": "jit_kernel::allreduce::ipc_alloc",
+        "ipc_free": "jit_kernel::allreduce::ipc_free",
+        "ipc_handle": "jit_kernel::allreduce::ipc_handle",
+        "ipc_open": "jit_kernel::allreduce::ipc_open",
+        "ipc_close": "jit_kernel::allreduce::ipc_close",
+        "signal_bytes": "jit_kernel::allreduce::signal_bytes",
+    },
+    # bf16, what serving runs (the IPC helpers are loaded from it too); fp16 and fp32 compile on first use.
+    prebuilt=(("bf16_t",),),
+)
+
 
 ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
@@ -439,6 +462,7 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     MOE_SUM_REDUCE,
     SAMPLING,
     SPECULATIVE,
+    CUSTOM_ALL_REDUCE,
 )
 
 

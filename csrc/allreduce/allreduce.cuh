@@ -1,0 +1,527 @@
+// custom_all_reduce: an all-reduce over the GPUs of one host through buffers every rank maps by
+// CUDA IPC (python/jit_kernel/distributed.py allocates and shares them), and the same all-reduce
+// fused with the residual add and RMSNorm.
+//
+//   all_reduce         (out, x, peers, rank, algo, error, timeout_ns, half_bytes)
+//   fused_add_rmsnorm  (x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes)
+//
+// Every rank owns two regions that the others map:
+// - data: two halves of `half_bytes` each. A call copies its input into the half of its epoch's
+//   parity (the copy is the kernel's first phase, so no input address is ever registered, and a
+//   CUDA graph replays with whatever its captured input holds);
+// - signal (kSignalWords uint32 words): the epoch (the number of calls made), the count of blocks
+//   done with the current call, a sticky error word, and the arrival flags
+//   flags[phase][block][from_rank].
+//
+// `peers` is a CPU int64 tensor [2, W]: row 0 the data regions' device addresses, row 1 the signal
+// regions'. The call's epoch e lives in device memory (read by every block at the start, advanced
+// by the last block to finish), so a CUDA graph replay advances it as an eager call does.
+//
+// A barrier (phase p): every block stores e into flags[p][block][rank] of every rank (release,
+// system scope, after the block's writes), then thread i < W polls its own flags[p][block][i] until
+// it is at least e (acquire). A peer is at most one call ahead (it cannot pass its next barrier
+// without this rank), and flags only grow, so a flag left from an earlier call is never mistaken for
+// this one's. The data half alternates with e's parity: this call's copy never overwrites what a
+// peer still reads of the previous call, and a peer that reached this call's barrier has finished
+// the call before the previous one (its calls run in stream order).
+//
+// Algorithms (the same choice on every rank: python/jit_kernel/ops/allreduce.py):
+// - one-shot: copy, barrier, then every rank reads every rank's data and sums it;
+// - two-shot: copy, barrier, rank r reduces slice r of the data (in place, in its own region),
+//   barrier, then every rank gathers slice s from rank s.
+// Every element is summed in fp32 in rank order 0 .. W-1 and rounded once to T, whichever the
+// algorithm and the rank: every rank gets the same bits, the bits of a float32 rank-order sum.
+//
+// Bounded waits (as csrc/stream_wait.cuh's bounded wait): a poll gives up after timeout_ns of
+// %globaltimer time, ORs the missing ranks' bits into the sticky device error word, sets
+// `error[rank]` for each (pinned host memory, kMaxRanks words, read by the host without a sync), and the block
+// skips the rest of the call. A block that finds the sticky word set skips its waits: after a
+// timeout every later call finishes at once, with undefined output, and the host refuses the
+// communicator. Nothing traps (a trap poisons the CUDA context).
+#pragma once
+
+#include "../norm/common.cuh"
+
+#include <sgl_kernel/cta.cuh>
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/type.cuh>
+#include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/utils.h>
+#include <sgl_kernel/vec.cuh>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace jit_kernel::allreduce {
+
+inline constexpr int kMaxRanks = 8;
+inline constexpr int kMaxBlocks = 128;
+inline constexpr int kThreads = 512;
+// Signal region layout (uint32 words).
+inline constexpr int kEpochWord = 0;
+inline constexpr int kDoneWord = 1;
+inline constexpr int kErrorWord = 2;
+inline constexpr int kFlagsWord = 32;
+inline constexpr int kPhases = 2;
+inline constexpr int64_t kSignalWords = kFlagsWord + kPhases * kMaxBlocks * kMaxRanks;
+
+enum Algo : int32_t { kOneShot = 0, kTwoShot = 1 };
+
+struct Peers {
+  char* data[kMaxRanks];
+  uint32_t* signal[kMaxRanks];
+  int32_t rank;
+  int32_t world;
+  int32_t* host_error;  // pinned host memory, one word per rank (the same address on the device: unified addressing)
+  uint64_t timeout_ns;
+  int64_t half_bytes;
+};
+
+SGL_DEVICE uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+SGL_DEVICE void store_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+SGL_DEVICE uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+SGL_DEVICE uint32_t* flag(uint32_t* signal, int phase, int block, int from) {
+  return signal + kFlagsWord + (phase * kMaxBlocks + block) * kMaxRanks + from;
+}
+
+// What a block shares: the call's epoch and whether the call failed.
+struct BlockState {
+  uint32_t epoch;
+  int failed;
+};
+
+// Reads the epoch and the sticky error word (thread 0), for the whole block.
+SGL_DEVICE void begin(const Peers& p, BlockState& s) {
+  if (threadIdx.x == 0) {
+    const uint32_t* mine = p.signal[p.rank];
+    s.epoch = static_cast<const volatile uint32_t*>(mine)[kEpochWord] + 1;
+    s.failed = static_cast<const volatile uint32_t*>(mine)[kErrorWord] != 0;
+  }
+  __syncthreads();
+}
+
+// The barrier of `phase` for this block (see the top of the file). Returns false, in every thread,
+// when the call failed (a peer did not arrive in time now or in an earlier call).
+SGL_DEVICE bool barrier(const Peers& p, BlockState& s, int phase) {
+  __syncthreads();  // the block's writes of this phase are done
+  const uint32_t e = s.epoch;
+  const int t = static_cast<int>(threadIdx.x);
+  bool missing = false;
+  if (t < p.world && !s.failed) {
+    __threadfence_system();
+    store_release(flag(p.signal[t], phase, blockIdx.x, p.rank), e);
+    const uint32_t* mine = flag(p.signal[p.rank], phase, blockIdx.x, t);
+    const uint64_t start = global_timer_ns();
+    uint32_t sleep_ns = 8;
+    while (static_cast<int32_t>(load_acquire(mine) - e) < 0) {
+      if (global_timer_ns() - start >= p.timeout_ns) {
+        missing = true;
+        break;
+      }
+      __nanosleep(sleep_ns);
+      sleep_ns = sleep_ns < 256 ? sleep_ns * 2 : sleep_ns;
+    }
+    if (missing) {
+      atomicOr(p.signal[p.rank] + kErrorWord, 1u << t);
+      static_cast<volatile int32_t*>(p.host_error)[t] = 1;  // a plain store: no atomic on host memory
+      __threadfence_system();
+    }
+  }
+  const int failed = __syncthreads_or(missing || s.failed);
+  if (threadIdx.x == 0) s.failed = failed;
+  return failed == 0;
+}
+
+// The last block to finish advances the epoch for the next call.
+SGL_DEVICE void end(const Peers& p, const BlockState& s) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* mine = p.signal[p.rank];
+    __threadfence();
+    if (atomicAdd(mine + kDoneWord, 1u) == gridDim.x - 1) {
+      mine[kDoneWord] = 0;
+      static_cast<volatile uint32_t*>(mine)[kEpochWord] = s.epoch;
+      __threadfence();
+    }
+  }
+}
+
+// A vector of kN elements of T read from a peer's region at L2 (ld.global.cg: the peers write it
+// while this kernel runs, so no L1 line of it may be used).
+template <typename T, int kN>
+using Vec = device::AlignedVector<T, kN>;
+
+template <typename T, int kN>
+SGL_DEVICE Vec<T, kN> load_cg(const char* base, int64_t unit) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * kN;
+  Vec<T, kN> v;
+  if constexpr (kBytes == 16) {
+    const uint4 bits = __ldcg(reinterpret_cast<const uint4*>(base) + unit);
+    __builtin_memcpy(&v, &bits, 16);
+  } else if constexpr (kBytes == 4) {
+    const unsigned int bits = __ldcg(reinterpret_cast<const unsigned int*>(base) + unit);
+    __builtin_memcpy(&v, &bits, 4);
+  } else {
+    static_assert(kBytes == 2, "16-, 4- or 2-byte units");
+    const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(base) + unit);
+    __builtin_memcpy(&v, &bits, 2);
+  }
+  return v;
+}
+
+// The sum of unit `unit` over every rank's data half, in fp32 in rank order, rounded once.
+template <typename T, int kN>
+SGL_DEVICE Vec<T, kN> sum_ranks(const Peers& p, int64_t offset, int64_t unit) {
+  float acc[kN];
+  {
+    const Vec<T, kN> v = load_cg<T, kN>(p.data[0] + offset, unit);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[j] = dtype_trait<fp32_t>::from(v[j]);
+  }
+  for (int r = 1; r < p.world; ++r) {
+    const Vec<T, kN> v = load_cg<T, kN>(p.data[r] + offset, unit);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[j] = acc[j] + dtype_trait<fp32_t>::from(v[j]);
+  }
+  Vec<T, kN> out;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) out[j] = dtype_trait<T>::from(acc[j]);
+  return out;
+}
+
+template <typename T, int kN>
+SGL_DEVICE void copy_units(char* dst, const T* src, int64_t begin, int64_t end) {
+  for (int64_t u = begin + threadIdx.x; u < end; u += blockDim.x) {
+    Vec<T, kN> v;
+    v.load(src, u);
+    v.store(dst, u);
+  }
+}
+
+// One-shot and two-shot over `units` vectors of kN elements.
+template <typename T, int kN, int kAlgo>
+__global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Peers p, T* out, const T* in, int64_t units) {
+  __shared__ BlockState s;
+  begin(p, s);
+  const int64_t offset = static_cast<int64_t>(s.epoch & 1) * p.half_bytes;
+  char* mine = p.data[p.rank] + offset;
+  const int64_t blocks = gridDim.x;
+  if constexpr (kAlgo == kOneShot) {
+    const int64_t chunk = (units + blocks - 1) / blocks;
+    const int64_t lo = std::min(units, blockIdx.x * chunk), hi = std::min(units, lo + chunk);
+    copy_units<T, kN>(mine, in, lo, hi);
+    if (barrier(p, s, 0)) {
+      for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) sum_ranks<T, kN>(p, offset, u).store(out, u);
+    }
+  } else {
+    // Slice r = [r * slice, (r + 1) * slice) of the units, reduced by rank r; block b owns part b
+    // of every slice.
+    const int64_t slice = (units + p.world - 1) / p.world;
+    const int64_t chunk = (slice + blocks - 1) / blocks;
+    const auto part = [&](int r, int64_t& lo, int64_t& hi) {
+      const int64_t slice_lo = std::min(units, r * slice), slice_hi = std::min(units, slice_lo + slice);
+      lo = std::min(slice_hi, slice_lo + blockIdx.x * chunk);
+      hi = std::min(slice_hi, lo + chunk);
+    };
+    for (int r = 0; r < p.world; ++r) {
+      int64_t lo, hi;
+      part(r, lo, hi);
+      copy_units<T, kN>(mine, in, lo, hi);
+    }
+    int64_t lo, hi;
+    part(p.rank, lo, hi);
+    if (barrier(p, s, 0)) {
+      for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
+        const Vec<T, kN> v = sum_ranks<T, kN>(p, offset, u);
+        v.store(mine, u);  // no peer reads this rank's slice before the next barrier
+        v.store(out, u);
+      }
+      if (barrier(p, s, 1)) {
+        for (int r = 0; r < p.world; ++r) {
+          if (r == p.rank) continue;
+          part(r, lo, hi);
+          for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
+            load_cg<T, kN>(p.data[r] + offset, u).store(out, u);
+          }
+        }
+      }
+    }
+  }
+  end(p, s);
+}
+
+// residual = T(all_reduce(x) + residual); x = rmsnorm(residual) * weight, over rows of `dim`
+// elements (whole 16-byte vectors, contiguous). Block b owns rows b, b + G, ...: it copies them,
+// meets the peers once, then each row's sum goes to x and normalize_row (csrc/norm/common.cuh)
+// runs on it with the lanes, block size and kPer of the bounded row kernel that
+// fused_add_rmsnorm launches for these rows, so the row's reduction and rounding are the same.
+template <typename T, int kPer>
+__global__ void __launch_bounds__(kThreads)
+    fused_add_rmsnorm_kernel(const Peers p, T* x, T* residual, const T* weight, int64_t rows, int64_t dim, float eps) {
+  constexpr int kN = static_cast<int>(norm::kVecElems<T>);
+  __shared__ BlockState s;
+  __shared__ float smem[32];
+  begin(p, s);
+  const int64_t offset = static_cast<int64_t>(s.epoch & 1) * p.half_bytes;
+  char* mine = p.data[p.rank] + offset;
+  const int64_t nvec = dim / kN;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    copy_units<T, kN>(mine, x, row * nvec, (row + 1) * nvec);
+  }
+  if (barrier(p, s, 0)) {
+    const auto reduce = [&](float v) { return device::cta::all_reduce_sum(v, smem); };
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+      T* x_row = x + row * dim;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t v = threadIdx.x + k * blockDim.x;
+        // The same thread reads these vectors back in normalize_row: no barrier needed.
+        if (v < nvec) sum_ranks<T, kN>(p, offset + row * nvec * 16, v).store(x_row, v);
+      }
+      norm::normalize_row<T, kPer, norm::RowOptions{.fused = true, .early_weight = true}>(
+          x_row,
+          x_row,
+          residual + row * dim,
+          weight,
+          threadIdx.x,
+          blockDim.x,
+          nvec,
+          false,
+          1.f / static_cast<float>(dim),
+          eps,
+          reduce);
+      __syncthreads();  // smem is reused by the next row
+    }
+  }
+  end(p, s);
+}
+
+inline auto make_peers(
+    const tvm::ffi::TensorView& peers,
+    int64_t rank,
+    int64_t error,
+    int64_t timeout_ns,
+    int64_t half_bytes,
+    host::DebugInfo where = {}) -> Peers {
+  using namespace host;
+  auto world = SymbolicSize{"world_size"};
+  TensorMatcher({2, world}).with_dtype<int64_t>().with_device<kDLCPU>().verify(peers, "peers");
+  const int64_t w = world.unwrap();
+  RuntimeCheck(
+      where, w >= 2 && w <= kMaxRanks, "custom_all_reduce: world size must be in [2, ", kMaxRanks, "], got ", w);
+  RuntimeCheck(where, rank >= 0 && rank < w, "custom_all_reduce: rank ", rank, " out of range for world size ", w);
+  RuntimeCheck(where, timeout_ns > 0, "custom_all_reduce: timeout must be > 0 ns, got ", timeout_ns);
+  RuntimeCheck(where, half_bytes > 0 && half_bytes % 16 == 0, "custom_all_reduce: bad buffer size ", half_bytes);
+  Peers p{};
+  const auto* addr = static_cast<const int64_t*>(peers.data_ptr());
+  if (addr != nullptr) {  // a fake call has no data
+    const int64_t s0 = peers.stride(0), s1 = peers.stride(1);
+    for (int64_t r = 0; r < w; ++r) {
+      p.data[r] = reinterpret_cast<char*>(addr[r * s1]);
+      p.signal[r] = reinterpret_cast<uint32_t*>(addr[s0 + r * s1]);
+    }
+  }
+  p.rank = static_cast<int32_t>(rank);
+  p.world = static_cast<int32_t>(w);
+  p.host_error = reinterpret_cast<int32_t*>(error);
+  p.timeout_ns = static_cast<uint64_t>(timeout_ns);
+  p.half_bytes = half_bytes;
+  return p;
+}
+
+inline uint32_t grid_for(int64_t work) {
+  return static_cast<uint32_t>(std::clamp<int64_t>(host::div_ceil(work, int64_t{kThreads}), 1, kMaxBlocks));
+}
+
+template <typename T>
+struct CustomAllReduce {
+  // out = the sum of every rank's x (contiguous, the same shape and dtype on every rank; out may be
+  // x). algo: 0 one-shot, 1 two-shot.
+  static void all_reduce(
+      tvm::ffi::TensorView out,
+      tvm::ffi::TensorView x,
+      tvm::ffi::TensorView peers,
+      int64_t rank,
+      int64_t algo,
+      int64_t error,
+      int64_t timeout_ns,
+      int64_t half_bytes) {
+    using namespace host;
+    auto device = SymbolicDevice{};
+    TensorMatcher::same_shape_as(x).with_device<kDLCUDA>(device).with_dtype<T>().verify(x, "x").verify(out, "out");
+    const Peers p = make_peers(peers, rank, error, timeout_ns, half_bytes);
+    RuntimeCheck(algo == kOneShot || algo == kTwoShot, "custom_all_reduce: unknown algorithm ", algo);
+    const int64_t n = x.numel();
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+    RuntimeCheck(bytes <= half_bytes, "custom_all_reduce: ", bytes, " bytes exceed the buffer's ", half_bytes);
+    if (n == 0 || has_no_data(out)) return;
+    const DLDevice dev = device.unwrap();
+    constexpr int kN = 16 / static_cast<int>(sizeof(T));
+    // The unit (a 16-byte vector or one element) depends on the size only, never on an address:
+    // every rank must split the data into the same units and blocks.
+    const bool vec = bytes % 16 == 0;
+    if (vec) {
+      for (const void* ptr : {x.data_ptr(), out.data_ptr()}) {
+        RuntimeCheck(
+            reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "custom_all_reduce: x and out must be 16-byte aligned");
+      }
+    }
+    auto* o = static_cast<T*>(out.data_ptr());
+    const auto* i = static_cast<const T*>(x.data_ptr());
+    const auto launch = [&]<int kVec>() {
+      const int64_t units = n / kVec;
+      const int64_t work = algo == kTwoShot ? host::div_ceil(units, int64_t{p.world}) : units;
+      const uint32_t grid = grid_for(work);
+      if (algo == kTwoShot) {
+        LaunchKernel(grid, kThreads, dev)(all_reduce_kernel<T, kVec, kTwoShot>, p, o, i, units);
+      } else {
+        LaunchKernel(grid, kThreads, dev)(all_reduce_kernel<T, kVec, kOneShot>, p, o, i, units);
+      }
+    };
+    if (vec) {
+      launch.template operator()<kN>();
+    } else {
+      launch.template operator()<1>();
+    }
+  }
+
+  // residual = T(all_reduce(x) + residual); x = rmsnorm(residual) * weight. x and residual are
+  // contiguous [N, D] rows of whole, aligned 16-byte vectors, D / (16 / sizeof(T)) <= 4 * 512
+  // vectors; kper is the vectors per thread of fused_add_rmsnorm's row kernel for D (1, 2 or 4).
+  static void fused_add_rmsnorm(
+      tvm::ffi::TensorView x,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      double eps,
+      tvm::ffi::TensorView peers,
+      int64_t rank,
+      int64_t kper,
+      int64_t error,
+      int64_t timeout_ns,
+      int64_t half_bytes) {
+    using namespace host;
+    auto N = SymbolicSize{"num_tokens"};
+    auto D = SymbolicSize{"hidden_size"};
+    auto device = SymbolicDevice{};
+    TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(x, "x").verify(residual, "residual");
+    TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
+    norm::check_eps_and_dim(eps, D.unwrap(), "x");
+    const Peers p = make_peers(peers, rank, error, timeout_ns, half_bytes);
+    constexpr int64_t kN = norm::kVecElems<T>;
+    const int64_t dim = D.unwrap(), rows = N.unwrap();
+    const int64_t nvec = dim / kN;
+    RuntimeCheck(dim % kN == 0, "custom_all_reduce: the hidden size must be a multiple of ", kN, ", got ", dim);
+    RuntimeCheck(kper == 1 || kper == 2 || kper == 4, "custom_all_reduce: kper must be 1, 2 or 4, got ", kper);
+    RuntimeCheck(nvec <= kper * kThreads, "custom_all_reduce: ", nvec, " vectors exceed kper * ", kThreads);
+    const int64_t bytes = rows * dim * static_cast<int64_t>(sizeof(T));
+    RuntimeCheck(bytes <= half_bytes, "custom_all_reduce: ", bytes, " bytes exceed the buffer's ", half_bytes);
+    if (rows == 0 || has_no_data(x)) return;
+    for (const void* ptr : {x.data_ptr(), residual.data_ptr(), weight.data_ptr()}) {
+      RuntimeCheck(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "custom_all_reduce: tensors must be 16-byte aligned");
+    }
+    const DLDevice dev = device.unwrap();
+    // The block size of the bounded row kernel (csrc/norm/common.cuh, launch_bounded).
+    const auto threads = static_cast<uint32_t>(div_ceil(div_ceil(nvec, kper), int64_t{32}) * 32);
+    const auto grid = static_cast<uint32_t>(std::min<int64_t>(rows, kMaxBlocks));
+    auto* xp = static_cast<T*>(x.data_ptr());
+    auto* rp = static_cast<T*>(residual.data_ptr());
+    const auto* wp = static_cast<const T*>(weight.data_ptr());
+    const auto e = static_cast<float>(eps);
+    if (kper == 1) {
+      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, 1>, p, xp, rp, wp, rows, dim, e);
+    } else if (kper == 2) {
+      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, 2>, p, xp, rp, wp, rows, dim, e);
+    } else {
+      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, 4>, p, xp, rp, wp, rows, dim, e);
+    }
+  }
+};
+
+// CUDA IPC for the communicator's regions, allocated with cudaMalloc (outside torch's caching
+// allocator, so that an IPC handle names exactly the region) on the given device.
+struct OnDevice {
+  explicit OnDevice(int64_t device) {
+    host::RuntimeDeviceCheck(cudaGetDevice(&previous));
+    if (previous != device) host::RuntimeDeviceCheck(cudaSetDevice(static_cast<int>(device)));
+    changed = previous != device;
+  }
+  ~OnDevice() {
+    if (changed) cudaSetDevice(previous);
+  }
+  int previous = 0;
+  bool changed = false;
+};
+
+// A zeroed region of `bytes` on `device`; returns its address.
+inline int64_t ipc_alloc(int64_t device, int64_t bytes) {
+  using namespace host;
+  RuntimeCheck(bytes > 0, "custom_all_reduce: region size must be > 0, got ", bytes);
+  OnDevice on(device);
+  void* ptr = nullptr;
+  RuntimeDeviceCheck(cudaMalloc(&ptr, static_cast<size_t>(bytes)));
+  RuntimeDeviceCheck(cudaMemset(ptr, 0, static_cast<size_t>(bytes)));
+  RuntimeDeviceCheck(cudaDeviceSynchronize());
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
+}
+
+inline void ipc_free(int64_t device, int64_t address) {
+  OnDevice on(device);
+  host::RuntimeDeviceCheck(cudaFree(reinterpret_cast<void*>(address)));
+}
+
+// Writes the IPC handle of the region at `address` into `handle` (CPU uint8 [64]).
+inline void ipc_handle(int64_t device, int64_t address, tvm::ffi::TensorView handle) {
+  using namespace host;
+  TensorMatcher({static_cast<int64_t>(sizeof(cudaIpcMemHandle_t))})
+      .with_dtype<uint8_t>()
+      .with_device<kDLCPU>()
+      .verify(handle, "handle");
+  OnDevice on(device);
+  cudaIpcMemHandle_t h{};
+  RuntimeDeviceCheck(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(address)));
+  __builtin_memcpy(handle.data_ptr(), &h, sizeof(h));
+}
+
+// Maps another process's region (its handle, CPU uint8 [64]) on `device`; returns its address.
+inline int64_t ipc_open(int64_t device, tvm::ffi::TensorView handle) {
+  using namespace host;
+  TensorMatcher({static_cast<int64_t>(sizeof(cudaIpcMemHandle_t))})
+      .with_dtype<uint8_t>()
+      .with_device<kDLCPU>()
+      .verify(handle, "handle");
+  OnDevice on(device);
+  cudaIpcMemHandle_t h{};
+  __builtin_memcpy(&h, handle.data_ptr(), sizeof(h));
+  void* ptr = nullptr;
+  RuntimeDeviceCheck(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess));
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
+}
+
+inline void ipc_close(int64_t device, int64_t address) {
+  OnDevice on(device);
+  host::RuntimeDeviceCheck(cudaIpcCloseMemHandle(reinterpret_cast<void*>(address)));
+}
+
+// The signal region's size in bytes (Python allocates it).
+inline int64_t signal_bytes() {
+  return kSignalWords * static_cast<int64_t>(sizeof(uint32_t));
+}
+
+}  // namespace jit_kernel::allreduce

@@ -1,0 +1,187 @@
+"""custom_all_reduce ops: the registered collectives behind :class:`jit_kernel.distributed.CustomAllReduce`.
+
+``torch.ops.jit_kernel.custom_all_reduce(x, handle)`` (and ``custom_all_reduce_out``) and
+``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm(x, residual, weight, eps, handle)``.
+A communicator owns buffers, IPC mappings and a process group, none of which a ``torch.library``
+schema can carry, so the ops take ``handle``: the int a communicator registers itself under in this
+process (:data:`COMMUNICATORS`). A compiled graph keeps the collective as one node with that int
+as a constant; its fake implementation allocates the output and runs the launcher's checks, like
+every op of the package.
+
+The algorithm, the unit and the block split of a call depend only on what every rank shares (the
+shape, the dtype, the world size), never on an address: every rank makes the same choice, as the
+kernels' barriers need (csrc/allreduce/allreduce.cuh).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from jit_kernel.engine.dispatch import Dispatcher
+from jit_kernel.engine.families import CUSTOM_ALL_REDUCE
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op
+
+_DISPATCH = Dispatcher(CUSTOM_ALL_REDUCE)
+_ALL_REDUCE = KernelTable(_DISPATCH, "all_reduce", lambda dtype: (float_dtype("custom_all_reduce", "x", dtype),))
+_FUSED = KernelTable(
+    _DISPATCH, "fused_add_rmsnorm", lambda dtype: (float_dtype("custom_all_reduce_fused_add_rmsnorm", "x", dtype),)
+)
+
+logger = logging.getLogger("jit_kernel.distributed")
+
+#: Algorithm ids, as the kernel takes them.
+ONE_SHOT, TWO_SHOT = 0, 1
+#: The thresholds, in one place. One-shot (every rank reads every rank's whole input) up to this
+#: many bytes; above it, two-shot (a reduce-scatter then an all-gather: each rank reads 2/W of the
+#: data from each peer instead of all of it) for three ranks or more. Two ranks always take
+#: one-shot: two-shot moves the same bytes there, in one more barrier.
+ONE_SHOT_MAX_BYTES = 512 * 1024
+#: The most ranks the kernels take (csrc/allreduce/allreduce.cuh, kMaxRanks).
+MAX_RANKS = 8
+#: The widest row of the fused form: 4 vectors of 16 bytes a thread over 512 threads (the bounded
+#: row kernel of fused_add_rmsnorm, csrc/norm/common.cuh).
+MAX_FUSED_VECTORS = 4 * 512
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def choose_algorithm(nbytes: int, world_size: int) -> int:
+    """:data:`ONE_SHOT` or :data:`TWO_SHOT` for an all-reduce of ``nbytes`` over ``world_size``
+    ranks (the same answer on every rank: it reads nothing else)."""
+    if world_size <= 2 or nbytes <= ONE_SHOT_MAX_BYTES:
+        return ONE_SHOT
+    return TWO_SHOT
+
+
+def fused_vectors_per_thread(dim: int, dtype: torch.dtype) -> int:
+    """The vectors a thread holds in ``fused_add_rmsnorm``'s one-pass row kernel for rows of ``dim``
+    (1, 2 or 4, the rule of ``launch_generic`` in csrc/norm/common.cuh; the kernels specialised for a
+    hidden size agree with it for every size they are built for), or 0 when the rows are not whole
+    16-byte vectors or are too wide for it: the fused form then runs as ``all_reduce`` followed by
+    ``fused_add_rmsnorm`` (two launches, the same bits)."""
+    per_vector = 16 // dtype.itemsize
+    if dim <= 0 or dim % per_vector:
+        return 0
+    vectors = dim // per_vector
+    if vectors <= 512:
+        return 1
+    if vectors <= 1024:
+        return 2
+    if vectors <= MAX_FUSED_VECTORS:
+        return 4
+    return 0
+
+
+class Communicator(Protocol):
+    """What the plans read of a communicator (:class:`jit_kernel.distributed.CustomAllReduce`)."""
+
+    world_size: int
+    rank: int
+    max_bytes: int
+    peers: torch.Tensor
+    error_address: int
+    timeout_ns: int
+
+    def fallback_reason(self, x: torch.Tensor) -> str | None: ...
+
+    def before_call(self) -> None: ...
+
+    def torch_all_reduce(self, x: torch.Tensor, out: torch.Tensor) -> None: ...
+
+
+#: Communicators by handle, in this process.
+COMMUNICATORS: dict[int, Communicator] = {}
+
+
+def communicator(op: str, handle: int) -> Communicator:
+    try:
+        return COMMUNICATORS[handle]
+    except (KeyError, TypeError):
+        raise ValueError(f"{op}: no communicator has handle {handle!r} in this process") from None
+
+
+class _TorchCalls:
+    """A kernel table whose one entry runs ``torch.distributed.all_reduce`` (the fallback), so that a
+    plan returns it like a launch. A fake call runs nothing."""
+
+    def __getitem__(self, key: str) -> Any:
+        return _torch_all_reduce
+
+    def get_kernel(self, key: str, run: Any) -> Any:
+        return _torch_all_reduce if run is True else None
+
+
+def _torch_all_reduce(comm: Communicator, x: torch.Tensor, out: torch.Tensor) -> None:
+    comm.torch_all_reduce(x, out)
+
+
+_TORCH = _TorchCalls()
+
+
+def _misaligned(t: torch.Tensor) -> bool:
+    """Whether ``t``'s data is not 16-byte aligned (a fake tensor has no address: False)."""
+    return not isinstance(t, FakeTensor) and t.data_ptr() % 16 != 0
+
+
+@kernel_op("custom_all_reduce", out="out")
+def custom_all_reduce(x: torch.Tensor, handle: int, out: torch.Tensor | None = None) -> Launch:
+    """``out`` = the sum of ``x`` over the ranks of communicator ``handle``, the same bits on every
+    rank (fp32, rank order 0 .. W-1, rounded once). ``out`` may be ``x``; allocated when None."""
+    comm = communicator("custom_all_reduce", handle)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    reason = comm.fallback_reason(x)
+    if reason is not None:
+        return _TORCH, "all_reduce", (comm, x, out), out
+    comm.before_call()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    elif _misaligned(x):  # the kernel's 16-byte units need an aligned copy (a local choice)
+        x = x.clone()
+    algo = choose_algorithm(x.numel() * x.element_size(), comm.world_size)
+    args = (out, x, comm.peers, comm.rank, algo, comm.error_address, comm.timeout_ns, comm.max_bytes)
+    return _ALL_REDUCE, x.dtype, args, out
+
+
+@kernel_op("custom_all_reduce_fused_add_rmsnorm", mutates=("x", "residual"))
+def custom_all_reduce_fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, handle: int
+) -> Launch | list[Launch]:
+    """In place, in one launch: ``residual = residual + all_reduce(x)``, ``x = rmsnorm(residual) *
+    weight``; bit for bit ``all_reduce`` then ``jit_kernel.fused_add_rmsnorm``. Rows the one-launch
+    kernel does not take (see :func:`fused_vectors_per_thread`), inputs over the buffer and fallback
+    cases run as those two calls."""
+    from jit_kernel.ops.norm import fused_add_rmsnorm
+
+    op = "custom_all_reduce_fused_add_rmsnorm"
+    comm = communicator(op, handle)
+    kper = fused_vectors_per_thread(weight.numel(), x.dtype) if x.dtype in SUPPORTED_DTYPES else 0
+    one_launch = (
+        kper > 0
+        and x.dim() >= 2
+        and x.shape == residual.shape
+        and x.is_contiguous()
+        and residual.is_contiguous()
+        and comm.fallback_reason(x) is None
+    )
+    if not one_launch:
+        reduced = custom_all_reduce.op.plan(x, handle, x)
+        return [reduced, fused_add_rmsnorm.op.plan(x, residual, weight, eps)]
+    comm.before_call()
+    x_rows, res_rows = (x, residual) if x.dim() == 2 else (x.view(-1, x.shape[-1]), residual.view(-1, x.shape[-1]))
+    args = (
+        x_rows,
+        res_rows,
+        weight,
+        eps,
+        comm.peers,
+        comm.rank,
+        kper,
+        comm.error_address,
+        comm.timeout_ns,
+        comm.max_bytes,
+    )
+    return _FUSED, x.dtype, args, None

@@ -1,0 +1,303 @@
+"""jit_kernel.distributed.CustomAllReduce on one GPU: 2 and 4 ranks, each a process on cuda:0
+(CUDA IPC handles open in another process on the same device; a gloo group carries the handle
+exchange, as NCCL refuses two ranks on one device).
+
+Every rank draws every rank's input from seeded generators, so it computes the reference itself:
+the sum in rank order 0 .. W-1 in float32, rounded once to the dtype. The kernels sum in exactly
+that order in fp32 (both algorithms, every rank), so the results are compared bit for bit. The fused
+form is compared bit for bit with ``all_reduce`` followed by ``jit_kernel.fused_add_rmsnorm``.
+
+Each test runs its ranks (``torch.multiprocessing.spawn``) in a subprocess under a hard timeout,
+killed with its whole process group when it runs out: a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+MAX_BYTES = 2 << 20
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_SPAWN = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch.multiprocessing as mp
+import test_allreduce as m
+mp.spawn(m.rank_main, args=({world}, {init!r}, {case!r}, {timeout_s!r}), nprocs={world}, join=True)
+"""
+
+
+def _run(case: str, world: int, *, timeout_s: float = 30.0, limit_s: float = 300.0) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        code = _SPAWN.format(tests=str(TESTS), world=world, init=f"{tmp}/init", case=case, timeout_s=timeout_s)
+        process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = process.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            pytest.fail(f"{case} with {world} ranks did not finish within {limit_s} s:\n{output}")
+        assert process.returncode == 0, output
+        return output
+
+
+# ---------------------------------------------------------------------------------------------
+# The ranks
+
+
+def _inputs(seed: int, world: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every rank's input of one call (CPU), the same on every rank."""
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 131 + r)
+        out.append(torch.randn(shape, generator=g).to(dtype))
+    return out
+
+
+def _rank_order_sum(inputs: list[torch.Tensor]) -> torch.Tensor:
+    acc = inputs[0].float()
+    for t in inputs[1:]:
+        acc = acc + t.float()
+    return acc.to(inputs[0].dtype)
+
+
+def _equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    actual = actual.cpu()
+    if not torch.equal(actual, expected):
+        diff = (actual.double() - expected.double()).abs()
+        raise AssertionError(f"{what}: {int((diff != 0).sum())} elements differ, max {diff.max().item()}")
+
+
+def _case_sizes(comm, rank: int, world: int) -> None:
+    from jit_kernel.ops import allreduce as ops
+
+    seed = 0
+    for dtype in DTYPES:
+        item = dtype.itemsize
+        numels = sorted(
+            {16 // item, 1, 7, 8, 33, 1000, 1001, 4096, 65_537, ops.ONE_SHOT_MAX_BYTES // item}
+            | {ops.ONE_SHOT_MAX_BYTES // item + 8, 300_001, MAX_BYTES // item - 1, MAX_BYTES // item}
+        )
+        for n in numels:
+            seed += 1
+            inputs = _inputs(seed, world, (n,), dtype)
+            expected = _rank_order_sum(inputs)
+            x = inputs[rank].cuda()
+            x_before = x.clone()
+            _equal(comm.all_reduce(x), expected, f"{dtype} n={n}")
+            assert torch.equal(x, x_before), "the input is left as it was"
+            out = torch.full_like(x, float("nan"))
+            assert comm.all_reduce(x, out=out) is out
+            _equal(out, expected, f"{dtype} n={n} out=")
+            comm.all_reduce(x, out=x)  # in place
+            _equal(x, expected, f"{dtype} n={n} in place")
+    # A 2-D input, and a non-contiguous one (copied on the way in).
+    inputs = _inputs(999, world, (64, 96), torch.bfloat16)
+    _equal(comm.all_reduce(inputs[rank].cuda()), _rank_order_sum(inputs), "2-D")
+    wide = torch.stack([t for t in inputs]).transpose(0, 1)  # [64, W, 96]
+    _equal(comm.all_reduce(wide[:, rank].cuda().t().contiguous().t()), _rank_order_sum(inputs), "strided")
+    # Over max_bytes: torch.distributed.all_reduce (gloo on CUDA tensors), any summation order.
+    big = _inputs(1000, world, (MAX_BYTES // 4 + 4,), torch.float32)
+    result = comm.all_reduce(big[rank].cuda()).cpu()
+    torch.testing.assert_close(result, sum(t.double() for t in big).float(), rtol=1e-5, atol=1e-5)
+    comm.check()
+
+
+def _case_fused(comm, rank: int, world: int) -> None:
+    import jit_kernel
+
+    seed = 5000
+    for dtype in DTYPES:
+        for rows, dim in ((1, 4096), (7, 4096), (3, 2048), (200, 1024), (5, 5120), (2, 7168), (4, 8192), (1, 16384)):
+            for dim_ in (dim, 1000, 1001) if (rows, dim) == (7, 4096) else (dim,):
+                seed += 1
+                xs = _inputs(seed, world, (rows, dim_), dtype)
+                residual0 = _inputs(seed + 100_000, 1, (rows, dim_), dtype)[0].cuda()
+                weight = _inputs(seed + 200_000, 1, (dim_,), dtype)[0].cuda()
+                # The reference: all_reduce, then fused_add_rmsnorm (on every rank: its collectives
+                # are made in the same order everywhere).
+                ref_x = comm.all_reduce(xs[rank].cuda())
+                _equal(ref_x, _rank_order_sum(xs), f"{dtype} {rows}x{dim_} reduce")
+                ref_res = residual0.clone()
+                jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
+                x, residual = xs[rank].cuda(), residual0.clone()
+                comm.all_reduce_fused_add_rmsnorm(x, residual, weight, 1e-6)
+                _equal(residual, ref_res.cpu(), f"{dtype} {rows}x{dim_} residual")
+                _equal(x, ref_x.cpu(), f"{dtype} {rows}x{dim_} x")
+    comm.check()
+
+
+def _case_graph(comm, rank: int, world: int) -> None:
+    import jit_kernel
+
+    n, rows, dim = 3000, 4, 4096
+    x = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+    out = torch.zeros_like(x)
+    fx = torch.zeros(rows, dim, dtype=torch.bfloat16, device="cuda")
+    fres = torch.zeros_like(fx)
+    weight = _inputs(7, 1, (dim,), torch.bfloat16)[0].cuda()
+    comm.all_reduce(x, out=out)  # load the kernels before capture
+    comm.all_reduce_fused_add_rmsnorm(fx, fres, weight, 1e-6)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with comm.capture(), torch.cuda.graph(graph):
+        comm.all_reduce(x, out=out)
+        comm.all_reduce_fused_add_rmsnorm(fx, fres, weight, 1e-6)
+    for replay in range(3):
+        inputs = _inputs(100 + replay, world, (n,), torch.bfloat16)
+        fxs = _inputs(200 + replay, world, (rows, dim), torch.bfloat16)
+        res0 = _inputs(300 + replay, 1, (rows, dim), torch.bfloat16)[0]
+        x.copy_(inputs[rank])
+        fx.copy_(fxs[rank])
+        fres.copy_(res0)
+        graph.replay()
+        torch.cuda.synchronize()
+        _equal(out, _rank_order_sum(inputs), f"replay {replay}")
+        ref_x, ref_res = _rank_order_sum(fxs).cuda(), res0.cuda()
+        jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
+        _equal(fres, ref_res.cpu(), f"replay {replay} residual")
+        _equal(fx, ref_x.cpu(), f"replay {replay} x")
+    comm.check()
+    # Eager calls after the replays keep their epochs in step.
+    inputs = _inputs(400, world, (n,), torch.bfloat16)
+    _equal(comm.all_reduce(inputs[rank].cuda()), _rank_order_sum(inputs), "eager after replays")
+
+
+def _case_rank_exits(comm, rank: int, world: int) -> None:
+    """The last rank leaves after the set-up; the others get PeerTimeoutError naming it."""
+    from jit_kernel.distributed import PeerTimeoutError
+
+    if rank == world - 1:
+        os._exit(0)
+    time.sleep(1.0)
+    start = time.monotonic()
+    comm.all_reduce(torch.ones(1024, device="cuda"))
+    try:
+        comm.check()
+    except PeerTimeoutError as error:
+        elapsed = time.monotonic() - start
+        assert f"rank(s) [{world - 1}] did not arrive" in str(error), str(error)
+        assert elapsed < comm.timeout_s + 30, elapsed
+    else:
+        raise AssertionError("no PeerTimeoutError")
+    try:  # refused from now on, at once
+        comm.all_reduce(torch.ones(16, device="cuda"))
+    except PeerTimeoutError:
+        pass
+    else:
+        raise AssertionError("a failed communicator was used again")
+    os._exit(0)  # the group has a dead rank: leave without its collectives
+
+
+def _case_rank_stalls(comm, rank: int, world: int) -> None:
+    """Rank 0 never calls (it sleeps past the timeout); the others name it, then everyone leaves."""
+    from jit_kernel.distributed import PeerTimeoutError
+
+    if rank == 0:
+        time.sleep(comm.timeout_s + 10)
+        os._exit(0)
+    comm.all_reduce(torch.ones(4096, dtype=torch.bfloat16, device="cuda"))
+    try:
+        comm.check()
+    except PeerTimeoutError as error:
+        assert "rank(s) [0] did not arrive" in str(error), str(error)
+    else:
+        raise AssertionError("no PeerTimeoutError")
+    os._exit(0)
+
+
+CASES = {
+    "sizes": _case_sizes,
+    "fused": _case_fused,
+    "graph": _case_graph,
+    "rank_exits": _case_rank_exits,
+    "rank_stalls": _case_rank_stalls,
+}
+
+
+def rank_main(rank: int, world: int, init: str, case: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    from jit_kernel.distributed import CustomAllReduce
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    comm = CustomAllReduce(dist.group.WORLD, device=0, max_bytes=MAX_BYTES, timeout_s=timeout_s)
+    assert comm.disabled_reason is None, comm.disabled_reason
+    CASES[case](comm, rank, world)
+    torch.cuda.synchronize()
+    dist.barrier()
+    comm.close()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_reduce_every_dtype_and_size(world: int) -> None:
+    _run("sizes", world, limit_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_add_rmsnorm_bit_for_bit(world: int) -> None:
+    _run("fused", world, limit_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_graph_capture_and_replay(world: int) -> None:
+    _run("graph", world)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_rank_that_exits_gives_a_clear_error(world: int) -> None:
+    _run("rank_exits", world, timeout_s=3.0, limit_s=120)
+
+
+@pytest.mark.gpu
+def test_rank_that_stalls_gives_a_clear_error() -> None:
+    _run("rank_stalls", 2, timeout_s=3.0, limit_s=120)
+
+
+@pytest.mark.gpu
+def test_world_size_one() -> None:
+    import torch.distributed as dist
+
+    import jit_kernel
+    from jit_kernel.distributed import CustomAllReduce
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
+        try:
+            comm = CustomAllReduce(dist.group.WORLD)
+            x = torch.randn(4, 4096, dtype=torch.bfloat16, device="cuda")
+            assert comm.all_reduce(x) is x
+            residual, weight = torch.randn_like(x), torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+            ref_x, ref_res = x.clone(), residual.clone()
+            jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
+            comm.all_reduce_fused_add_rmsnorm(x, residual, weight, 1e-6)
+            assert torch.equal(x, ref_x) and torch.equal(residual, ref_res)
+            comm.close()
+        finally:
+            dist.destroy_process_group()
