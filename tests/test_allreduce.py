@@ -143,6 +143,31 @@ def _case_fused(comm, rank: int, world: int) -> None:
     comm.check()
 
 
+def _case_fused_fp8(comm, rank: int, world: int) -> None:
+    """The static fp8 form against all_reduce then jit_kernel.fused_add_rmsnorm_quant_fp8."""
+    import jit_kernel
+
+    seed = 9000
+    scale = torch.tensor([0.05], dtype=torch.float32, device="cuda")
+    for dtype in DTYPES:
+        for rows, dim in ((1, 4096), (7, 4096), (200, 1024), (2, 7168), (3, 1000), (3, 1001)):
+            seed += 1
+            xs = _inputs(seed, world, (rows, dim), dtype)
+            residual0 = _inputs(seed + 100_000, 1, (rows, dim), dtype)[0].cuda()
+            weight = _inputs(seed + 200_000, 1, (dim,), dtype)[0].cuda()
+            ref_x = comm.all_reduce(xs[rank].cuda())
+            ref_res = residual0.clone()
+            ref_q = jit_kernel.fused_add_rmsnorm_quant_fp8(ref_x, ref_res, weight, scale, 1e-6)
+            x, residual = xs[rank].cuda(), residual0.clone()
+            q = comm.all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, 1e-6)
+            _equal(residual, ref_res.cpu(), f"{dtype} {rows}x{dim} residual")
+            _equal(q.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"{dtype} {rows}x{dim} q")
+            # x is left normalised, as the fused form leaves it.
+            jit_kernel.fused_add_rmsnorm(ref_x, residual0, weight, 1e-6)
+            _equal(x, ref_x.cpu(), f"{dtype} {rows}x{dim} x")
+    comm.check()
+
+
 def _case_graph(comm, rank: int, world: int) -> None:
     import jit_kernel
 
@@ -225,6 +250,7 @@ def _case_rank_stalls(comm, rank: int, world: int) -> None:
 CASES = {
     "sizes": _case_sizes,
     "fused": _case_fused,
+    "fused_fp8": _case_fused_fp8,
     "graph": _case_graph,
     "rank_exits": _case_rank_exits,
     "rank_stalls": _case_rank_stalls,
@@ -261,6 +287,12 @@ def test_all_reduce_every_dtype_and_size(world: int) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_add_rmsnorm_bit_for_bit(world: int) -> None:
     _run("fused", world, limit_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_add_rmsnorm_quant_fp8_bit_for_bit(world: int) -> None:
+    _run("fused_fp8", world, limit_s=600)
 
 
 @pytest.mark.gpu

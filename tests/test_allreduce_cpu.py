@@ -169,6 +169,15 @@ def test_fakes_allocate_and_check() -> None:
                 torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm(
                     x, residual, torch.empty(2048, dtype=torch.bfloat16, device="cuda"), 1e-6, comm.handle
                 )
+            scale = torch.empty(1, dtype=torch.float32, device="cuda")
+            q = torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm_quant_fp8(
+                x, residual, weight, scale, 1e-6, comm.handle
+            )
+            assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn
+            with pytest.raises(ValueError, match="scale"):
+                torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm_quant_fp8(
+                    x, residual, weight, torch.empty(2, dtype=torch.float32, device="cuda"), 1e-6, comm.handle
+                )
             with pytest.raises(TypeError, match="x"):
                 torch.ops.jit_kernel.custom_all_reduce_out(torch.empty_like(x, dtype=torch.float16), x, comm.handle)
     finally:

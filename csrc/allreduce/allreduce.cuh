@@ -1,9 +1,11 @@
 // custom_all_reduce: an all-reduce over the GPUs of one host through buffers every rank maps by
 // CUDA IPC (python/jit_kernel/distributed.py allocates and shares them), and the same all-reduce
-// fused with the residual add and RMSNorm.
+// fused with the residual add and RMSNorm (and a static fp8 quantisation of its output).
 //
-//   all_reduce         (out, x, peers, rank, algo, error, timeout_ns, half_bytes)
-//   fused_add_rmsnorm  (x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes)
+//   all_reduce                  (out, x, peers, rank, algo, error, timeout_ns, half_bytes)
+//   fused_add_rmsnorm           (x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes)
+//   fused_add_rmsnorm_quant_fp8 (q, x, residual, weight, scale, eps, peers, rank, kper, error, ...)
+//   ipc_alloc, ipc_free, ipc_handle, ipc_open, ipc_close, signal_bytes: the regions (host only)
 //
 // Every rank owns two regions that the others map:
 // - data: two halves of `half_bytes` each. A call copies its input into the half of its epoch's
@@ -41,6 +43,7 @@
 #pragma once
 
 #include "../norm/common.cuh"
+#include "../quant/per_tensor_fp8.cuh"
 
 #include <sgl_kernel/cta.cuh>
 #include <sgl_kernel/tensor.h>
@@ -267,14 +270,38 @@ __global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Peers p, T* 
   end(p, s);
 }
 
+// What becomes of each normalised vector y of the fused kernel (normalize_row's epilogue, see
+// StoreRow in csrc/norm/common.cuh): stored to x, and with kQuant also quantised to fp8 e4m3 with a
+// static per-tensor scale by per_tensor_quant_fp8's own expression (quant::quantise_vec) into q.
+template <bool kQuant>
+struct FusedEpilogue {
+  static constexpr bool kWeightPlusOne = false;
+  uint8_t* q;  // this row of q (kQuant)
+  float inv_scale;
+  template <typename T, typename Vec>
+  SGL_DEVICE void operator()(T* out, const Vec& y, int64_t v, int /*k*/) const {
+    y.store(out, v);
+    if constexpr (kQuant) quant::quantise_vec(q, v, y, inv_scale);
+  }
+};
+
 // residual = T(all_reduce(x) + residual); x = rmsnorm(residual) * weight, over rows of `dim`
 // elements (whole 16-byte vectors, contiguous). Block b owns rows b, b + G, ...: it copies them,
 // meets the peers once, then each row's sum goes to x and normalize_row (csrc/norm/common.cuh)
 // runs on it with the lanes, block size and kPer of the bounded row kernel that
 // fused_add_rmsnorm launches for these rows, so the row's reduction and rounding are the same.
-template <typename T, int kPer>
-__global__ void __launch_bounds__(kThreads)
-    fused_add_rmsnorm_kernel(const Peers p, T* x, T* residual, const T* weight, int64_t rows, int64_t dim, float eps) {
+// kQuant: q (fp8 e4m3, [rows, dim]) = fp8(clamp(x / *scale)) as well.
+template <typename T, int kPer, bool kQuant>
+__global__ void __launch_bounds__(kThreads) fused_add_rmsnorm_kernel(
+    const Peers p,
+    T* x,
+    T* residual,
+    const T* weight,
+    int64_t rows,
+    int64_t dim,
+    float eps,
+    uint8_t* q,
+    const float* scale) {
   constexpr int kN = static_cast<int>(norm::kVecElems<T>);
   __shared__ BlockState s;
   __shared__ float smem[32];
@@ -306,7 +333,8 @@ __global__ void __launch_bounds__(kThreads)
           false,
           1.f / static_cast<float>(dim),
           eps,
-          reduce);
+          reduce,
+          FusedEpilogue<kQuant>{kQuant ? q + row * dim : nullptr, kQuant ? quant::inverse(*scale) : 0.f});
       __syncthreads();  // smem is reused by the next row
     }
   }
@@ -416,12 +444,51 @@ struct CustomAllReduce {
       int64_t error,
       int64_t timeout_ns,
       int64_t half_bytes) {
+    run_fused(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, nullptr, nullptr);
+  }
+
+  // fused_add_rmsnorm, and q = fp8 e4m3 of the normalised rows with the static scale `scale` (a
+  // float32 [1] on the device; q: [N, D] float8_e4m3fn, contiguous).
+  static void fused_add_rmsnorm_quant_fp8(
+      tvm::ffi::TensorView q,
+      tvm::ffi::TensorView x,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      tvm::ffi::TensorView scale,
+      double eps,
+      tvm::ffi::TensorView peers,
+      int64_t rank,
+      int64_t kper,
+      int64_t error,
+      int64_t timeout_ns,
+      int64_t half_bytes) {
+    run_fused(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, &q, &scale);
+  }
+
+ private:
+  static void run_fused(
+      tvm::ffi::TensorView x,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      double eps,
+      tvm::ffi::TensorView peers,
+      int64_t rank,
+      int64_t kper,
+      int64_t error,
+      int64_t timeout_ns,
+      int64_t half_bytes,
+      const tvm::ffi::TensorView* q,
+      const tvm::ffi::TensorView* scale) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
     auto device = SymbolicDevice{};
     TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(x, "x").verify(residual, "residual");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
+    if (q != nullptr) {
+      TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(*q, "out");
+      TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<float>().verify(*scale, "scale");
+    }
     norm::check_eps_and_dim(eps, D.unwrap(), "x");
     const Peers p = make_peers(peers, rank, error, timeout_ns, half_bytes);
     constexpr int64_t kN = norm::kVecElems<T>;
@@ -436,6 +503,10 @@ struct CustomAllReduce {
     for (const void* ptr : {x.data_ptr(), residual.data_ptr(), weight.data_ptr()}) {
       RuntimeCheck(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "custom_all_reduce: tensors must be 16-byte aligned");
     }
+    if (q != nullptr) {
+      RuntimeCheck(
+          reinterpret_cast<uintptr_t>(q->data_ptr()) % 16 == 0, "custom_all_reduce: out must be 16-byte aligned");
+    }
     const DLDevice dev = device.unwrap();
     // The block size of the bounded row kernel (csrc/norm/common.cuh, launch_bounded).
     const auto threads = static_cast<uint32_t>(div_ceil(div_ceil(nvec, kper), int64_t{32}) * 32);
@@ -444,12 +515,21 @@ struct CustomAllReduce {
     auto* rp = static_cast<T*>(residual.data_ptr());
     const auto* wp = static_cast<const T*>(weight.data_ptr());
     const auto e = static_cast<float>(eps);
+    auto* qp = q != nullptr ? static_cast<uint8_t*>(q->data_ptr()) : nullptr;
+    const auto* sp = scale != nullptr ? static_cast<const float*>(scale->data_ptr()) : nullptr;
+    const auto launch = [&]<int kPer>() {
+      if (qp != nullptr) {
+        LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, kPer, true>, p, xp, rp, wp, rows, dim, e, qp, sp);
+      } else {
+        LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, kPer, false>, p, xp, rp, wp, rows, dim, e, qp, sp);
+      }
+    };
     if (kper == 1) {
-      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, 1>, p, xp, rp, wp, rows, dim, e);
+      launch.template operator()<1>();
     } else if (kper == 2) {
-      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, 2>, p, xp, rp, wp, rows, dim, e);
+      launch.template operator()<2>();
     } else {
-      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, 4>, p, xp, rp, wp, rows, dim, e);
+      launch.template operator()<4>();
     }
   }
 };

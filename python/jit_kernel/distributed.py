@@ -298,6 +298,33 @@ class CustomAllReduce:
         if debug:
             self.check()
 
+    def all_reduce_fused_add_rmsnorm_quant_fp8(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        scale: torch.Tensor,
+        eps: float = 1e-6,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`all_reduce_fused_add_rmsnorm`, and the normalised ``x`` quantised to float8_e4m3fn
+        with the static per-tensor ``scale`` (float32, one element, on the device) into ``out``
+        (allocated when None), in one launch: bit for bit :meth:`all_reduce_fused_add_rmsnorm` then
+        ``jit_kernel.per_tensor_quant_fp8(x, out, scale, is_static=True)``. Returns ``out``."""
+        if self.world_size == 1:
+            from jit_kernel.ops.norm import fused_add_rmsnorm
+            from jit_kernel.ops.quant import per_tensor_quant_fp8
+
+            fused_add_rmsnorm(x, residual, weight, eps)
+            return per_tensor_quant_fp8(x, out, scale, is_static=True)[0]
+        debug = self.debug and not self._capturing and not torch.compiler.is_compiling()
+        if debug:
+            self._debug_checks(x, residual, weight)
+        result = _ops.custom_all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, eps, self.handle, out)
+        if debug:
+            self.check()
+        return result
+
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
         """Wrap CUDA graph capture of calls on this communicator::

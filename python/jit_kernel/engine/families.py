@@ -424,6 +424,7 @@ CUSTOM_ALL_REDUCE = KernelSpec(
     exports={
         "all_reduce": "jit_kernel::allreduce::CustomAllReduce<{args}>::all_reduce",
         "fused_add_rmsnorm": "jit_kernel::allreduce::CustomAllReduce<{args}>::fused_add_rmsnorm",
+        "fused_add_rmsnorm_quant_fp8": "jit_kernel::allreduce::CustomAllReduce<{args}>::fused_add_rmsnorm_quant_fp8",
         "ipc_alloc": "jit_kernel::allreduce::ipc_alloc",
         "ipc_free": "jit_kernel::allreduce::ipc_free",
         "ipc_handle": "jit_kernel::allreduce::ipc_handle",

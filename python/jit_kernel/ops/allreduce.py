@@ -1,7 +1,9 @@
 """custom_all_reduce ops: the registered collectives behind :class:`jit_kernel.distributed.CustomAllReduce`.
 
-``torch.ops.jit_kernel.custom_all_reduce(x, handle)`` (and ``custom_all_reduce_out``) and
-``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm(x, residual, weight, eps, handle)``.
+``torch.ops.jit_kernel.custom_all_reduce(x, handle)`` (and ``custom_all_reduce_out``),
+``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm(x, residual, weight, eps, handle)`` and
+``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, eps,
+handle)`` (and its ``_out``).
 A communicator owns buffers, IPC mappings and a process group, none of which a ``torch.library``
 schema can carry, so the ops take ``handle``: the int a communicator registers itself under in this
 process (:data:`COMMUNICATORS`). A compiled graph keeps the collective as one node with that int
@@ -29,6 +31,11 @@ _DISPATCH = Dispatcher(CUSTOM_ALL_REDUCE)
 _ALL_REDUCE = KernelTable(_DISPATCH, "all_reduce", lambda dtype: (float_dtype("custom_all_reduce", "x", dtype),))
 _FUSED = KernelTable(
     _DISPATCH, "fused_add_rmsnorm", lambda dtype: (float_dtype("custom_all_reduce_fused_add_rmsnorm", "x", dtype),)
+)
+_FUSED_QUANT = KernelTable(
+    _DISPATCH,
+    "fused_add_rmsnorm_quant_fp8",
+    lambda dtype: (float_dtype("custom_all_reduce_fused_add_rmsnorm_quant_fp8", "x", dtype),),
 )
 
 logger = logging.getLogger("jit_kernel.distributed")
@@ -146,6 +153,24 @@ def custom_all_reduce(x: torch.Tensor, handle: int, out: torch.Tensor | None = N
     return _ALL_REDUCE, x.dtype, args, out
 
 
+def _one_launch_kper(comm: Communicator, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> int:
+    """The fused kernel's vectors per thread for this call, or 0 when it runs as separate calls."""
+    kper = fused_vectors_per_thread(weight.numel(), x.dtype) if x.dtype in SUPPORTED_DTYPES else 0
+    one_launch = (
+        kper > 0
+        and x.dim() >= 2
+        and x.shape == residual.shape
+        and x.is_contiguous()
+        and residual.is_contiguous()
+        and comm.fallback_reason(x) is None
+    )
+    return kper if one_launch else 0
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dim() == 2 else t.view(-1, t.shape[-1])
+
+
 @kernel_op("custom_all_reduce_fused_add_rmsnorm", mutates=("x", "residual"))
 def custom_all_reduce_fused_add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, handle: int
@@ -156,32 +181,40 @@ def custom_all_reduce_fused_add_rmsnorm(
     cases run as those two calls."""
     from jit_kernel.ops.norm import fused_add_rmsnorm
 
-    op = "custom_all_reduce_fused_add_rmsnorm"
-    comm = communicator(op, handle)
-    kper = fused_vectors_per_thread(weight.numel(), x.dtype) if x.dtype in SUPPORTED_DTYPES else 0
-    one_launch = (
-        kper > 0
-        and x.dim() >= 2
-        and x.shape == residual.shape
-        and x.is_contiguous()
-        and residual.is_contiguous()
-        and comm.fallback_reason(x) is None
-    )
-    if not one_launch:
+    comm = communicator("custom_all_reduce_fused_add_rmsnorm", handle)
+    kper = _one_launch_kper(comm, x, residual, weight)
+    if kper == 0:
         reduced = custom_all_reduce.op.plan(x, handle, x)
         return [reduced, fused_add_rmsnorm.op.plan(x, residual, weight, eps)]
     comm.before_call()
-    x_rows, res_rows = (x, residual) if x.dim() == 2 else (x.view(-1, x.shape[-1]), residual.view(-1, x.shape[-1]))
-    args = (
-        x_rows,
-        res_rows,
-        weight,
-        eps,
-        comm.peers,
-        comm.rank,
-        kper,
-        comm.error_address,
-        comm.timeout_ns,
-        comm.max_bytes,
-    )
-    return _FUSED, x.dtype, args, None
+    args = (_as_rows(x), _as_rows(residual), weight, eps, comm.peers, comm.rank, kper)
+    return _FUSED, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), None
+
+
+@kernel_op("custom_all_reduce_fused_add_rmsnorm_quant_fp8", mutates=("x", "residual"), out="out")
+def custom_all_reduce_fused_add_rmsnorm_quant_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float,
+    handle: int,
+    out: torch.Tensor | None = None,
+) -> Launch | list[Launch]:
+    """:func:`custom_all_reduce_fused_add_rmsnorm`, and ``out`` (float8_e4m3fn, ``x``'s shape) =
+    ``fp8(clamp(x / scale))`` of the normalised ``x`` with the static scale ``scale`` (float32, one
+    element, on the device), in one launch: bit for bit that call then
+    ``jit_kernel.per_tensor_quant_fp8(x, out, scale, is_static=True)``. Returns ``out``."""
+    from jit_kernel.ops.quant import _quant
+
+    comm = communicator("custom_all_reduce_fused_add_rmsnorm_quant_fp8", handle)
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    kper = _one_launch_kper(comm, x, residual, weight)
+    if kper == 0:
+        fused = custom_all_reduce_fused_add_rmsnorm.op.plan(x, residual, weight, eps, handle)
+        kernels, key, args, _ = _quant.op.plan(x, out, scale, True)
+        return [*(fused if isinstance(fused, list) else [fused]), (kernels, key, args, out)]
+    comm.before_call()
+    args = (_as_rows(out), _as_rows(x), _as_rows(residual), weight, scale, eps, comm.peers, comm.rank, kper)
+    return _FUSED_QUANT, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), out
