@@ -153,7 +153,7 @@ class CustomAllReduce:
         dist.all_gather_object(verdicts, reachable, group=self.group)
         for rank, unreachable in enumerate(verdicts):
             if unreachable:
-                return f"no peer access (P2P) from rank {rank}'s GPU to rank(s) {unreachable}'"
+                return f"no peer access (P2P) from rank {rank}'s GPU to rank(s) {unreachable}"
         self._map_regions(dist)
         return None
 
