@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import math
 import os
 import re
 import signal
@@ -817,6 +818,161 @@ def test_report_renders_the_sampling_section(
 
 
 # ---------------------------------------------------------------------------------------------
+# bench_decode_attention: its grid, the torch baselines on the CPU, a whole main() with a fake timer
+# (the read ceilings from the same measurements) and its section of the report
+
+DECODE_LINES = ["jit", "sdpa_repeat_kv", "sdpa_gqa", "copy"]
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_bench_decode_attention_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
+    module = load_bench("bench_decode_attention", ci)
+    assert _describe(module.bench_decode, DECODE_LINES) == [
+        (f"decode_attention-bf16-ctx{n}", [1, 8, 32], {"context": n}) for n in (1024, 8192, 32768)
+    ]
+    tokens = [16, 4096] if ci else [1, 16, 256, 4096]
+    assert _describe(module.bench_merge) == [("merge_attn_states-bf16", tokens, {})]
+    assert [report.fn.__name__ for report in module.REPORTS] == ["bench_decode", "bench_merge"]
+    measured = {("decode", b, bench.args["context"]) for bench in module.bench_decode.benchmarks for b in bench.x_vals}
+    measured |= {("merge", n) for n in module.bench_merge.benchmarks.x_vals}
+    assert {key for table in module.summary_tables() for key, *_ in table.configs} == measured
+    # 9 decode configs x 4 providers, merge 2 x 4 (CI)
+    assert run_all.grid_counts(load_bench("bench_decode_attention", True).REPORTS) == {
+        "measurements": 36 + 8,
+        "jit": 9 + 2,
+        "compiles": 2,
+    }
+    assert "bench_decode_attention" in [script.name for script in run_all.SCRIPTS]
+    assert not torch.cuda.is_initialized()
+
+
+def test_decode_attention_bench_bytes_and_baselines_on_cpu(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    module = load_bench("bench_decode_attention", False)
+    assert module.kv_bytes(2, 1024) == 2 * 2 * 8 * 1024 * 128 * 2
+    assert module.decode_bytes(2, 1024) == module.kv_bytes(2, 1024) + 2 * 2 * 32 * 128 * 2 + 8
+    assert module.merge_bytes(3) == 3 * 3 * 32 * (128 * 2 + 4)
+    torch.manual_seed(0)
+    q, k, v, lens = module.make_decode_inputs(2, 64, device="cpu")
+    assert q.shape == (2, 32, 128) and k.shape == v.shape == (2, 8, 64, 128) and lens.tolist() == [64, 64]
+    q, k, v = q.double(), k.double(), v.double()
+    scores = torch.einsum("bkgd,bknd->bkgn", q.view(2, 8, 4, 128), k) / math.sqrt(128)
+    expected = torch.einsum("bkgn,bknd->bkgd", scores.softmax(-1), v).reshape(2, 32, 128)
+    torch.testing.assert_close(module.sdpa_repeat_kv(q, k, v), expected)
+    torch.testing.assert_close(module.sdpa_gqa(q, k, v), expected)
+    a, la, b, lb = module.make_merge_inputs(5, device="cpu")
+    out, lse = module.torch_merge(a.double(), la.double(), b.double(), lb.double())
+    both = torch.stack([la, lb]).double()
+    weights = torch.softmax(both, dim=0)
+    torch.testing.assert_close(out, a.double() * weights[0, ..., None] + b.double() * weights[1, ..., None])
+    torch.testing.assert_close(lse, torch.logsumexp(both, dim=0))
+    assert module.decode_case("copy", 1, 1024, device="cpu")().numel() == module.decode_bytes(1, 1024) // 2
+    assert module.merge_case("compile", 2, device="cpu") is not None
+    with pytest.raises(ValueError, match="unknown provider"):
+        module.decode_case("eager", 1, 64, device="cpu")
+    with pytest.raises(ValueError, match="unknown provider"):
+        module.merge_case("sdpa_gqa", 1, device="cpu")
+
+
+def test_bench_decode_attention_calls_bind_to_the_jit_kernel_ops(
+    load_bench: Callable[[str, bool], ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import inspect
+
+    import jit_kernel
+
+    module = load_bench("bench_decode_attention", False)
+    calls: list[str] = []
+    for name in ("decode_attention", "merge_attn_states"):
+        signature = inspect.signature(getattr(jit_kernel, name))
+
+        def record(
+            *args: object, _signature: inspect.Signature = signature, _name: str = name, **kwargs: object
+        ) -> None:
+            _signature.bind(*args, **kwargs)
+            calls.append(_name)
+
+        monkeypatch.setattr(jit_kernel, name, record)
+    module.decode_case("jit", 2, 64, device="cpu")()
+    module.merge_case("jit", 2, device="cpu")()
+    assert calls == ["decode_attention", "merge_attn_states"]
+
+
+DECODE_FAKE_US = {"jit": 10.0, "sdpa_repeat_kv": 40.0, "sdpa_gqa": 30.0, "copy": 8.0, "eager": 20.0, "compile": 12.0}
+
+
+def _run_bench_decode_attention(
+    module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[tuple[Hashable, str]]
+) -> dict[str, object]:
+    """main() with a fake timer: the bandwidth copy at 2,000 GB/s, the paired empty kernel at 2.0 us,
+    SDPA with enable_gqa missing at batch 32."""
+    from jit_kernel.benchmark import bench_sampling
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append((key, provider))
+        if key == bench_sampling.BANDWIDTH_KEY:
+            return bench_sampling.BANDWIDTH_BYTES / 2e6  # us for 2,000 GB/s
+        if provider == "sdpa_gqa" and key[1] == 32:  # type: ignore[index]
+            return NAN
+        return DECODE_FAKE_US[provider]
+
+    monkeypatch.setattr(module, "RESULTS", Measurements(timer, lambda: 2.0))
+    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    module.main(["--json-dir", str(tmp_path)])
+    return json.loads((tmp_path / "bench_decode_attention.json").read_text())
+
+
+def test_bench_decode_attention_main_adds_the_read_ceiling(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench("bench_decode_attention", True)
+    calls: list[tuple[Hashable, str]] = []
+    doc = _run_bench_decode_attention(module, monkeypatch, tmp_path, calls)
+    printed = capsys.readouterr().out
+    assert len(calls) == len(set(calls)) == 1 + run_all.grid_counts(module.REPORTS)["measurements"]
+    assert doc["complete"] is True and doc["empty_kernel_us"] == 2.5
+    assert doc["notes"] == [module.bandwidth_note(2000.0)] and "at 2000 GB/s" in doc["notes"][0]
+    tables = {table["name"]: table for table in doc["tables"]}
+    assert list(tables) == ["decode_attention", "merge_attn_states"]
+    decode = tables["decode_attention"]
+    assert list(decode["providers"]) == ["jit", "sdpa_repeat_kv", "sdpa_gqa", "ceiling", "copy"]
+    assert [row["key"] for row in decode["rows"]][:3] == [[1, 1024], [8, 1024], [32, 1024]]
+    row = decode["rows"][8]  # batch 32, context 32768
+    assert row["key"] == [32, 32768] and not row["tiny"]
+    assert row["us"]["ceiling"] == pytest.approx(module.decode_bytes(32, 32768) / 2e3 / 1e3 + 2.0, rel=1e-6)
+    assert row["us"]["sdpa_gqa"] is None and row["us"]["sdpa_repeat_kv"] == 40.0
+    assert row["of_copy_ceiling"]["jit"] == pytest.approx(0.8)
+    first = decode["rows"][0]
+    assert first["tiny"] and first["vs_empty"] == 5.0
+    merge = tables["merge_attn_states"]
+    assert list(merge["providers"]) == PROVIDERS and [r["key"] for r in merge["rows"]] == [[16], [4096]]
+    assert merge["rows"][0]["tiny"] and not merge["rows"][1]["tiny"]
+    summary = printed[printed.index("device: Fake GPU") : printed.index("results: ")]
+    assert "read ceiling: K, V, the query and the output at 2000 GB/s" in summary
+    assert "| 32 | 32768 | 10.00 | 40.00 (4.00x) | n/a |" in summary
+
+    # its section of the report: the device, the ceiling's note, SDPA named among the summary's peers
+    text = report.render([*_fixture_docs(), doc], None)
+    section = text[text.index("## Decode attention and merge_attn_states") :]
+    section = section[: section.index("\n## ")]
+    assert "`JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_attention --json-dir DIR`" in section
+    assert "Device: Fake GPU (compute capability 9.0, 132 SMs)." in section
+    assert f"- {module.bandwidth_note(2000.0)}" in section
+    assert (
+        "| batch | context | jit_kernel us | % of copy | vs empty | SDPA + repeat_kv us | SDPA enable_gqa us "
+        "| read ceiling us | copy us |" in section
+    )
+    assert "(decode attention: also torch SDPA over repeat_kv'd heads and torch SDPA with enable_gqa)." in text
+
+
+# ---------------------------------------------------------------------------------------------
 # bench_dispatch: its CPU section runs for real (the add_constant host family); the GPU sections
 # are skipped without CUDA.
 
@@ -894,6 +1050,8 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "chain_speculative_sampling (functional)",
         "tree_speculative_sampling_target_only",
         "verify_tree_greedy",
+        "decode_attention (functional)",
+        "merge_attn_states (functional)",
     ]
     assert set(bench_dispatch.CPU_OPS) <= set(bench_dispatch.OPS)
     assert not torch.cuda.is_initialized()

@@ -68,6 +68,7 @@ if importlib.util.find_spec("torch") is not None:
     from jit_kernel import scale as _scale_module
     from jit_kernel.ops.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
     from jit_kernel.ops.add_constant import add_constant
+    from jit_kernel.ops.attention import decode_attention, merge_attn_states
     from jit_kernel.ops.gemma_norm import gemma_fused_add_rmsnorm, gemma_rmsnorm
     from jit_kernel.ops.hicache import (
         can_use_hicache_jit_kernel,
@@ -132,6 +133,7 @@ __all__ = [
     "cache_once",
     "can_use_hicache_jit_kernel",
     "chain_speculative_sampling",
+    "decode_attention",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_per_token_group_quant_fp8",
     "fused_add_rmsnorm_per_token_quant_fp8",
@@ -146,6 +148,7 @@ __all__ = [
     "load_jit",
     "make_cpp_args",
     "mask_logits",
+    "merge_attn_states",
     "min_p_sampling_from_probs",
     "moe_align_block_size",
     "moe_sum_reduce",

@@ -7,10 +7,12 @@ layer, rows of 8 x 128 bf16, or MLA rows of 576, caches on the GPU; MoE: Qwen3-M
 ``topk_softmax`` over 128 experts, DeepSeek-V3's ``grouped_topk`` over 256 experts in 8 groups,
 top-4 groups, with a float32 correction bias and a scaling of 2.5, all top-8;
 ``moe_align_block_size`` of the tokens' top-8 ids over 256 experts in blocks of 64;
-``moe_sum_reduce`` of ``[tokens, 8, 4096]``). An op with optional outputs has two rows: its outputs
-preallocated (``out=``, or "outputs given"), and its functional form, which allocates them; the
-functional row's raw reference allocates the same outputs (one ``torch.empty`` of each output's
-shape, dtype and device) before the raw call, so both rows' "eager - raw" is the op's own overhead.
+``moe_sum_reduce`` of ``[tokens, 8, 4096]``; ``decode_attention`` of the q/k norms' heads over a
+256-token cache per token, ``merge_attn_states`` of two ``[tokens, 32, 128]`` results). An op with
+optional outputs has two rows: its outputs preallocated (``out=``, or "outputs given"), and its
+functional form, which allocates them; the functional row's raw reference allocates the same
+outputs (one ``torch.empty`` of each output's shape, dtype and device) before the raw call, so both
+rows' "eager - raw" is the op's own overhead.
 An op that always allocates its outputs (the MoE routing ops, ``moe_align_block_size``) has the
 functional row only. FlashInfer's eager call of the same op is timed beside ours where FlashInfer
 has it and is importable; where FlashInfer's op takes its outputs and has no functional form
@@ -90,6 +92,7 @@ ALIGN_BLOCK = 64  # moe_align_block_size: block size, over DSV3_EXPERTS experts
 VOCAB = 128256  # sampling: Llama 3's vocabulary, float32 logits
 SAMPLE_TOP_K, SAMPLE_TOP_P = 50, 0.9  # sampling: per-request tensors of these values
 SPEC_DRAFT = 4  # speculative ops: draft tokens per request (the tree ops: a chain of SPEC_DRAFT + 1 nodes)
+ATTENTION_CONTEXT = 256  # decode_attention: each request's StaticCache length (every request at it)
 GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
 EAGER_SLACK_US = 1.0  # target: eager <= raw + 1 us
@@ -209,6 +212,13 @@ class Inputs:
         self.tree_coins = torch.rand(tokens, nodes, device=device)
         self.tree_final_coins = torch.rand(tokens, device=device)
         self.tree_draft_probs = torch.zeros_like(self.target_probs)
+        # decode_attention: q [T, Hq, D] over K/V caches [T, Hk, ATTENTION_CONTEXT, D] at int32 lengths;
+        # merge_attn_states: two [T, Hq, D] results and their float32 LSEs [T, Hq]
+        self.attn_k = act(tokens, HK, ATTENTION_CONTEXT, HEAD_DIM)
+        self.attn_v = act(tokens, HK, ATTENTION_CONTEXT, HEAD_DIM)
+        self.attn_lens = torch.full((tokens,), ATTENTION_CONTEXT, dtype=torch.int32, device=device)
+        self.merge_a, self.merge_b = act(tokens, HQ, HEAD_DIM), act(tokens, HQ, HEAD_DIM)
+        self.merge_lse_a, self.merge_lse_b = (torch.randn(tokens, HQ, device=device) for _ in range(2))
 
 
 def _bind(fn: Callable[..., object], variables: Mapping[str, object], arguments: str) -> Call:
@@ -669,6 +679,16 @@ SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
     "verify_tree_greedy": (
         ONE,
         lambda t: Spec(jit_kernel.verify_tree_greedy, (*t.tree_outs, *t.tree, t.target_predict)),
+    ),
+    # The attention ops allocate on every call whatever out= is (decode_attention its split
+    # workspace, merge_attn_states the LSE): the functional row only.
+    "decode_attention": (
+        ALLOCATES,
+        lambda t: Spec(jit_kernel.decode_attention, (t.q3, t.attn_k, t.attn_v, t.attn_lens)),
+    ),
+    "merge_attn_states": (
+        ALLOCATES,
+        lambda t: Spec(jit_kernel.merge_attn_states, (t.merge_a, t.merge_lse_a, t.merge_b, t.merge_lse_b)),
     ),
 }
 OPS: dict[str, Row] = {

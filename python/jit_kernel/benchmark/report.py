@@ -43,6 +43,7 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("bench_norm_quant", "Fused RMSNorm + fp8 quantization, Gemma's RMSNorm", "norm_quant"),
     ("bench_moe", "MoE routing, align and combine", "moe"),
     ("bench_sampling", "Sampling: top-k, top-p and min-p", "sampling"),
+    ("bench_decode_attention", "Decode attention and merge_attn_states", "decode_attention"),
     ("bench_elementwise", "Elementwise: scale and add_constant", "elementwise"),
     ("bench_hicache", "hicache KV-cache transfers", "hicache"),
     ("bench_dispatch", "Dispatch overhead", "dispatch"),
@@ -51,9 +52,25 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
 )
 # Providers that are someone else's code (the rest are jit_kernel variants, the copy ceiling, or
 # compositions of our own ops).
-PEERS = ("eager", "eager_hf", "compile", "flashinfer", "liger", "vllm_torch", "torch_topk")
-# Peers only some scripts compare against, named in the summary's sentence where a table has them.
-OTHER_PEERS = {"vllm_torch": "vLLM's torch sampler", "torch_topk": "torch.topk + torch.multinomial"}
+PEERS = (
+    "eager",
+    "eager_hf",
+    "compile",
+    "flashinfer",
+    "liger",
+    "vllm_torch",
+    "torch_topk",
+    "sdpa_repeat_kv",
+    "sdpa_gqa",
+)
+# Peers only some scripts compare against, named in the summary's sentence where a table has them:
+# provider -> (the tables' family, the peer).
+OTHER_PEERS = {
+    "vllm_torch": ("sampling", "vLLM's torch sampler"),
+    "torch_topk": ("sampling", "torch.topk + torch.multinomial"),
+    "sdpa_repeat_kv": ("decode attention", "torch SDPA over repeat_kv'd heads"),
+    "sdpa_gqa": ("decode attention", "torch SDPA with enable_gqa"),
+}
 ENVIRONMENT_LABELS = (
     ("torch", "torch"),
     ("triton", "triton"),
@@ -300,8 +317,8 @@ PLOTTERS = {
 
 
 def device_and_notes_lines(doc: Json) -> list[str]:
-    """The device a section was measured on and the script's notes (bench_sampling: where its read
-    ceiling comes from)."""
+    """The device a section was measured on and the script's notes (bench_sampling and
+    bench_decode_attention: where their read ceilings come from)."""
     device = doc["environment"].get("device") or {}
     if device.get("name"):
         lines = [f"Device: {device['name']} (compute capability {device['capability']}, {device['sms']} SMs)."]
@@ -312,7 +329,7 @@ def device_and_notes_lines(doc: Json) -> list[str]:
 
 
 # script -> the lines its section adds after its command.
-SECTION_LINES = {"bench_sampling": device_and_notes_lines}
+SECTION_LINES = {"bench_sampling": device_and_notes_lines, "bench_decode_attention": device_and_notes_lines}
 
 
 def has_plot(doc: Json) -> bool:
@@ -464,14 +481,17 @@ def render(docs: Sequence[Json], manifest: Json | None = None, *, plots: str | N
     summary = [row for doc in docs for t in doc["tables"] if t["kind"] == "providers" if (row := summary_row(t))]
     if summary:
         present = {p for doc in docs for t in doc["tables"] if t["kind"] == "providers" for p in t["providers"]}
-        others = [label for provider, label in OTHER_PEERS.items() if provider in present]
+        named: dict[str, list[str]] = {}
+        for provider, (where, label) in OTHER_PEERS.items():
+            if provider in present:
+                named.setdefault(where, []).append(label)
+        others = "; ".join(f"{where}: also {' and '.join(labels)}" for where, labels in named.items())
         out += [
             "",
             "## Summary",
             "",
             "Ranges over each table's rows. The fastest peer is the fastest of torch eager (the norms: either "
-            "torch form), torch.compile and FlashInfer in that row"
-            + (f" (sampling: also {' and '.join(others)})." if others else "."),
+            "torch form), torch.compile and FlashInfer in that row" + (f" ({others})." if others else "."),
             "",
             *_table(SUMMARY_HEADER, summary),
         ]

@@ -86,6 +86,9 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_moe", (), 170.0),
     # The CI grid's medians (three tables and the targets' ceilings) and FlashInfer's sampling module.
     Script("bench_sampling"),
+    # decode_attention's nine (batch, context) rows and merge_attn_states' two token counts, plus the
+    # 1 GiB copy that measures the read ceiling's bandwidth.
+    Script("bench_decode_attention"),
     # Four 4-layer models (Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B shapes, Qwen3-8B with fp8 linear
     # layers): eager, CUDA graph and torch.compile (the compiles dominate; the two dense models took
     # 57 s and 35 s on the H100, the fp8 one 30 s).

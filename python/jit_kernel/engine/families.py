@@ -412,6 +412,30 @@ SPECULATIVE = KernelSpec(
     prebuilt=(("fp32_t",),),
 )
 
+# Decode attention (csrc/attention/decode.cuh): one query token per sequence over a StaticCache-layout
+# KV cache [B, Hkv, max_len, D], grouped-query heads, flash-decoding splits merged by a second kernel.
+# Config = (head_dim, dtype): the head dim sizes each lane's registers; batch, heads, group size,
+# cache length and splits are run-time (the group picks one of four instantiations inside the unit).
+ATTENTION_HEAD_DIMS = (64, 128, 256)
+DECODE_ATTENTION = KernelSpec(
+    family="decode_attention",
+    sources=("attention/decode.cuh",),
+    params=("head_dim", "dtype"),
+    domains={"head_dim": OneOf(ATTENTION_HEAD_DIMS), "dtype": OneOf(("bf16_t", "fp16_t"))},
+    exports={"run": "jit_kernel::attention::DecodeAttention<{args}>::run"},
+    prebuilt=tuple((d, t) for d in ATTENTION_HEAD_DIMS for t in ("bf16_t", "fp16_t")),
+)
+# merge_attn_states (csrc/attention/merge.cuh): two attention results and their LSEs merged into one.
+# Config = dtype only: tokens, heads and head dim are run-time.
+MERGE_ATTN_STATES = KernelSpec(
+    family="merge_attn_states",
+    sources=("attention/merge.cuh",),
+    params=("dtype",),
+    domains={"dtype": FLOAT_DTYPES},
+    exports={"run": "jit_kernel::attention::MergeAttnStates<{args}>::run"},
+    prebuilt=(("bf16_t",), ("fp16_t",), ("fp32_t",)),
+)
+
 # custom_all_reduce: the all-reduce of jit_kernel.distributed over buffers shared by CUDA IPC, and
 # the same fused with the residual add and RMSNorm (csrc/allreduce/allreduce.cuh), with the CUDA IPC
 # helpers that allocate, share and map its regions. Config = dtype only: the world size, the
@@ -463,6 +487,8 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     MOE_SUM_REDUCE,
     SAMPLING,
     SPECULATIVE,
+    DECODE_ATTENTION,
+    MERGE_ATTN_STATES,
     CUSTOM_ALL_REDUCE,
 )
 

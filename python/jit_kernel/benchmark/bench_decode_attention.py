@@ -1,0 +1,318 @@
+"""decode_attention against torch's scaled_dot_product_attention (over repeat_kv'd KV heads, as
+transformers' SDPA path calls it, and with its grouped heads, enable_gqa=True) and the read ceiling of
+the K and V caches, and merge_attn_states against torch eager, torch.compile and the copy ceiling,
+measured in the same run. Times are medians in microseconds of CUDA-graph replays.
+
+    python -m jit_kernel.benchmark.bench_decode_attention                                  # print only
+    python -m jit_kernel.benchmark.bench_decode_attention --save-path bench-out/attention  # + PNG plots, CSVs
+    python -m jit_kernel.benchmark.bench_decode_attention --json-dir bench-json            # + JSON (report.py)
+
+decode_attention: one query token per sequence, Llama-3-8B's attention (32 query heads, 8 KV heads,
+head dim 128, bf16) over a StaticCache of batch x context ``[B, 8, context, 128]`` K and V caches,
+every sequence at the full context; batch 1, 8, 32 x context 1,024, 8,192, 32,768 (the full and the
+CI-sized grid alike). Providers: ``jit`` (``jit_kernel.decode_attention(q, k_cache, v_cache,
+seq_lens)``); ``sdpa_repeat_kv`` (each KV head expanded to its 4 query heads, a copy of K and V, then
+``F.scaled_dot_product_attention`` of the ``[B, 32, 1, 128]`` query); ``sdpa_gqa`` (the same call on
+the 8 KV heads with ``enable_gqa=True``); ``copy`` (a device copy of the op's minimal bytes, read and
+written); and ``ceiling`` (computed, not measured): the minimal bytes, K and V read once, at the
+bandwidth of a 1 GiB device copy measured once in the run (bytes read + written per second), plus
+the empty kernel measured beside the row's jit time. "vs empty" (our time in empty-kernel replays)
+is shown for the rows of at most 32 MiB of K and V.
+
+merge_attn_states: two ``[N, 32, 128]`` bf16 results with their float32 LSEs into one, N 1, 16, 256,
+4096 (CI-sized grid: 16, 4096); ``jit``, ``eager`` (the formula in torch: max, exp, a weighted sum in
+float32), ``compile`` (torch.compile of it) and ``copy`` (its minimal bytes: both inputs and their
+LSEs read, the output and its LSE written). "vs empty" is shown up to 16 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+import jit_kernel
+from jit_kernel.benchmark import _tables
+from jit_kernel.benchmark import results as result_files
+from jit_kernel.benchmark._tables import (
+    EMPTY_PROVIDER,
+    STANDARD_PROVIDERS,
+    Measurements,
+    SummaryTable,
+    compile_static,
+    format_us,
+    provider_benchmark,
+)
+from jit_kernel.benchmark.bench_sampling import BANDWIDTH_BYTES, bandwidth_gbps, summary_markdown
+from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
+
+DTYPE = torch.bfloat16
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+BATCHES = [1, 8, 32]
+CONTEXTS = [1024, 8192, 32768]
+TINY_KV_BYTES = 32 << 20  # "vs empty" is shown for rows of at most this many bytes of K and V
+MERGE_TOKENS = get_benchmark_range([1, 16, 256, 4096], [16, 4096])
+TINY_TOKENS = 16
+
+# provider -> (line name in the plots, (colour, line style)); the labels are the report's columns.
+DECODE_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
+    "jit": ("jit_kernel", ("tab:blue", "-")),
+    "sdpa_repeat_kv": ("SDPA + repeat_kv", ("tab:orange", "--")),
+    "sdpa_gqa": ("SDPA enable_gqa", ("tab:green", "-.")),
+    "copy": ("device copy", ("tab:gray", ":")),
+}
+MERGE_PROVIDERS = dict(STANDARD_PROVIDERS)
+CEILING = "ceiling"  # computed per row: the minimal bytes / copy bandwidth + empty kernel
+CEILING_LABEL = ("read ceiling", ("", ""))
+
+# Every jit time bracketed by the empty kernel's.
+RESULTS = Measurements.paired()
+
+
+# ---------------------------------------------------------------------------------------------
+# Minimal bytes
+
+
+def kv_bytes(batch: int, context: int) -> int:
+    """The K and V caches' bytes."""
+    return 2 * batch * KV_HEADS * context * HEAD_DIM * DTYPE.itemsize
+
+
+def decode_bytes(batch: int, context: int) -> int:
+    """K and V read once, the query read and the output written, the int32 lengths read."""
+    return kv_bytes(batch, context) + 2 * batch * HEADS * HEAD_DIM * DTYPE.itemsize + 4 * batch
+
+
+def merge_bytes(tokens: int) -> int:
+    """Both parts and their float32 LSEs read, the merged output and its LSE written."""
+    return 3 * tokens * HEADS * (HEAD_DIM * DTYPE.itemsize + 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and the torch baselines
+
+
+def make_decode_inputs(
+    batch: int, context: int, device: str = DEFAULT_DEVICE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(query [B, 32, 128], k_cache, v_cache [B, 8, context, 128], seq_lens int32 = context)."""
+    q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    k = torch.randn(batch, KV_HEADS, context, HEAD_DIM, device=device, dtype=DTYPE)
+    v = torch.randn(batch, KV_HEADS, context, HEAD_DIM, device=device, dtype=DTYPE)
+    return q, k, v, torch.full((batch,), context, dtype=torch.int32, device=device)
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, Hkv, L, D]`` -> ``[B, Hkv * groups, L, D]``, each KV head repeated for its query heads (a copy)."""
+    batch, kv_heads, length, dim = x.shape
+    return x[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, kv_heads * groups, length, dim)
+
+
+def sdpa_repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    groups = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q[:, :, None], repeat_kv(k, groups), repeat_kv(v, groups))[:, :, 0]
+
+
+def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
+
+
+def torch_merge(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge formula in torch (finite LSEs): the weights and the sum in float32."""
+    m = torch.maximum(lse_a, lse_b)
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = wa + wb
+    out = out_a.float() * (wa / total)[..., None] + out_b.float() * (wb / total)[..., None]
+    return out.to(out_a.dtype), m + torch.log(total)
+
+
+def make_merge_inputs(
+    tokens: int, device: str = DEFAULT_DEVICE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = torch.randn(tokens, HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    b = torch.randn(tokens, HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    return a, torch.randn(tokens, HEADS, device=device) * 4, b, torch.randn(tokens, HEADS, device=device) * 4
+
+
+def _unknown(provider: str, known: Mapping[str, object]) -> ValueError:
+    return ValueError(f"unknown provider {provider!r}; known: {list(known)}")
+
+
+def decode_case(provider: str, batch: int, context: int, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(decode_bytes(batch, context), device)
+    q, k, v, lens = make_decode_inputs(batch, context, device)
+    if provider == "jit":
+        decode = jit_kernel.decode_attention  # looked up when the case is built (a test may stand in for it)
+        return lambda: decode(q, k, v, lens)
+    if provider == "sdpa_repeat_kv":
+        return lambda: sdpa_repeat_kv(q, k, v)
+    if provider == "sdpa_gqa":
+        return lambda: sdpa_gqa(q, k, v)
+    raise _unknown(provider, DECODE_PROVIDERS)
+
+
+def merge_case(provider: str, tokens: int, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
+    if provider == "copy":
+        return copy_fn(merge_bytes(tokens), device)
+    a, la, b, lb = make_merge_inputs(tokens, device)
+    if provider == "jit":
+        merge = jit_kernel.merge_attn_states
+        return lambda: merge(a, la, b, lb)
+    if provider == "eager":
+        return lambda: torch_merge(a, la, b, lb)
+    if provider == "compile":
+        compiled = compile_static(torch_merge)
+        return lambda: compiled(a, la, b, lb)
+    raise _unknown(provider, MERGE_PROVIDERS)
+
+
+# ---------------------------------------------------------------------------------------------
+# perf_report benchmarks
+
+
+@triton.testing.perf_report(
+    [
+        provider_benchmark(
+            DECODE_PROVIDERS,
+            x_name="batch",
+            x_vals=BATCHES,
+            xlabel=f"batch (K, V [B, {KV_HEADS}, {context}, {HEAD_DIM}] bf16, {HEADS} query heads)",
+            plot_name=f"decode_attention-bf16-ctx{context}",
+            args={"context": context},
+        )
+        for context in CONTEXTS
+    ]
+)
+def bench_decode(batch: int, context: int, provider: str) -> float:
+    return RESULTS.time(("decode", batch, context), provider, lambda: decode_case(provider, batch, context))
+
+
+@triton.testing.perf_report(
+    provider_benchmark(
+        MERGE_PROVIDERS,
+        x_name="tokens",
+        x_vals=MERGE_TOKENS,
+        xlabel=f"tokens ([N, {HEADS}, {HEAD_DIM}] bf16)",
+        plot_name="merge_attn_states-bf16",
+        args={},
+    )
+)
+def bench_merge(tokens: int, provider: str) -> float:
+    return RESULTS.time(("merge", tokens), provider, lambda: merge_case(provider, tokens))
+
+
+REPORTS = [bench_decode, bench_merge]
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary tables and the read ceiling, from the measurements the reports made
+
+
+def summary_tables() -> list[SummaryTable]:
+    decode = [
+        (("decode", b, n), [b, n], decode_bytes(b, n), kv_bytes(b, n) <= TINY_KV_BYTES)
+        for n in CONTEXTS
+        for b in BATCHES
+    ]
+    merge = [(("merge", n), [n], merge_bytes(n), n <= TINY_TOKENS) for n in MERGE_TOKENS]
+    providers = {name: value for name, value in DECODE_PROVIDERS.items() if name != "copy"}
+    return [
+        SummaryTable(
+            "decode_attention",
+            f"decode_attention: {HEADS} query heads, {KV_HEADS} KV heads, head dim {HEAD_DIM}, bf16, "
+            "every sequence at the full context",
+            ["batch", "context"],
+            decode,
+            {**providers, CEILING: CEILING_LABEL, "copy": DECODE_PROVIDERS["copy"]},
+        ),
+        SummaryTable(
+            "merge_attn_states",
+            f"merge_attn_states: [N, {HEADS}, {HEAD_DIM}] bf16 with float32 LSEs",
+            ["tokens"],
+            merge,
+            MERGE_PROVIDERS,
+        ),
+    ]
+
+
+def add_ceilings(results: Measurements, tables: Sequence[SummaryTable], gbps: float, empty: float) -> None:
+    """Record each ``ceiling`` row's read ceiling as provider :data:`CEILING`: its minimal bytes at
+    ``gbps`` plus the empty kernel measured beside the row's jit time (else ``empty``)."""
+    if math.isnan(gbps):
+        return
+    for table in tables:
+        if CEILING not in table.providers:
+            continue
+        for key, _, nbytes, _ in table.configs:
+            times = results.for_config(key)
+            if times:
+                results.times[(key, CEILING)] = nbytes / (gbps * 1e3) + times.get(EMPTY_PROVIDER, empty)
+
+
+def bandwidth_note(gbps: float) -> str:
+    return (
+        f"read ceiling: K, V, the query and the output at {format_us(gbps, 0)} GB/s (a "
+        f"{BANDWIDTH_BYTES >> 30} GiB device copy, bytes read + written per second, measured in this run) plus "
+        "the empty kernel measured beside the row's jit time"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The perf_reports with the bandwidth measured first, then the summary (the read ceilings added)
+    and, with ``--json-dir``, the JSON results."""
+    from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, run_reports, write_summary
+
+    args = bench_arg_parser(__doc__).parse_args(argv)
+    save_path = args.save_path or os.environ.get(SAVE_PATH_ENV) or None
+    json_dir = result_files.resolve_json_dir(args.json_dir)
+    command = result_files.command_line("bench_decode_attention", argv)
+    torch.manual_seed(0)
+    complete, empty, gbps = True, math.nan, math.nan
+    with result_files.stoppable():
+        try:
+            gbps = bandwidth_gbps(RESULTS)
+            run_reports(REPORTS, save_path)
+            empty = _tables.empty_kernel_us()
+        except KeyboardInterrupt:
+            complete = False
+        except Exception:
+            if not result_files.stop_requested():
+                raise
+            complete = False
+    measured, declared = RESULTS, summary_tables()
+    add_ceilings(measured, declared, gbps, empty)
+    note = bandwidth_note(gbps)
+    text = (
+        f"device: {_tables.device_name()}; torch {torch.__version__}; "
+        f"empty-kernel CUDA-graph replay at the end of the run: {format_us(empty, 2)} us (1-element torch add_); "
+        f'"vs empty" divides by the empty kernel measured beside each jit time; {note}\n\n'
+        + summary_markdown(measured, declared)
+    )
+    if not complete:
+        text = "interrupted: the tables hold what was measured before the stop\n\n" + text
+    print("\n" + text)
+    write_summary(save_path, "bench_decode_attention.md", text)
+    if json_dir:
+        doc = result_files.document(
+            "bench_decode_attention",
+            result_files.first_paragraph(__doc__),
+            command,
+            _tables.tables_json(declared, measured, empty),
+            complete=complete,
+            notes=[note],
+            empty_kernel_us=empty,
+        )
+        print(f"results: {result_files.write(json_dir, doc)}")
+    if not complete:
+        raise SystemExit(130)
+
+
+if __name__ == "__main__":
+    main()
