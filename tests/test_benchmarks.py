@@ -374,7 +374,9 @@ def test_bench_elementwise_reports(load_bench: Callable[[str, bool], ModuleType]
     assert [report.fn.__name__ for report in module.REPORTS] == ["bench_scale", "bench_add_constant"]
 
 
-@pytest.mark.parametrize("name", ["bench_norm", "bench_quant", "bench_elementwise", "bench_sampling"])
+@pytest.mark.parametrize(
+    "name", ["bench_norm", "bench_quant", "bench_elementwise", "bench_sampling", "bench_decode_linear"]
+)
 def test_bench_import_does_not_touch_cuda(load_bench: Callable[[str, bool], ModuleType], name: str) -> None:
     load_bench(name, False)
     assert not torch.cuda.is_initialized()
@@ -818,6 +820,170 @@ def test_report_renders_the_sampling_section(
 
 
 # ---------------------------------------------------------------------------------------------
+# bench_decode_linear: its grid, the weight copies and the read ceiling, the cases on the CPU, and
+# a whole main() with a fake timer (the tables and the targets from the same measurements)
+
+DECODE_LINEAR_LAYERS = [
+    ("Llama-3-8B", "qkv", 6144, 4096),
+    ("Llama-3-8B", "o", 4096, 4096),
+    ("Llama-3-8B", "gate_up", 28672, 4096),
+    ("Llama-3-8B", "down", 4096, 14336),
+    ("Llama-3-8B", "lm_head", 128256, 4096),
+    ("Llama-3-70B TP8", "o", 8192, 1024),
+    ("Llama-3-70B TP8", "qkv", 1280, 8192),
+    ("Llama-3-70B TP8", "gate_up", 7168, 8192),
+    ("Llama-3-70B TP8", "down", 8192, 3584),
+]
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_bench_decode_linear_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
+    module = load_bench("bench_decode_linear", ci)
+    rows = [1, 4, 16] if ci else [1, 2, 4, 8, 16]
+    slug = {"Llama-3-8B": "Llama-3-8B", "Llama-3-70B TP8": "Llama-3-70B-TP8"}
+    assert _describe(module.bench_decode_linear, ["jit", "cublas"]) == [
+        (f"decode_linear-{slug[m]}-{layer}", rows, {"model": m, "layer": layer, "n": n, "k": k})
+        for m, layer, n, k in DECODE_LINEAR_LAYERS
+    ]
+    assert [module.bench_decode_linear] == module.REPORTS
+    assert "bench_decode_linear" in [script.name for script in run_all.SCRIPTS]
+    assert run_all.grid_counts(load_bench("bench_decode_linear", True).REPORTS) == {
+        "measurements": 9 * 3 * 2,
+        "jit": 9 * 3,
+        "compiles": 0,
+    }
+
+
+def test_decode_linear_weight_copies_and_ceiling(load_bench: Callable[[str, bool], ModuleType]) -> None:
+    import math
+
+    module = load_bench("bench_decode_linear", False)
+    assert module.weight_bytes(4096, 4096) == 4096 * 4096 * 2
+    # copies spanning 256 MB, at most 20: the 70B o (16.8 MB) 16, the 8B qkv (50.3 MB) 6, the LM head 1
+    assert [module.copies(n, k) for _, _, n, k in DECODE_LINEAR_LAYERS] == [6, 8, 2, 3, 1, 16, 13, 3, 5]
+    assert module.copies(8, 8) == module.MAX_COPIES == 20
+    assert all(module.copies(n, k) * module.weight_bytes(n, k) >= L2_FLUSH_BYTES for _, _, n, k in DECODE_LINEAR_LAYERS)
+    # 4096 x 4096 bf16 (33.6 MB) at 4,000 GB/s: 8.39 us
+    assert module.ceiling_us(4096, 4096, 4000.0) == pytest.approx(4096 * 4096 * 2 / 4e12 * 1e6)
+    assert math.isnan(module.ceiling_us(4096, 4096, NAN))
+
+
+def test_decode_linear_cases_on_cpu(
+    load_bench: Callable[[str, bool], ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuBLAS's case is F.linear over every copy; jit_kernel's calls the public op with arguments
+    its signature takes (replaced here by a recorder), on the same copies."""
+    import inspect
+
+    import jit_kernel
+
+    module = load_bench("bench_decode_linear", False)
+    module.weights.cache_clear()
+    monkeypatch.setattr(module, "copies", lambda n, k: 3)
+    outputs = module.linear_case("cublas", 32, 64, 4, device="cpu")()
+    assert [tuple(o.shape) for o in outputs] == [(4, 32)] * 3 and outputs[0].dtype == torch.bfloat16
+    ws = module.weights(32, 64, "cpu")
+    assert len(ws) == 3 and len({w.data_ptr() for w in ws}) == 3  # distinct copies, kept for the shape
+    assert 0.05 < float(ws[0].float().std()) < 0.25  # N(0, 1 / K)
+    signature = inspect.signature(jit_kernel.decode_linear)
+    seen: list[torch.Tensor] = []
+
+    def record(*args: object, **kwargs: object) -> None:
+        signature.bind(*args, **kwargs)
+        seen.append(args[1])  # the weight
+
+    monkeypatch.setattr(jit_kernel, "decode_linear", record)
+    module.linear_case("jit", 32, 64, 4, device="cpu")()
+    assert [w.data_ptr() for w in seen] == [w.data_ptr() for w in ws]
+    with pytest.raises(ValueError, match="unknown provider"):
+        module.linear_case("cutlass", 32, 64, 4, device="cpu")
+    module.weights.cache_clear()
+
+
+def _run_bench_decode_linear(
+    module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[tuple[Hashable, str]]
+) -> dict[str, object]:
+    """bench_decode_linear.main with a fake timer: the read at 4,000 GB/s; jit_kernel at 110% of
+    the ceiling's time, cuBLAS 1.2x ours, but for the 70B q/k/v, where cuBLAS is 0.9x ours."""
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append((key, provider))
+        if key == module.READ_KEY:
+            return module.READ_BYTES / 4e6  # us for 4,000 GB/s
+        _, model, layer, _ = key  # type: ignore[misc]
+        n, k = next((n, k) for m, name, n, k in module.LAYERS if (m, name) == (model, layer))
+        ours = 1.1 * module.ceiling_us(n, k, 4000.0)
+        if provider == "jit":
+            return ours * module.copies(n, k)  # the timed call runs over every copy
+        slower = 0.9 if (model, layer) == ("Llama-3-70B TP8", "qkv") else 1.2
+        return slower * ours * module.copies(n, k)
+
+    monkeypatch.setattr(module, "RESULTS", Measurements(timer))
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    module.main(["--json-dir", str(tmp_path)])
+    return json.loads((tmp_path / "bench_decode_linear.json").read_text())
+
+
+def test_bench_decode_linear_main_checks_the_targets_on_the_same_measurements(
+    load_bench: Callable[[str, bool], ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench("bench_decode_linear", True)
+    calls: list[tuple[Hashable, str]] = []
+    doc = _run_bench_decode_linear(module, monkeypatch, tmp_path, calls)
+    printed = capsys.readouterr().out
+
+    # every (config, provider) measured once, after the read
+    assert len(calls) == len(set(calls)) == 1 + run_all.grid_counts(module.REPORTS)["measurements"]
+    assert calls[0] == (module.READ_KEY, "read")
+    command = "JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_linear --json-dir "
+    assert doc["command"] == command + str(tmp_path)
+    assert doc["complete"] is True and doc["notes"] == [module.bandwidth_note(4000.0)]
+    assert [t["name"] for t in doc["tables"]] == ["llama-3-8b", "llama-3-70b-tp8", "targets"]
+    tables = {t["name"]: t for t in doc["tables"]}
+    assert tables["llama-3-8b"]["header"] == module.HEADER
+    assert len(tables["llama-3-8b"]["rows"]) == 5 * 3 and len(tables["llama-3-70b-tp8"]["rows"]) == 4 * 3
+    # the per-call times (each timed call ran over the weight's copies) and the ceiling's share
+    o_row = tables["llama-3-8b"]["rows"][1 * 3]  # o, 1 row
+    ceiling = 4096 * 4096 * 2 / 4e3 / 1e3
+    assert o_row[:4] == ["o", "4096 x 4096", "33.6", 1]
+    assert o_row[4:] == [f"{1.1 * ceiling:.2f}", f"{1.32 * ceiling:.2f}", "1.20x", f"{ceiling:.2f}", "91%"]
+
+    # the targets: every weight of 50 MB or more at 91% of its ceiling; cuBLAS faster on the 70B q/k/v
+    by_text = {row[0]: row[1:] for row in tables["targets"]["rows"]}
+    share, versus = by_text.values()
+    assert share == ["18", "18 of 18", share[2], "91%"]  # 6 of the 9 layers are 50 MB or more
+    assert versus == ["27", "24 of 27", "Llama-3-70B TP8 qkv, rows 1", "0.90x"]
+    summary = printed[printed.index("device: Fake GPU") : printed.index("results: ")]
+    assert "### targets, checked on this run" in summary and "at 4000 GB/s" in summary
+    assert "| o | 4096 x 4096 | 33.6 | 1 |" in summary
+
+
+def test_report_renders_the_decode_linear_section(
+    load_bench: Callable[[str, bool], ModuleType], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    module = load_bench("bench_decode_linear", True)
+    doc = _run_bench_decode_linear(module, monkeypatch, tmp_path, [])
+    text = report.render([*_fixture_docs(), doc], None)
+    sections = [line for line in text.splitlines() if line.startswith("## ")]
+    assert sections.index("## Decode GEMMs: decode_linear") == sections.index("## Gated activations") + 1
+    section = text[text.index("## Decode GEMMs: decode_linear") :]
+    section = section[: section.index("\n## ")]
+    assert "`JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_linear --json-dir DIR`" in section
+    assert f"- {module.bandwidth_note(4000.0)}" in section
+    assert "| layer | N x K | weight MB | rows | jit_kernel us | cuBLAS us |" in section
+    assert not report.has_plot(doc)  # tables of cells: no plot
+
+
+# ---------------------------------------------------------------------------------------------
 # bench_decode_attention: its grid, the torch baselines on the CPU, a whole main() with a fake timer
 # (the read ceilings from the same measurements) and its section of the report
 
@@ -1050,6 +1216,8 @@ def test_bench_dispatch_covers_every_op_and_imports_without_cuda() -> None:
         "chain_speculative_sampling (functional)",
         "tree_speculative_sampling_target_only",
         "verify_tree_greedy",
+        "decode_linear (out=)",
+        "decode_linear (functional)",
         "decode_attention (functional)",
         "merge_attn_states (functional)",
     ]

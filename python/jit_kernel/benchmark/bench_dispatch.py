@@ -92,6 +92,7 @@ ALIGN_BLOCK = 64  # moe_align_block_size: block size, over DSV3_EXPERTS experts
 VOCAB = 128256  # sampling: Llama 3's vocabulary, float32 logits
 SAMPLE_TOP_K, SAMPLE_TOP_P = 50, 0.9  # sampling: per-request tensors of these values
 SPEC_DRAFT = 4  # speculative ops: draft tokens per request (the tree ops: a chain of SPEC_DRAFT + 1 nodes)
+LINEAR_OUT = 512  # decode_linear: [tokens, 4096] x [512, 4096]^T, a 4 MB weight
 ATTENTION_CONTEXT = 256  # decode_attention: each request's StaticCache length (every request at it)
 GRAPH_TOKENS = (1, 16)
 EAGER_TOKENS = 1
@@ -212,6 +213,8 @@ class Inputs:
         self.tree_coins = torch.rand(tokens, nodes, device=device)
         self.tree_final_coins = torch.rand(tokens, device=device)
         self.tree_draft_probs = torch.zeros_like(self.target_probs)
+        # decode_linear: the activations [T, HIDDEN] times a weight [LINEAR_OUT, HIDDEN] into [T, LINEAR_OUT]
+        self.linear_w, self.linear_out = act(LINEAR_OUT, HIDDEN), act(tokens, LINEAR_OUT)
         # decode_attention: q [T, Hq, D] over K/V caches [T, Hk, ATTENTION_CONTEXT, D] at int32 lengths;
         # merge_attn_states: two [T, Hq, D] results and their float32 LSEs [T, Hq]
         self.attn_k = act(tokens, HK, ATTENTION_CONTEXT, HEAD_DIM)
@@ -679,6 +682,10 @@ SPECS: dict[str, tuple[tuple[str, ...], Callable[[Inputs], Spec]]] = {
     "verify_tree_greedy": (
         ONE,
         lambda t: Spec(jit_kernel.verify_tree_greedy, (*t.tree_outs, *t.tree, t.target_predict)),
+    ),
+    "decode_linear": (
+        OUT,
+        lambda t: Spec(jit_kernel.decode_linear, (t.x, t.linear_w), (t.linear_out,), ("out",)),
     ),
     # The attention ops allocate on every call whatever out= is (decode_attention its split
     # workspace, merge_attn_states the LSE): the functional row only.

@@ -43,6 +43,7 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("bench_norm_quant", "Fused RMSNorm + fp8 quantization, Gemma's RMSNorm", "norm_quant"),
     ("bench_moe", "MoE routing, align and combine", "moe"),
     ("bench_sampling", "Sampling: top-k, top-p and min-p", "sampling"),
+    ("bench_decode_linear", "Decode GEMMs: decode_linear", "decode_linear"),
     ("bench_decode_attention", "Decode attention and merge_attn_states", "decode_attention"),
     ("bench_elementwise", "Elementwise: scale and add_constant", "elementwise"),
     ("bench_hicache", "hicache KV-cache transfers", "hicache"),
@@ -329,7 +330,11 @@ def device_and_notes_lines(doc: Json) -> list[str]:
 
 
 # script -> the lines its section adds after its command.
-SECTION_LINES = {"bench_sampling": device_and_notes_lines, "bench_decode_attention": device_and_notes_lines}
+SECTION_LINES = {
+    "bench_sampling": device_and_notes_lines,
+    "bench_decode_attention": device_and_notes_lines,
+    "bench_decode_linear": device_and_notes_lines,
+}
 
 
 def has_plot(doc: Json) -> bool:

@@ -412,6 +412,20 @@ SPECULATIVE = KernelSpec(
     prebuilt=(("fp32_t",),),
 )
 
+# decode_linear: F.linear for 1 to 16 rows (decode GEMV and skinny GEMM) on tensor cores with fp32
+# accumulation, the weight read once (csrc/gemm/decode_linear.cuh). Config = (rows, dtype): rows is
+# the kernel's row tile, 8 (inputs of 1 to 8 rows) or 16 (9 to 16); N, K, the strides and the split
+# of k over a cluster are run-time. Prebuilt: both tiles in both 16-bit dtypes.
+DECODE_LINEAR_ROWS = (8, 16)
+DECODE_LINEAR = KernelSpec(
+    family="decode_linear",
+    sources=("gemm/decode_linear.cuh",),
+    params=("rows", "dtype"),
+    domains={"rows": OneOf(DECODE_LINEAR_ROWS), "dtype": OneOf(("bf16_t", "fp16_t"))},
+    exports={"run": "jit_kernel::gemm::DecodeLinear<{args}>::run"},
+    prebuilt=tuple((rows, t) for rows in DECODE_LINEAR_ROWS for t in ("bf16_t", "fp16_t")),
+)
+
 # Decode attention (csrc/attention/decode.cuh): one query token per sequence over a StaticCache-layout
 # KV cache [B, Hkv, max_len, D], grouped-query heads, flash-decoding splits merged by a second kernel.
 # Config = (head_dim, dtype): the head dim sizes each lane's registers; batch, heads, group size,
@@ -487,6 +501,7 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     MOE_SUM_REDUCE,
     SAMPLING,
     SPECULATIVE,
+    DECODE_LINEAR,
     DECODE_ATTENTION,
     MERGE_ATTN_STATES,
     CUSTOM_ALL_REDUCE,

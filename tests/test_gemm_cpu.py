@@ -1,0 +1,377 @@
+"""decode_linear on the CPU: the kernel built for sm_90a (and sm_80, the release's oldest arch) without
+spills, the fallback rule (which calls go to ``torch.nn.functional.linear``) and the fallback itself,
+the C++ launcher's checks on fake CUDA tensors (nothing launches), the shapes the op and its fakes
+give (FakeTensor and torch.compile tracing), the registered ops and the launcher's cluster split."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import jit_kernel
+from _norm_helpers import fake_cuda
+from jit_helpers import assert_builds_for_arch
+from jit_kernel.engine import families
+from jit_kernel.ops import gemm
+from jit_kernel.ops.gemm import decode_linear, decode_linear_serves
+
+ROOT = Path(__file__).resolve().parents[1]
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+M, N, K = 4, 1000, 4096
+
+
+@pytest.fixture(autouse=True)
+def _sm90a(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU the launcher's checks run in kernels built for sm_90a, the ones the compile
+    tests build, so that each config compiles once."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("JIT_KERNEL_CUDA_ARCH", "9.0a")
+
+
+@pytest.fixture
+def reset_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _e(*shape: int, dtype: torch.dtype = BF16, device: str = "cuda") -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _strided(rows: int, cols: int, row_stride: int, inner: int = 1) -> torch.Tensor:
+    """A [rows, cols] bf16 CUDA tensor at the given strides (fake tensors cannot be sliced without a GPU)."""
+    return torch.empty_strided((rows, cols), (row_stride, inner), dtype=BF16, device="cuda")
+
+
+def _value(v: object) -> object:
+    return v() if callable(v) else v
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec and the builds
+
+
+def test_family_spec() -> None:
+    spec = families.DECODE_LINEAR
+    assert spec in families.ALL_FAMILIES
+    assert spec.sources == ("gemm/decode_linear.cuh",)
+    assert spec.params == ("rows", "dtype")
+    assert spec.prebuilt == ((8, "bf16_t"), (8, "fp16_t"), (16, "bf16_t"), (16, "fp16_t"))
+    assert gemm.MAX_ROWS == max(families.DECODE_LINEAR_ROWS) == 16
+
+
+@pytest.mark.parametrize("config", families.DECODE_LINEAR.prebuilt, ids=lambda c: "-".join(map(str, c)))
+def test_prebuilt_configs_compile_for_sm90a_without_a_gpu(config: tuple[int, str]) -> None:
+    """Every prebuilt config builds for sm_90a and exports its symbol (from the installed prebuilt
+    library where it holds it; see ``assert_builds_for_arch``)."""
+    assert_builds_for_arch(families.DECODE_LINEAR, config, "9.0a")
+
+
+def test_compiles_for_sm80() -> None:
+    """The release's oldest arch: mma.sync exists there, the cluster path compiles to a trap (the
+    launcher splits k over a cluster on sm_90+ only)."""
+    assert_builds_for_arch(families.DECODE_LINEAR, (16, "bf16_t"), "8.0")
+
+
+def _ptxas_report(config: tuple[int, str], tmp_path: Path) -> str:
+    import tvm_ffi.libinfo
+
+    from jit_kernel.engine import toolchain
+    from jit_kernel.engine.unit import TranslationUnit
+
+    unit = TranslationUnit.for_config(families.DECODE_LINEAR, config)
+    source = tmp_path / "unit.cu"
+    source.write_text(unit.text())
+    includes = [f"-I{tvm_ffi.libinfo.find_include_path()}", f"-I{tvm_ffi.libinfo.find_dlpack_include_path()}"]
+    command = [str(toolchain.nvcc_path()), "-cubin", "-arch=sm_90a", "-Xptxas", "-v", *unit.compile_args(), *includes]
+    result = subprocess.run([*command, str(source), "-o", str(tmp_path / "unit.cubin")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", families.DECODE_LINEAR.prebuilt, ids=lambda c: "-".join(map(str, c)))
+def test_kernel_does_not_spill_on_sm90a(config: tuple[int, str], tmp_path: Path) -> None:
+    """ptxas keeps every thread's loads in flight in registers: no spill, no stack frame, within
+    the 128 registers that two blocks of 256 threads per SM leave (``__launch_bounds__``)."""
+    report = _ptxas_report(config, tmp_path)
+    properties = re.findall(
+        r"Function properties for (\S+)\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+        report,
+    )
+    kernels = [p for p in properties if "decode_linear_kernel" in p[0]]
+    assert len(kernels) == 1, report[-4000:]
+    assert kernels[0][1:] == ("0", "0", "0"), kernels
+    registers = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
+    assert registers and max(registers) <= 128, report[-4000:]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no nvcc")
+def test_launcher_cluster_split(tmp_path: Path) -> None:
+    """The launcher's split of k over a cluster (host code of csrc/gemm/decode_linear.cuh, built and
+    run here): the largest of 1, 2, 4, 8 blocks that keeps the grid within one wave and gives each
+    block's 8 warps a k-step each."""
+    import tvm_ffi
+
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    source = tmp_path / "split.cu"
+    # (column blocks, k-steps, blocks per wave): H200's 132 SMs at two blocks each hold 264.
+    cases = [(128, 128, 264), (40, 256, 264), (1, 512, 264), (1, 1, 264), (192, 128, 264), (1, 16, 264),
+             (1, 24, 264), (132, 448, 264), (66, 128, 264), (4008, 128, 264), (33, 8, 264)]  # fmt: skip
+    calls = "".join(f'  std::printf("%u\\n", split_log2({g}, {s}, {w}));\n' for g, s, w in cases)
+    source.write_text(
+        "#include <gemm/decode_linear.cuh>\n#include <cstdio>\n"
+        "using jit_kernel::gemm::detail::split_log2;\n"
+        f"int main() {{\n{calls}}}\n"
+    )
+    tvm = Path(tvm_ffi.__file__).parent
+    subprocess.run(
+        [nvcc, "-std=c++20", "--expt-relaxed-constexpr", f"-I{ROOT / 'include'}", f"-I{ROOT / 'csrc'}",
+         f"-I{tvm / 'include'}", f"-L{tvm / 'lib'}", "-ltvm_ffi", f"-Xlinker=-rpath,{tvm / 'lib'}",
+         "-o", str(tmp_path / "split"), str(source)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    run = subprocess.run([str(tmp_path / "split")], check=True, capture_output=True, text=True)
+    got = [1 << int(line) for line in run.stdout.split()]
+    # N 4096 (128 blocks of 32 columns): 2; N 1280 (40 blocks): 4 (8 would need 320 of 264); one
+    # block with K 16384: 8 (the most); K 32 (one step): 1; N 6144 (192 blocks): 1 (two waves
+    # otherwise); 16 steps: 2; 24 steps: 2 (4 would leave warps without a step); 132 blocks: 2 (264);
+    # 66 blocks: 4; N 128256: 1; 8 steps: 1.
+    assert got == [2, 4, 8, 1, 1, 2, 2, 2, 4, 1, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The fallback rule and the fallback (CPU tensors: F.linear runs for real)
+
+
+def _t(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype)
+
+
+SERVES: list[tuple[str, Callable[[], tuple[object, ...]], bool]] = [
+    ("1 row", lambda: (_t(1, 64), _t(32, 64)), True),
+    ("16 rows", lambda: (_t(16, 64), _t(32, 64)), True),
+    ("fp16 with bias", lambda: (_t(5, 64, dtype=FP16), _t(32, 64, dtype=FP16), _t(32, dtype=FP16)), True),
+    ("3-D input, 16 rows", lambda: (_t(2, 8, 64), _t(32, 64)), True),
+    ("1-D input (one row)", lambda: (_t(64), _t(32, 64)), True),
+    ("K = 8", lambda: (_t(3, 8), _t(7, 8)), True),
+    ("N = 1", lambda: (_t(3, 64), _t(1, 64)), True),
+    ("rows at a stride of 8", lambda: (_t(4, 72)[:, :64], _t(32, 64)), True),
+    ("one row of a strided view", lambda: (_t(4, 68)[:1, :64], _t(32, 64)), True),
+    ("weight rows sliced", lambda: (_t(2, 64), _t(64, 64)[8:40]), True),
+    ("bias a strided view", lambda: (_t(2, 64), _t(32, 64), _t(64)[::2]), True),
+    ("17 rows", lambda: (_t(17, 64), _t(32, 64)), False),
+    ("3-D input, 18 rows", lambda: (_t(2, 9, 64), _t(32, 64)), False),
+    ("no rows", lambda: (_t(0, 64), _t(32, 64)), False),
+    ("K = 12", lambda: (_t(2, 12), _t(32, 12)), False),
+    ("K = 4", lambda: (_t(2, 4), _t(32, 4)), False),
+    ("float32", lambda: (_t(2, 64, dtype=FP32), _t(32, 64, dtype=FP32)), False),
+    ("input bf16, weight fp16", lambda: (_t(2, 64), _t(32, 64, dtype=FP16)), False),
+    ("bias fp32", lambda: (_t(2, 64), _t(32, 64), _t(32, dtype=FP32)), False),
+    ("bias 2-D", lambda: (_t(2, 64), _t(32, 64), _t(1, 32)), False),
+    ("weight transposed", lambda: (_t(2, 64), _t(64, 32).t()), False),
+    ("weight columns sliced", lambda: (_t(2, 64), _t(32, 72)[:, :64]), False),
+    ("weight at an odd offset", lambda: (_t(2, 64), _t(32 * 64 + 4)[4:].view(32, 64)), False),
+    ("input at an odd offset", lambda: (_t(2 * 64 + 4)[4:].view(2, 64), _t(32, 64)), False),
+    ("rows at a stride of 68", lambda: (_t(4, 68)[:, :64], _t(32, 64)), False),
+    ("input columns strided", lambda: (_t(2, 128)[:, ::2], _t(32, 64)), False),
+    ("3-D input, not contiguous", lambda: (_t(2, 72, 4)[:, :64, 0].unsqueeze(0), _t(32, 64)), False),
+    ("K mismatch", lambda: (_t(2, 64), _t(32, 72)), False),
+    ("weight 3-D", lambda: (_t(2, 64), _t(1, 32, 64)), False),
+    ("input a list", lambda: ([1.0] * 64, _t(32, 64)), False),
+    ("weight a list", lambda: (_t(2, 64), [[1.0] * 64]), False),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "served"), SERVES, ids=[case for case, _, _ in SERVES])
+def test_fallback_rule(case: str, make: Callable[[], tuple[object, ...]], served: bool) -> None:
+    assert decode_linear_serves(*make()) is served
+
+
+def test_fallback_rule_reads_metadata_only() -> None:
+    """The rule runs on tensors without data (meta tensors): nothing it reads needs the device."""
+    x, w = torch.empty(4, 64, dtype=BF16, device="meta"), torch.empty(32, 64, dtype=BF16, device="meta")
+    assert decode_linear_serves(x, w)
+    assert not decode_linear_serves(torch.empty(32, 64, dtype=BF16, device="meta"), w)
+
+
+def test_nn_parameter_weights_are_served() -> None:
+    layer = torch.nn.Linear(64, 32, dtype=BF16)
+    assert decode_linear_serves(_t(3, 64), layer.weight, layer.bias)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (torch.randn(17, 64), torch.randn(32, 64), torch.randn(32)),
+        lambda: (torch.randn(2, 12).bfloat16(), torch.randn(5, 12).bfloat16(), None),
+        lambda: (torch.randn(3, 64), torch.randn(32, 64), None),
+        lambda: (torch.randn(2, 3, 64).half(), torch.randn(64, 32).half().t(), None),
+    ],
+    ids=["17 rows fp32", "K 12", "fp32", "weight transposed"],
+)
+def test_fallback_is_torch_linear(make: Callable[[], tuple[torch.Tensor, ...]]) -> None:
+    x, w, b = make()
+    assert not decode_linear_serves(x, w, b)
+    expected = torch.nn.functional.linear(x, w, b)
+    assert torch.equal(decode_linear(x, w, b), expected)
+    out = torch.full_like(expected, float("nan"))
+    assert decode_linear(x, w, b, out=out) is out
+    assert torch.equal(out, expected)
+    assert torch.equal(jit_kernel.decode_linear(x, w, b), expected)
+
+
+def test_fallback_checks_out() -> None:
+    x, w = torch.randn(17, 64), torch.randn(32, 64)
+    with pytest.raises(ValueError, match=r"decode_linear: out must have shape \(17, 32\) and dtype torch.float32"):
+        decode_linear(x, w, out=torch.empty(17, 31))
+    with pytest.raises(ValueError, match=r"decode_linear: out must have shape \(17, 32\)"):
+        decode_linear(x, w, out=torch.empty(17, 32, dtype=FP16))
+    with pytest.raises(TypeError, match=r"^decode_linear: out must be a torch\.Tensor, got list$"):
+        decode_linear(x, w, out=[0.0])
+
+
+def test_fallback_errors_are_torch_linear_s() -> None:
+    """Shapes that cannot be multiplied reach torch.nn.functional.linear, which says why."""
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        decode_linear(torch.randn(2, 64).bfloat16(), torch.randn(32, 72).bfloat16())
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel path on fake CUDA tensors: the launcher's checks run, nothing launches
+
+
+BAD = [
+    ({"input": [1.0]}, TypeError, r"^decode_linear: input must be a torch\.Tensor, got list$"),
+    ({"weight": "w"}, TypeError, r"^decode_linear: weight must be a torch\.Tensor, got str$"),
+    ({"input": lambda: _e(M, K, device="cpu")}, ValueError, r"(?s)'input'.*Device mismatch: expected cuda but got cpu"),
+    ({"weight": lambda: _e(N, K, device="cpu")}, ValueError, r"(?s)'weight'.*Device mismatch: expected cuda:0"),
+    ({"bias": lambda: _e(N + 1)}, ValueError, r"(?s)'bias'.*Size mismatch for shape#0\('out_features'\)"),
+    ({"bias": lambda: _e(N, device="cpu")}, ValueError, r"(?s)'bias'.*Device mismatch"),
+    ({"bias": [0.0]}, TypeError, r"^linear\(\): argument 'bias'"),  # not a tensor: F.linear's own error
+    ({"out": lambda: _e(M, N, dtype=FP16)}, TypeError, r"(?s)'out'.*Dtype mismatch: expected bfloat16 but got float16"),
+    ({"out": lambda: _e(M, N + 1)}, ValueError, r"(?s)'out'.*Size mismatch for shape#1\('out_features'\)"),
+    ({"out": lambda: _e(M + 1, N)}, ValueError, r"(?s)'out'.*Size mismatch for shape#0\('rows'\)"),
+    ({"out": lambda: torch.empty_strided((M, N), (1, M), dtype=BF16, device="cuda")}, ValueError,
+     r"(?s)'out'.*Stride mismatch for stride#1"),
+    ({"out": lambda: _e(M, N, device="cpu")}, ValueError, r"(?s)'out'.*Device mismatch"),
+    ({"out": [0]}, TypeError, r"^decode_linear: out must be a torch\.Tensor, got list$"),
+    ({"enable_pdl": "yes"}, TypeError, r"^decode_linear: enable_pdl must be a bool or None, got str$"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "error", "match"), BAD)
+def test_bad_inputs(overrides: dict[str, object], error: type[Exception], match: str) -> None:
+    with fake_cuda():
+        args = {"input": _e(M, K), "weight": _e(N, K), "bias": None} | {k: _value(v) for k, v in overrides.items()}
+        with pytest.raises(error, match=match):
+            decode_linear(**args)
+
+
+KERNEL_BAD = [
+    (lambda: (_e(17, K), _e(N, K)), ValueError,
+     r"decode_linear: input must have at most 16 rows for this kernel, got 17"),
+    (lambda: (_e(M, 12), _e(N, 12)), ValueError,
+     r"in_features \(input's and weight's last dimension\) must be a positive multiple of 8, got 12"),
+    (lambda: (_e(M, K, dtype=FP32), _e(N, K, dtype=FP32)), TypeError,
+     r"^decode_linear: input must be float16 or bfloat16, got float32$"),
+    (lambda: (_e(M, K), _e(N, K, dtype=FP16)), TypeError, r"(?s)'weight'.*Dtype mismatch: expected bfloat16"),
+    (lambda: (_e(M, K), _e(K, N).t()), ValueError, r"(?s)'weight'.*not contiguous"),
+    (lambda: (_e(M, K), _e(N, K + 8)), ValueError, r"(?s)'weight'.*Size mismatch for shape#1\('in_features'\)"),
+    (lambda: (_strided(M, K, K + 4), _e(N, K)), ValueError, r"input's rows must start on 16-byte boundaries"),
+    (lambda: (_strided(M, K, 2 * K, 2), _e(N, K)), ValueError, r"(?s)'input'.*Stride mismatch for stride#1"),
+    (lambda: (_e(M, K), _e(1, N, K)), ValueError, r"(?s)'weight'.*Rank mismatch: expected 2 but got 3"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "error", "match"), KERNEL_BAD)
+def test_kernel_alone_rejects_what_it_does_not_serve(
+    make: Callable[[], tuple], error: type[Exception], match: str
+) -> None:
+    """``torch.ops.jit_kernel.decode_linear`` is the kernel without the fallback: what the rule sends
+    to F.linear, it refuses, naming the argument (its fake as well)."""
+    with fake_cuda():
+        x, w = make()
+        with pytest.raises(error, match=match):
+            torch.ops.jit_kernel.decode_linear(x, w)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16])
+def test_shapes_and_dtypes(dtype: torch.dtype, rows: int) -> None:
+    with fake_cuda():
+        y = decode_linear(_e(rows, K, dtype=dtype), _e(N, K, dtype=dtype), _e(N, dtype=dtype))
+        assert y.shape == (rows, N) and y.dtype == dtype and y.device.type == "cuda"
+
+
+def test_output_forms() -> None:
+    with fake_cuda():
+        w = _e(N, K)
+        assert decode_linear(_e(2, 3, K), w).shape == (2, 3, N)
+        assert decode_linear(_e(K), w).shape == (N,)
+        out = _e(2, 3, N)
+        assert decode_linear(_e(2, 3, K), w, out=out) is out
+        wide = _strided(M, N, N + 24)  # rows of a wider buffer
+        assert decode_linear(_e(M, K), w, out=wide) is wide
+        assert decode_linear(_strided(M, K, K + 64), w, enable_pdl=False).shape == (M, N)
+        assert decode_linear(_e(M, K), w, torch.empty_strided((N,), (2,), dtype=BF16, device="cuda")).shape == (M, N)
+        with pytest.raises(ValueError, match=r"decode_linear: out must have shape \(2, 3, 1000\), got \(6, 1000\)"):
+            decode_linear(_e(2, 3, K), w, out=_e(6, N))
+        # 17 rows: torch.nn.functional.linear's result
+        assert decode_linear(_e(17, K), w).shape == (17, N)
+
+
+def test_registered_ops_declare_what_they_write() -> None:
+    functional = torch.ops.jit_kernel.decode_linear.default._schema
+    with_out = torch.ops.jit_kernel.decode_linear_out.default._schema
+    assert [a.name for a in functional.arguments] == ["input", "weight", "bias", "enable_pdl"]
+    assert not any(a.alias_info is not None and a.alias_info.is_write for a in functional.arguments)
+    assert [a.name for a in with_out.arguments if a.alias_info and a.alias_info.is_write] == ["out"]
+
+
+def test_registered_fakes_run_the_launchers_checks() -> None:
+    with fake_cuda():
+        y = torch.ops.jit_kernel.decode_linear(_e(3, 5, K, dtype=FP16), _e(N, K, dtype=FP16), None)
+        assert y.shape == (3, 5, N) and y.dtype == FP16
+        out = _e(M, N)
+        torch.ops.jit_kernel.decode_linear_out(out, _e(M, K), _e(N, K), _e(N))
+        with pytest.raises(ValueError, match=r"(?s)'bias'.*Size mismatch"):
+            torch.ops.jit_kernel.decode_linear(_e(M, K), _e(N, K), _e(N - 1))
+
+
+def test_torch_compile_traces_without_graph_break(reset_dynamo: None) -> None:
+    """fullgraph tracing on fake CUDA tensors: the served calls are the registered op (its fake
+    runs the launcher's checks), the others torch.nn.functional.linear; the rule itself traces."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    backend = EagerAndRecordGraphs()
+
+    def step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, many: torch.Tensor, out: torch.Tensor):
+        y = decode_linear(x, w, b)
+        decode_linear(x, w, out=out)
+        z = decode_linear(many, w)  # 32 rows: F.linear
+        h = jit_kernel.decode_linear(x.view(2, 2, K), w)
+        return y * 2, z, h, out + 1
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y, z, h, o = torch.compile(step, backend=backend, fullgraph=True)(
+            _e(M, K), _e(N, K), _e(N), _e(32, K), _e(M, N)
+        )
+    assert (y.shape, z.shape, h.shape, o.shape) == ((M, N), (32, N), (2, 2, N), (M, N))
+    [graph] = backend.graphs
+    assert graph.code.count("torch.ops.jit_kernel.decode_linear(") == 2
+    assert graph.code.count("torch.ops.jit_kernel.decode_linear_out(") == 1
+    assert graph.code.count("torch._C._nn.linear(") == 1
+
+
+def test_public_names() -> None:
+    assert jit_kernel.decode_linear is decode_linear
+    assert "decode_linear" in jit_kernel.__all__
