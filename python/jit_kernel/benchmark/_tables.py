@@ -323,21 +323,44 @@ def device_name() -> str:
     return torch.cuda.get_device_name()
 
 
-def run_script(
+EMPTY_KERNEL_NOTE = '"vs empty" divides by the empty kernel measured beside each jit time'
+
+
+def empty_kernel_line(empty: float) -> str:
+    """The device line's words on the empty kernel measured at the end of a run."""
+    return (
+        f"empty-kernel CUDA-graph replay at the end of the run: {format_us(empty, 2)} us (1-element torch add_); "
+        + EMPTY_KERNEL_NOTE
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptOutput:
+    """What a script prints and writes from its measurements: the rest of the device line, the
+    markdown below it, the JSON tables, and notes for the JSON."""
+
+    header: str
+    markdown: str
+    tables: Sequence[result_files.Json]
+    notes: Sequence[str] = ()
+
+
+def run_measured_script(
     name: str,
     description: str | None,
     argv: Sequence[str] | None,
-    reports: Sequence[object],
-    results: Callable[[], Measurements],
-    tables: Callable[[], Sequence[SummaryTable]],
+    measure: Callable[[str | None], None],
+    output: Callable[[float], ScriptOutput],
+    *,
+    empty_kernel: bool = True,
 ) -> None:
-    """A benchmark script's main: run its perf_reports (plots and CSVs with a save path), then print
-    and save the markdown summary of ``tables()`` built from the same measurements (``results()``),
-    and with ``--json-dir DIR`` (or ``$BENCH_JSON_DIR``) write them as ``DIR/<name>.json``.
+    """A benchmark script's main: ``measure(save_path)`` (its perf_reports, and what they are
+    compared with), the empty kernel (when ``empty_kernel``), then ``output(empty)`` printed and saved
+    as markdown and, with ``--json-dir DIR`` (or ``$BENCH_JSON_DIR``), written as ``DIR/<name>.json``.
 
     Interrupted (Ctrl-C, or SIGINT from ``run_all`` at the script's time bound), it still writes
     what it measured, marked incomplete, and exits with status 130."""
-    from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, run_reports, write_summary
+    from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
 
     args = bench_arg_parser(description).parse_args(argv)
     save_path = args.save_path or os.environ.get(SAVE_PATH_ENV) or None
@@ -347,21 +370,17 @@ def run_script(
     complete, empty = True, math.nan
     with result_files.stoppable():
         try:
-            run_reports(reports, save_path)
-            empty = empty_kernel_us()
+            measure(save_path)
+            if empty_kernel:
+                empty = empty_kernel_us()
         except KeyboardInterrupt:
             complete = False
         except Exception:
             if not result_files.stop_requested():
                 raise
             complete = False
-    measured, declared = results(), tables()
-    text = (
-        f"device: {device_name()}; torch {torch.__version__}; "
-        f"empty-kernel CUDA-graph replay at the end of the run: {format_us(empty, 2)} us (1-element torch add_); "
-        '"vs empty" divides by the empty kernel measured beside each jit time\n\n'
-        + tables_markdown(declared, measured, empty)
-    )
+    out = output(empty)
+    text = f"device: {device_name()}; torch {torch.__version__}; {out.header}\n\n{out.markdown}"
     if not complete:
         text = "interrupted: the tables hold what was measured before the stop\n\n" + text
     print("\n" + text)
@@ -371,10 +390,32 @@ def run_script(
             name,
             result_files.first_paragraph(description),
             command,
-            tables_json(declared, measured, empty),
+            out.tables,
             complete=complete,
-            empty_kernel_us=empty,
+            notes=out.notes,
+            empty_kernel_us=empty if empty_kernel else None,
         )
         print(f"results: {result_files.write(json_dir, doc)}")
     if not complete:
         raise SystemExit(130)
+
+
+def run_script(
+    name: str,
+    description: str | None,
+    argv: Sequence[str] | None,
+    reports: Sequence[object],
+    results: Callable[[], Measurements],
+    tables: Callable[[], Sequence[SummaryTable]],
+) -> None:
+    """A benchmark script's main for perf_reports summarised by ``tables()`` over ``results()``
+    (see :func:`run_measured_script`)."""
+    from jit_kernel.benchmark.utils import run_reports
+
+    def output(empty: float) -> ScriptOutput:
+        measured, declared = results(), tables()
+        return ScriptOutput(
+            empty_kernel_line(empty), tables_markdown(declared, measured, empty), tables_json(declared, measured, empty)
+        )
+
+    run_measured_script(name, description, argv, lambda save_path: run_reports(reports, save_path), output)

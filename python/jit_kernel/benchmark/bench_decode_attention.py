@@ -28,7 +28,6 @@ LSEs read, the output and its LSE written). "vs empty" is shown up to 16 tokens.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -37,7 +36,6 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark import _tables
-from jit_kernel.benchmark import results as result_files
 from jit_kernel.benchmark._tables import (
     EMPTY_PROVIDER,
     STANDARD_PROVIDERS,
@@ -265,53 +263,28 @@ def bandwidth_note(gbps: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The perf_reports with the bandwidth measured first, then the summary (the read ceilings added)
-    and, with ``--json-dir``, the JSON results."""
-    from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, run_reports, write_summary
+    """The perf_reports with the bandwidth measured first, then the summary with the read ceilings
+    added (``_tables.run_measured_script``)."""
+    from jit_kernel.benchmark.utils import run_reports
 
-    args = bench_arg_parser(__doc__).parse_args(argv)
-    save_path = args.save_path or os.environ.get(SAVE_PATH_ENV) or None
-    json_dir = result_files.resolve_json_dir(args.json_dir)
-    command = result_files.command_line("bench_decode_attention", argv)
-    torch.manual_seed(0)
-    complete, empty, gbps = True, math.nan, math.nan
-    with result_files.stoppable():
-        try:
-            gbps = bandwidth_gbps(RESULTS)
-            run_reports(REPORTS, save_path)
-            empty = _tables.empty_kernel_us()
-        except KeyboardInterrupt:
-            complete = False
-        except Exception:
-            if not result_files.stop_requested():
-                raise
-            complete = False
-    measured, declared = RESULTS, summary_tables()
-    add_ceilings(measured, declared, gbps, empty)
-    note = bandwidth_note(gbps)
-    text = (
-        f"device: {_tables.device_name()}; torch {torch.__version__}; "
-        f"empty-kernel CUDA-graph replay at the end of the run: {format_us(empty, 2)} us (1-element torch add_); "
-        f'"vs empty" divides by the empty kernel measured beside each jit time; {note}\n\n'
-        + summary_markdown(measured, declared)
-    )
-    if not complete:
-        text = "interrupted: the tables hold what was measured before the stop\n\n" + text
-    print("\n" + text)
-    write_summary(save_path, "bench_decode_attention.md", text)
-    if json_dir:
-        doc = result_files.document(
-            "bench_decode_attention",
-            result_files.first_paragraph(__doc__),
-            command,
+    bandwidth = [math.nan]
+
+    def measure(save_path: str | None) -> None:
+        bandwidth[0] = bandwidth_gbps(RESULTS)
+        run_reports(REPORTS, save_path)
+
+    def output(empty: float) -> _tables.ScriptOutput:
+        measured, declared = RESULTS, summary_tables()
+        add_ceilings(measured, declared, bandwidth[0], empty)
+        note = bandwidth_note(bandwidth[0])
+        return _tables.ScriptOutput(
+            f"{_tables.empty_kernel_line(empty)}; {note}",
+            summary_markdown(measured, declared),
             _tables.tables_json(declared, measured, empty),
-            complete=complete,
-            notes=[note],
-            empty_kernel_us=empty,
+            [note],
         )
-        print(f"results: {result_files.write(json_dir, doc)}")
-    if not complete:
-        raise SystemExit(130)
+
+    _tables.run_measured_script("bench_decode_attention", __doc__, argv, measure, output)
 
 
 if __name__ == "__main__":

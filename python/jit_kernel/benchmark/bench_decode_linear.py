@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -281,53 +280,33 @@ def bandwidth_note(gbps: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The perf_reports with the read bandwidth measured first, then the tables and the targets."""
-    from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, run_reports, write_summary
+    """The perf_reports with the read bandwidth measured first, then the tables and the targets
+    (``_tables.run_measured_script``; no empty kernel: every row is a ratio to the read ceiling)."""
+    from jit_kernel.benchmark.utils import run_reports
 
-    args = bench_arg_parser(__doc__).parse_args(argv)
-    save_path = args.save_path or os.environ.get(SAVE_PATH_ENV) or None
-    json_dir = result_files.resolve_json_dir(args.json_dir)
-    command = result_files.command_line("bench_decode_linear", argv)
-    torch.manual_seed(0)
-    complete, gbps = True, math.nan
-    with result_files.stoppable():
-        try:
-            gbps = read_gbps(RESULTS)
-            run_reports(REPORTS, save_path)
-        except KeyboardInterrupt:
-            complete = False
-        except Exception:
-            if not result_files.stop_requested():
-                raise
-            complete = False
-    rows = measured_rows(RESULTS, gbps)
-    declared = tables(rows)
-    targets = target_rows(rows)
-    note = bandwidth_note(gbps)
-    text = (
-        f"device: {_tables.device_name()}; torch {torch.__version__}; {note}\n\n"
-        + "\n".join(format_table(title, HEADER, cells) for _, title, cells in declared)
-        + "\n"
-        + format_table("targets, checked on this run", TARGET_HEADER, targets)
-    )
-    if not complete:
-        text = "interrupted: the tables hold what was measured before the stop\n\n" + text
-    print("\n" + text)
-    write_summary(save_path, "bench_decode_linear.md", text)
-    if json_dir:
+    bandwidth = [math.nan]
+
+    def measure(save_path: str | None) -> None:
+        bandwidth[0] = read_gbps(RESULTS)
+        run_reports(REPORTS, save_path)
+
+    def output(empty: float) -> _tables.ScriptOutput:
+        rows = measured_rows(RESULTS, bandwidth[0])
+        declared = tables(rows)
+        targets = target_rows(rows)
+        note = bandwidth_note(bandwidth[0])
         json_tables = [result_files.cells_table(name, title, HEADER, cells) for name, title, cells in declared]
         json_tables.append(result_files.cells_table("targets", "targets, checked on this run", TARGET_HEADER, targets))
-        doc = result_files.document(
-            "bench_decode_linear",
-            result_files.first_paragraph(__doc__),
-            command,
+        return _tables.ScriptOutput(
+            note,
+            "\n".join(format_table(title, HEADER, cells) for _, title, cells in declared)
+            + "\n"
+            + format_table("targets, checked on this run", TARGET_HEADER, targets),
             json_tables,
-            complete=complete,
-            notes=[note],
+            [note],
         )
-        print(f"results: {result_files.write(json_dir, doc)}")
-    if not complete:
-        raise SystemExit(130)
+
+    _tables.run_measured_script("bench_decode_linear", __doc__, argv, measure, output, empty_kernel=False)
 
 
 if __name__ == "__main__":
