@@ -55,9 +55,10 @@ The package, by concern:
   (:class:`JitKernelLogitsProcessor`), and :func:`logits_processor`, which reads them from a
   ``GenerationConfig`` and returns a copy of it with transformers' own warpers off.
 
-A new op (a decode GEMM, a sampler) is a field of :class:`Backend` with its torch computation in
-``reference``; a module that runs it gets a plan in ``plans``, a forward in ``forwards`` and a step
-of :func:`apply` in ``patching``, with an option of its own.
+A new op that a model's module runs (a decode GEMM, decode attention) is a field of :class:`Backend`
+with its torch computation in ``reference``; a module that runs it gets a plan in ``plans``, a forward
+in ``forwards`` and a step of :func:`apply` in ``patching``, with an option of its own. What
+``generate()`` runs outside the model (its logits processors) lives beside them, as ``sampling`` does.
 """
 
 from __future__ import annotations
