@@ -323,6 +323,32 @@ def device_name() -> str:
     return torch.cuda.get_device_name()
 
 
+CEILING = "ceiling"  # a provider computed per row: the row's minimal bytes / bandwidth + empty kernel
+CEILING_LABEL = ("read ceiling", ("", ""))
+
+
+def add_read_ceilings(
+    results: Measurements,
+    tables: Sequence[SummaryTable],
+    gbps: float,
+    empty: float,
+    ceiling_bytes: Callable[[Hashable, int], int],
+) -> None:
+    """Record each row's read ceiling, in the tables with a :data:`CEILING` provider, as that
+    provider's time: ``ceiling_bytes(key, nbytes)`` at ``gbps`` plus the empty kernel measured beside
+    the row's jit time (else ``empty``). Nothing without a bandwidth (NaN)."""
+    if math.isnan(gbps):
+        return
+    for table in tables:
+        if CEILING not in table.providers:
+            continue
+        for key, _, nbytes, _ in table.configs:
+            times = results.for_config(key)
+            if times:
+                reference = times.get(EMPTY_PROVIDER, empty)
+                results.times[(key, CEILING)] = ceiling_bytes(key, nbytes) / (gbps * 1e3) + reference
+
+
 EMPTY_KERNEL_NOTE = '"vs empty" divides by the empty kernel measured beside each jit time'
 
 

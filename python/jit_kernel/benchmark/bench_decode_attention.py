@@ -37,7 +37,8 @@ import triton.testing
 import jit_kernel
 from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark._tables import (
-    EMPTY_PROVIDER,
+    CEILING,
+    CEILING_LABEL,
     STANDARD_PROVIDERS,
     Measurements,
     SummaryTable,
@@ -64,8 +65,6 @@ DECODE_PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
     "copy": ("device copy", ("tab:gray", ":")),
 }
 MERGE_PROVIDERS = dict(STANDARD_PROVIDERS)
-CEILING = "ceiling"  # computed per row: the minimal bytes / copy bandwidth + empty kernel
-CEILING_LABEL = ("read ceiling", ("", ""))
 
 # Every jit time bracketed by the empty kernel's.
 RESULTS = Measurements.paired()
@@ -240,20 +239,6 @@ def summary_tables() -> list[SummaryTable]:
     ]
 
 
-def add_ceilings(results: Measurements, tables: Sequence[SummaryTable], gbps: float, empty: float) -> None:
-    """Record each ``ceiling`` row's read ceiling as provider :data:`CEILING`: its minimal bytes at
-    ``gbps`` plus the empty kernel measured beside the row's jit time (else ``empty``)."""
-    if math.isnan(gbps):
-        return
-    for table in tables:
-        if CEILING not in table.providers:
-            continue
-        for key, _, nbytes, _ in table.configs:
-            times = results.for_config(key)
-            if times:
-                results.times[(key, CEILING)] = nbytes / (gbps * 1e3) + times.get(EMPTY_PROVIDER, empty)
-
-
 def bandwidth_note(gbps: float) -> str:
     return (
         f"read ceiling: K, V, the query and the output at {format_us(gbps, 0)} GB/s (a "
@@ -275,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def output(empty: float) -> _tables.ScriptOutput:
         measured, declared = RESULTS, summary_tables()
-        add_ceilings(measured, declared, bandwidth[0], empty)
+        _tables.add_read_ceilings(measured, declared, bandwidth[0], empty, lambda _, nbytes: nbytes)
         note = bandwidth_note(bandwidth[0])
         return _tables.ScriptOutput(
             f"{_tables.empty_kernel_line(empty)}; {note}",

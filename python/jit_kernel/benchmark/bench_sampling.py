@@ -71,6 +71,8 @@ import jit_kernel
 from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark import results as result_files
 from jit_kernel.benchmark._tables import (
+    CEILING,
+    CEILING_LABEL,
     EMPTY_PROVIDER,
     Measurements,
     SummaryTable,
@@ -110,8 +112,6 @@ PROVIDERS: dict[str, tuple[str, tuple[str, str]]] = {
     "read": ("torch amax (read)", ("tab:olive", ":")),
     "copy": ("device copy", ("tab:gray", ":")),
 }
-CEILING = "ceiling"  # computed per row: the logits' bytes / copy bandwidth + empty kernel
-CEILING_LABEL = ("read ceiling", ("", ""))
 EVENT_TIMED = ("torch_topk", "compile")  # torch.multinomial syncs: no CUDA-graph capture
 
 
@@ -515,26 +515,10 @@ def summary_tables() -> list[SummaryTable]:
     return tables
 
 
-def _ceiling_bytes(key: Hashable) -> int:
-    """The logits' bytes of a ``sample`` or ``filters`` row."""
+def _ceiling_bytes(key: Hashable, nbytes: int) -> int:
+    """The logits' bytes of a ``sample`` or ``filters`` row (its read ceiling's bytes)."""
     kind, what, batch, vocab = key  # type: ignore[misc]
     return logits_bytes(batch, vocab, what if kind == "sample" else "float32")
-
-
-def add_ceilings(results: Measurements, tables: Sequence[SummaryTable], gbps: float, empty: float) -> None:
-    """Record each ``ceiling`` row's read ceiling as provider :data:`CEILING`: the logits' bytes at
-    ``gbps`` plus the empty kernel measured beside the row's jit time (else ``empty``)."""
-    if math.isnan(gbps):
-        return
-    for table in tables:
-        if CEILING not in table.providers:
-            continue
-        for key, _, _, _ in table.configs:
-            times = results.for_config(key)
-            if not times:
-                continue
-            reference = times.get(EMPTY_PROVIDER, empty)
-            results.times[(key, CEILING)] = _ceiling_bytes(key) / (gbps * 1e3) + reference
 
 
 TARGET_HEADER = ["target", "rows", "met", "worst row", "worst"]
@@ -684,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def output(empty: float) -> _tables.ScriptOutput:
         measured, declared = RESULTS, summary_tables()
-        add_ceilings(measured, declared, bandwidth[0], empty)
+        _tables.add_read_ceilings(measured, declared, bandwidth[0], empty, _ceiling_bytes)
         targets = target_rows(measured, declared)
         note = bandwidth_note(bandwidth[0])
         tables = _tables.tables_json(declared, measured, empty)
