@@ -704,6 +704,20 @@ SAMPLING_FAKE_US = {
 }
 
 
+def _main_with_fake_timer(
+    module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, measurements: Measurements, name: str
+) -> dict[str, object]:
+    """``module.main`` timed by ``measurements`` on a fake device (the empty kernel at 2.5 us); its
+    JSON results."""
+    monkeypatch.setattr(module, "RESULTS", measurements)
+    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
+    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
+    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
+    module.main(["--json-dir", str(tmp_path)])
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
 def _run_bench_sampling(
     module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[tuple[Hashable, str]]
 ) -> dict[str, object]:
@@ -718,13 +732,7 @@ def _run_bench_sampling(
             return NAN
         return SAMPLING_FAKE_US[provider]
 
-    monkeypatch.setattr(module, "RESULTS", Measurements(timer, lambda: 2.0))
-    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
-    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
-    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
-    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
-    module.main(["--json-dir", str(tmp_path)])
-    return json.loads((tmp_path / "bench_sampling.json").read_text())
+    return _main_with_fake_timer(module, monkeypatch, tmp_path, Measurements(timer, lambda: 2.0), "bench_sampling")
 
 
 def test_bench_sampling_main_checks_the_targets_on_the_same_measurements(
@@ -918,12 +926,7 @@ def _run_bench_decode_linear(
         slower = 0.9 if (model, layer) == ("Llama-3-70B TP8", "qkv") else 1.2
         return slower * ours * module.copies(n, k)
 
-    monkeypatch.setattr(module, "RESULTS", Measurements(timer))
-    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
-    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
-    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
-    module.main(["--json-dir", str(tmp_path)])
-    return json.loads((tmp_path / "bench_decode_linear.json").read_text())
+    return _main_with_fake_timer(module, monkeypatch, tmp_path, Measurements(timer), "bench_decode_linear")
 
 
 def test_bench_decode_linear_main_checks_the_targets_on_the_same_measurements(
@@ -1081,13 +1084,9 @@ def _run_bench_decode_attention(
             return NAN
         return DECODE_FAKE_US[provider]
 
-    monkeypatch.setattr(module, "RESULTS", Measurements(timer, lambda: 2.0))
-    monkeypatch.setattr(_tables, "empty_kernel_us", lambda: 2.5)
-    monkeypatch.setattr(_tables, "device_name", lambda: "Fake GPU")
-    monkeypatch.setattr(results, "environment", lambda: FAKE_ENVIRONMENT)
-    monkeypatch.delenv(SAVE_PATH_ENV, raising=False)
-    module.main(["--json-dir", str(tmp_path)])
-    return json.loads((tmp_path / "bench_decode_attention.json").read_text())
+    return _main_with_fake_timer(
+        module, monkeypatch, tmp_path, Measurements(timer, lambda: 2.0), "bench_decode_attention"
+    )
 
 
 def test_bench_decode_attention_main_adds_the_read_ceiling(
