@@ -96,6 +96,10 @@ SCRIPTS: tuple[Script, ...] = (
     # layers): eager, CUDA graph and torch.compile (the compiles dominate; the two dense models took
     # 57 s and 35 s on the H100, the fp8 one 30 s).
     Script("bench_model", (), 280.0),
+    # Its ranks' start (torch, CUDA, the gloo group, the communicator's IPC set-up) and, per CI-grid
+    # size and provider, an eager check, a capture and the replays, each in step with the other
+    # ranks; where ranks share the one GPU, only the custom kernels and their unfused forms.
+    Script("bench_allreduce", (), 90.0),
 )
 
 
