@@ -162,7 +162,16 @@ def test_dynamic_rope_skips_rope_only_with_one_warning() -> None:
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
 def test_all_options_off_changes_nothing(model_type: str) -> None:
     model = tiny_model(model_type)
-    off = dict(rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False, router=False)
+    off = dict(
+        rmsnorm=False,
+        fused_add_rmsnorm=False,
+        mlp=False,
+        qkv=False,
+        rope=False,
+        qk_norm=False,
+        router=False,
+        lm_head=False,
+    )
     report = jt.apply(model, backend="torch", **off)
     assert not report and not report.skipped
     assert instance_forwards(model) == []
@@ -468,7 +477,9 @@ def test_router_option_switches_it_off() -> None:
     assert not any(name.endswith(".gate") for name in names) and "model.layers.0.self_attn" in names
 
 
-ROUTER_ONLY = dict(rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False)
+ROUTER_ONLY = dict(
+    rmsnorm=False, fused_add_rmsnorm=False, mlp=False, qkv=False, rope=False, qk_norm=False, lm_head=False
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .reference import (
     FP8_BLOCK,
+    _torch_decode_attention,
     _torch_fused_add_rmsnorm,
     _torch_fused_add_rmsnorm_group_quant,
     _torch_gated,
@@ -24,6 +25,18 @@ from .reference import (
 )
 
 BACKENDS = ("jit_kernel", "flashinfer", "torch")
+
+# How a patched attention layer runs a step of one query token per sequence (see
+# :func:`.forwards._one_token_attention` for when each applies):
+# - "decode_attention": the backend's ``decode_attention`` over the StaticCache's tensors, each
+#   sequence's keys the first ``cumulative_length`` of the cache (the mask is not read);
+# - "sdpa_gqa": ``F.scaled_dot_product_attention(..., attn_mask=mask, enable_gqa=True)`` on the KV
+#   heads as the cache holds them;
+# - "packed": SDPA on the KV heads with the query heads packed as rows (:func:`.forwards._packed_decode_attention`).
+ONE_TOKEN_ATTENTION_CHOICES = ("decode_attention", "sdpa_gqa", "packed")
+#: The choice of every backend built here: the one place to change it. docs/integrations.md says what
+#: each choice runs; the benchmarks (bench_decode_attention, bench_model) measure them.
+ONE_TOKEN_ATTENTION = "sdpa_gqa"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +56,15 @@ class Backend:
     ``silu_and_mul_group_quant(x [T, 2 * I], q, s)`` (``act_and_mul["silu"]``, then quantised); None
     where the backend has none (fp8 linear layers then stay the model's; without the last, an fp8
     MLP quantises the activation's output in a launch of its own). ``cuda_only``: the ops take CUDA
-    tensors only."""
+    tensors only.
+
+    ``linear(x, weight, bias) -> Tensor`` is ``F.linear`` for every floating-point linear layer a
+    patched forward calls (q/k/v or the merged qkv, o, gate/up, down, the router's GEMM, the head);
+    jit_kernel's runs ``decode_linear`` at decode sizes. ``decode_attention(query [B, Hq, D], k_cache,
+    v_cache [B, Hkv, max_len, D], seq_lens [B], scale) -> [B, Hq, D]``: one query token per sequence
+    over the first ``seq_lens[b]`` keys, or None. ``one_token_attention``: one of
+    :data:`ONE_TOKEN_ATTENTION_CHOICES`, how a one-token step's attention runs (``decode_attention``
+    needs the op; without it the step runs ``sdpa_gqa``)."""
 
     name: str
     cuda_only: bool
@@ -57,6 +78,14 @@ class Backend:
     rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
     fused_add_rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
     silu_and_mul_group_quant: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = F.linear
+    decode_attention: Callable[..., torch.Tensor] | None = None
+    one_token_attention: str = ONE_TOKEN_ATTENTION
+
+    def __post_init__(self) -> None:
+        if self.one_token_attention not in ONE_TOKEN_ATTENTION_CHOICES:
+            choices = ", ".join(ONE_TOKEN_ATTENTION_CHOICES)
+            raise ValueError(f"one_token_attention must be one of {choices}; got {self.one_token_attention!r}")
 
 
 TORCH = Backend(
@@ -76,11 +105,24 @@ TORCH = Backend(
     rmsnorm_group_quant=_torch_rmsnorm_group_quant,
     fused_add_rmsnorm_group_quant=_torch_fused_add_rmsnorm_group_quant,
     silu_and_mul_group_quant=_torch_silu_and_mul_group_quant,
+    decode_attention=_torch_decode_attention,
 )
 
 
 def _jit_kernel_backend() -> Backend:
     import jit_kernel
+    from jit_kernel.ops.gemm import MAX_ROWS
+
+    def linear(x, weight, bias=None):  # type: ignore[no-untyped-def]
+        # Decode sizes (up to MAX_ROWS rows of bf16/fp16) go to decode_linear, whose own rule
+        # (decode_linear_serves) sends the shapes its kernel does not serve to cuBLAS; prefill
+        # sizes go to cuBLAS directly.
+        if (x.dtype == torch.bfloat16 or x.dtype == torch.float16) and x.numel() <= MAX_ROWS * x.shape[-1]:
+            return jit_kernel.decode_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    def decode_attention(query, k_cache, v_cache, seq_lens, scale):  # type: ignore[no-untyped-def]
+        return jit_kernel.decode_attention(query, k_cache, v_cache, seq_lens, scale=scale)
 
     def rope(positions, q, k, head_dim, cache, is_neox=True):  # type: ignore[no-untyped-def]
         jit_kernel.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cache, is_neox)
@@ -116,13 +158,17 @@ def _jit_kernel_backend() -> Backend:
         silu_and_mul_group_quant=lambda x, q, s: jit_kernel.silu_and_mul_per_token_group_quant_fp8(
             x, FP8_BLOCK, output_q=q, output_s=s
         ),
+        linear=linear,
+        decode_attention=decode_attention,
     )
 
 
 def _flashinfer_backend() -> Backend:
     """FlashInfer's norm, activation and RoPE ops in the same places. FlashInfer has no fused q/k
     norm + RoPE: its ``rmsnorm`` normalises the heads (a copy where q/k are not contiguous rows),
-    then its RoPE rotates them. It has no softmax top-k either: the router stays the model's."""
+    then its RoPE rotates them. It has no softmax top-k either: the router stays the model's. Its
+    linear layers run ``F.linear`` (cuBLAS) at every size, and it has no ``decode_attention``: a
+    one-token step runs SDPA (``packed`` where that is the choice, else ``sdpa_gqa``)."""
     from flashinfer import activation as fi_act
     from flashinfer import norm as fi_norm
     from flashinfer import rope as fi_rope

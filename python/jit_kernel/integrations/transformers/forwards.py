@@ -10,9 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .backends import _ops_for
+from jit_kernel.engine.families import ATTENTION_HEAD_DIMS
+
+from .backends import Backend, _ops_for
 from .fp8 import _fp8_buffers, _fp8_gemm, _fp8_input, _norm_quant
-from .plans import _PLAN, _AttentionPlan, _Fp8LinearPlan, _LayerPlan, _MLPPlan, _NormPlan, _RotaryPlan, _RouterPlan
+from .plans import (
+    _PLAN,
+    _AttentionPlan,
+    _Fp8LinearPlan,
+    _LayerPlan,
+    _LinearPlan,
+    _MLPPlan,
+    _NormPlan,
+    _RotaryPlan,
+    _RouterPlan,
+)
 
 
 def _final_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -48,8 +60,8 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
             ops.group_quant(ops.act_and_mul[plan.act](gate_up), q[:rows], s[:rows])  # type: ignore[misc]
         out = _fp8_gemm((q, s, rows), down.weight, down.weight_scale_inv, down.bias, x.dtype)
     else:
-        gate_up = F.linear(x.reshape(-1, shape[-1]), weight, bias)
-        out = F.linear(ops.act_and_mul[plan.act](gate_up), down.weight, down.bias)
+        gate_up = ops.linear(x.reshape(-1, shape[-1]), weight, bias)
+        out = ops.linear(ops.act_and_mul[plan.act](gate_up), down.weight, down.bias)
     return out.view(*shape[:-1], out.shape[-1])
 
 
@@ -87,14 +99,14 @@ def _attention_forward(
             activation = _fp8_input(hidden_states, plan.handed, plan.backend)
             qkv = _fp8_gemm(activation, weight, plan.qkv.scale, bias, x.dtype)  # type: ignore[arg-type]
         else:
-            qkv = F.linear(x, weight, bias)
+            qkv = ops.linear(x, weight, bias)
         q, k, v = qkv.split((hq * d, hk * d, hk * d), -1)
     elif plan.fp8:  # called on the tensor the layer was given: the one its norm quantised
         q, k, v = (p(hidden_states).reshape(x.shape[0], -1) for p in (self.q_proj, self.k_proj, self.v_proj))
     else:
-        q = F.linear(x, self.q_proj.weight, self.q_proj.bias)
-        k = F.linear(x, self.k_proj.weight, self.k_proj.bias)
-        v = F.linear(x, self.v_proj.weight, self.v_proj.bias)
+        q = ops.linear(x, self.q_proj.weight, self.q_proj.bias)
+        k = ops.linear(x, self.k_proj.weight, self.k_proj.bias)
+        v = ops.linear(x, self.v_proj.weight, self.v_proj.bias)
     q, k = q.unflatten(-1, (hq, d)), k.unflatten(-1, (hk, d))
     if plan.qk_norm is not None:
         q_norm, k_norm = plan.qk_norm
@@ -109,9 +121,26 @@ def _attention_forward(
     cache = kwargs.pop("cache", None)
     if cache is None:
         cache = kwargs.pop("past_key_values", None)
+    static = None
     if cache is not None:
         key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
-    if _decode_packs_heads(self, query, attention_mask, hq, hk):
+        if ops.one_token_attention == "decode_attention" and ops.decode_attention is not None:
+            static = _static_layer(cache, self.layer_idx, key, value)
+            if static is not None:
+                _note_prefix(cache, static, attention_mask, query.shape[2])
+    choice = _one_token_attention(self, plan, ops, query, attention_mask, cache, static)
+    if choice == "decode_attention":
+        lengths = static.cumulative_length.reshape(1).expand(query.shape[0])  # type: ignore[union-attr]
+        if query.shape[0] > 1:
+            lengths = lengths.contiguous()  # the op takes unit-stride lengths
+        out = ops.decode_attention(query[:, :, 0], key, value, lengths, self.scaling)  # type: ignore[misc]
+        weights = None
+    elif choice == "sdpa_gqa":
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=self.scaling, enable_gqa=hq != hk
+        ).transpose(1, 2)
+        weights = None
+    elif choice == "packed":
         out, weights = _packed_decode_attention(query, key, value, attention_mask, self.scaling, hq // hk), None
     else:
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, plan.eager_attention)
@@ -128,7 +157,7 @@ def _attention_forward(
         )
     o = self.o_proj
     out = out.reshape(x.shape[0], -1)
-    out = o(out) if plan.fp8 else F.linear(out, o.weight, o.bias)
+    out = o(out) if plan.fp8 else ops.linear(out, o.weight, o.bias)
     return out.view(*input_shape, out.shape[-1]), weights
 
 
@@ -139,10 +168,19 @@ def _router_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch
     ops = _ops_for(plan.backend, hidden_states)
     if torch.is_grad_enabled() or ops.topk_softmax is None:
         return plan.original(self, hidden_states)
-    logits = F.linear(hidden_states.reshape(-1, hidden_states.shape[-1]), self.weight)
+    logits = ops.linear(hidden_states.reshape(-1, hidden_states.shape[-1]), self.weight, None)
     weights, ids = ops.topk_softmax(logits, plan.top_k, plan.renormalize)
     first = F.softmax(logits, dim=-1, dtype=torch.float32) if plan.returns_probabilities else logits
     return first, weights.to(first.dtype), ids.to(torch.int64)
+
+
+def _linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    """A plain ``nn.Linear`` layer outside the patched modules (the output head) on the backend's
+    ``linear``: ``decode_linear`` at decode sizes with jit_kernel's."""
+    plan: _LinearPlan = self.__dict__[_PLAN]
+    if torch.is_grad_enabled():
+        return plan.original(self, input)
+    return _ops_for(plan.backend, input).linear(input, self.weight, self.bias)
 
 
 def _fp8_linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
@@ -159,20 +197,100 @@ def _fp8_linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
     return out.view(*input.shape[:-1], out.shape[-1])
 
 
-def _decode_packs_heads(
-    module: nn.Module, query: torch.Tensor, mask: torch.Tensor | None, q_heads: int, kv_heads: int
-) -> bool:
-    """Whether a decode step's SDPA attention runs on the KV heads with the query heads packed as
-    rows (one query token, grouped KV heads, a mask shared by the heads, no dropout): transformers'
-    sdpa path otherwise copies every KV head ``q_heads // kv_heads`` times (``repeat_kv``), the
-    step's largest memory traffic after the weights."""
-    return (
-        q_heads > kv_heads
-        and query.shape[2] == 1
-        and module.config._attn_implementation == "sdpa"
-        and not module.training
-        and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1))
-    )
+def _one_token_attention(
+    module: nn.Module,
+    plan: _AttentionPlan,
+    ops: Backend,
+    query: torch.Tensor,
+    mask: torch.Tensor | None,
+    cache: Any,
+    static: Any,
+) -> str | None:
+    """How a step's attention runs: one of :data:`.backends.ONE_TOKEN_ATTENTION_CHOICES`, or None
+    for the attention function of the model's implementation (every step of more than one query
+    token; implementations other than sdpa; training). The backend's choice applies where it can:
+
+    - ``decode_attention``: the cache layer is a StaticLayer (``static``), the query bf16 or fp16
+      with a head dim the op takes, no sliding window, and the cache's sequences are known to
+      attend to the prefix ``[0, cumulative_length)`` of it (:func:`_note_prefix`); otherwise
+      ``sdpa_gqa`` with the mask (left padding, say, leaves a sequence's keys no prefix);
+    - ``packed``: grouped KV heads and a mask shared by the heads; otherwise None;
+    - ``sdpa_gqa``: always (SDPA broadcasts any mask transformers builds)."""
+    if query.shape[2] != 1 or module.training or module.config._attn_implementation != "sdpa":
+        return None
+    choice = ops.one_token_attention
+    if choice == "decode_attention":
+        if static is not None and _kernel_serves(plan, query, cache):
+            return choice
+        return "sdpa_gqa"
+    if choice == "packed":
+        packs = plan.q_heads > plan.kv_heads and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1))
+        return choice if packs else None
+    return choice
+
+
+def _kernel_serves(plan: _AttentionPlan, query: torch.Tensor, cache: Any) -> bool:
+    """Whether ``decode_attention`` computes this layer's one-token step: bf16/fp16, a head dim of
+    its kernel, no sliding window, and the cache's verdict (:func:`_note_prefix`) that each sequence
+    attends to the first ``cumulative_length`` keys."""
+    if query.dtype != torch.bfloat16 and query.dtype != torch.float16:
+        return False
+    if query.shape[-1] not in ATTENTION_HEAD_DIMS or plan.attention_kwargs.get("sliding_window") is not None:
+        return False
+    seen = getattr(cache, _PREFIX, None)
+    return seen is not None and bool(seen[1])
+
+
+# On a cache: (the mask of the step that judged it, whether every sequence attends to the prefix
+# [0, cumulative_length) of the cache), for the decode_attention choice.
+_PREFIX = "_jit_kernel_prefix"
+
+
+def _static_layer(cache: Any, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> Any:
+    """The cache's layer ``layer_idx`` where it is transformers' StaticLayer (no subclass: a sliding
+    window layer keeps other positions) and ``key`` / ``value`` are its tensors, else None."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or not 0 <= layer_idx < len(layers):
+        return None
+    try:
+        from transformers.cache_utils import StaticLayer
+    except ImportError:  # a transformers without cache layers
+        return None
+    layer = layers[layer_idx]
+    if type(layer) is not StaticLayer or layer.keys is not key or layer.values is not value:
+        return None
+    return layer
+
+
+def _note_prefix(cache: Any, static: Any, mask: torch.Tensor | None, query_len: int) -> None:
+    """Judge, where the mask can be read (not under CUDA-graph capture or torch.compile), whether
+    each sequence of the batch attends to the prefix ``[0, cumulative_length)`` of the cache, and
+    keep the verdict on the cache. transformers' generate gives every sequence of a StaticCache one
+    write position and extends the mask with attended tokens, so the verdict of a step of several
+    tokens (the prefill) holds for the one-token steps after it. It is judged again at each step of
+    several tokens with a mask it has not seen, and at a one-token step only where there is no
+    verdict yet; one host sync each time (the first layer's; the others see the same mask)."""
+    seen = getattr(cache, _PREFIX, None)
+    if seen is not None and (query_len == 1 or seen[0] is mask):
+        return
+    if torch.compiler.is_compiling():
+        return
+    if mask is not None and mask.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    setattr(cache, _PREFIX, (mask, _prefix_mask(mask, static.cumulative_length, static.keys.shape[2])))
+
+
+def _prefix_mask(mask: torch.Tensor | None, length: torch.Tensor, max_len: int) -> bool:
+    """Whether ``mask`` lets the last query token of every sequence attend to keys ``[0, length)``
+    of a cache of ``max_len`` and no others: no mask (transformers leaves it out where there is no
+    padding), or a boolean ``[B, 1, S, max_len]`` one whose last query row is that prefix. A float
+    mask, or any other shape, is not judged a prefix. Reads the mask (a host sync)."""
+    if mask is None:
+        return True
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] != max_len:
+        return False
+    expected = torch.arange(max_len, device=mask.device) < length.to(mask.device)
+    return bool((mask[:, 0, -1, :] == expected).all())
 
 
 def _packed_decode_attention(

@@ -19,6 +19,7 @@ from .forwards import (
     _decoder_layer_forward,
     _final_norm_forward,
     _fp8_linear_forward,
+    _linear_forward,
     _mlp_forward,
     _rotary_forward,
     _router_forward,
@@ -34,9 +35,11 @@ from .plans import (
     _Fp8LinearPlan,
     _is_rmsnorm,
     _LayerPlan,
+    _LinearPlan,
     _mlp_act,
     _MLPPlan,
     _NormPlan,
+    _plain_linear,
     _rope_parameters,
     _RotaryPlan,
     _router_plan,
@@ -59,11 +62,22 @@ class Patched:
     qk_norm: int = 0
     router: int = 0
     fp8: int = 0
+    lm_head: int = 0
     skipped: list[str] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
         return any(
-            (self.rmsnorm, self.fused_add_rmsnorm, self.mlp, self.qkv, self.rope, self.qk_norm, self.router, self.fp8)
+            (
+                self.rmsnorm,
+                self.fused_add_rmsnorm,
+                self.mlp,
+                self.qkv,
+                self.rope,
+                self.qk_norm,
+                self.router,
+                self.fp8,
+                self.lm_head,
+            )
         )
 
 
@@ -109,6 +123,7 @@ def apply(
     qk_norm: bool = True,
     router: bool = True,
     fp8: bool = True,
+    lm_head: bool = True,
     backend: str | Backend = "jit_kernel",
 ) -> Patched:
     """Make ``model`` (a transformers Llama, Mistral, Qwen2, Qwen3 or Qwen3-MoE model, any head)
@@ -121,7 +136,11 @@ def apply(
     ``router`` (Qwen3-MoE's router: softmax top-k in one ``topk_softmax``; not with FlashInfer's ops),
     ``fp8`` (transformers' fine-grained fp8 linear layers: the input quantised by 1 x 128 groups, by
     the norm before them in the same launch where there is one, then ``torch._scaled_mm``; not with
-    FlashInfer's ops).
+    FlashInfer's ops), ``lm_head`` (the output head, a plain ``nn.Linear``, on the backend's
+    ``linear``). Every linear layer the patched forwards call runs the backend's ``linear``:
+    jit_kernel's is ``decode_linear`` for up to 16 rows of bf16/fp16 (the op sends the shapes its
+    kernel does not serve to cuBLAS) and ``F.linear`` above; a one-token step's attention runs as
+    the backend's ``one_token_attention`` says (:data:`~.backends.ONE_TOKEN_ATTENTION`).
     ``backend``: ``"jit_kernel"``, ``"flashinfer"`` (its ops in the same places, for comparison),
     ``"torch"`` (reference ops in torch, on any device) or a :class:`Backend`. A model whose
     parameters are not on a CUDA device (with a CUDA backend), or of another model type, is left
@@ -130,7 +149,7 @@ def apply(
     ops = backend if isinstance(backend, Backend) else get_backend(backend)
     report = Patched()
     base, device = _base_model(model), _model_device(model)
-    if base is not None and _already_applied(base):
+    if base is not None and _already_applied(model):
         return report
     reason = _why_model_unsupported(model, base, device, ops)
     if reason is not None:
@@ -142,6 +161,8 @@ def apply(
     # fp8 linear layers first: the attention and MLP steps run projections among them as fp8 GEMMs.
     if fp8:
         _patch_fp8_linears(target)
+    if lm_head:
+        _patch_lm_head(target)
     if rope:
         _patch_rope_and_attention(target, qkv, qk_norm)
     if mlp:
@@ -162,8 +183,8 @@ def _model_device(model: nn.Module) -> torch.device | None:
     return None
 
 
-def _already_applied(base: nn.Module) -> bool:
-    return any(_PLAN in m.__dict__ for m in base.modules())
+def _already_applied(model: nn.Module) -> bool:
+    return any(_PLAN in m.__dict__ for m in model.modules())
 
 
 def _why_model_unsupported(
@@ -212,6 +233,20 @@ def _patch_fp8_linears(target: _Target) -> None:
         report.fp8 += 1
     if reasons:
         target.skip("fp8", f"{len(reasons)} of {len(found)} fp8 linear layers ({reasons[0]})")
+
+
+def _patch_lm_head(target: _Target) -> None:
+    """The output head (``get_output_embeddings()``) on the backend's ``linear``, where it is a plain
+    ``nn.Linear`` layer (a tied head too: the weight is the embedding's, read the same way)."""
+    get_head = getattr(target.model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if head is None:
+        return  # a base model: no head
+    if not _plain_linear(head):
+        target.skip("lm_head", f"{type(head).__name__} is not a plain nn.Linear layer")
+        return
+    _bind(head, _linear_forward, _LinearPlan(target.backend, type(head).forward))
+    target.report.lm_head += 1
 
 
 def _patch_rope_and_attention(target: _Target, merge_qkv: bool, qk_norm: bool) -> None:

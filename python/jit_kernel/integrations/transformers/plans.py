@@ -127,6 +127,12 @@ class _LayerPlan:
 
 
 @dataclasses.dataclass(eq=False)
+class _LinearPlan:
+    backend: Backend
+    original: Callable[..., Any]
+
+
+@dataclasses.dataclass(eq=False)
 class _Fp8LinearPlan:
     backend: Backend
     handed: _Fp8Input | None  # its decoder layer's hand-off (None: outside the decoder layers)

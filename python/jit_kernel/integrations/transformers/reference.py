@@ -114,3 +114,20 @@ def _torch_fused_add_rmsnorm_group_quant(
 
 def _torch_silu_and_mul_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
     _torch_group_quant(_torch_gated(F.silu)(x), q, s)
+
+
+def _torch_decode_attention(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``decode_attention`` in fp32: ``query [B, Hq, D]`` over the first ``seq_lens[b]`` keys of
+    ``k_cache`` / ``v_cache [B, Hkv, max_len, D]``, query head ``h`` on KV head ``h // (Hq // Hkv)``;
+    ``[B, Hq, D]`` in the query's dtype (0 for a length of 0)."""
+    b, hq, d = query.shape
+    hkv, max_len = k_cache.shape[1], k_cache.shape[2]
+    q = query.float().view(b, hkv, hq // hkv, d)
+    scores = torch.einsum("bhgd,bhkd->bhgk", q, k_cache.float()) * scale
+    visible = torch.arange(max_len, device=query.device) < seq_lens.view(b, 1, 1, 1).to(query.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty key set: all -inf, 0 out
+    out = torch.einsum("bhgk,bhkd->bhgd", weights, v_cache.float())
+    return out.reshape(b, hq, v_cache.shape[-1]).to(query.dtype)
