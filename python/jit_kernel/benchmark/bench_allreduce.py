@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import math
 import os
 import signal
@@ -58,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -512,7 +514,8 @@ class Rank:
         if error is None:
 
             def capture() -> None:
-                with self.comm.capture(), torch.cuda.graph(graph):
+                # thread_local: the NCCL watchdog's event queries on its own thread stay legal during capture.
+                with self.comm.capture(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     for _ in range(self.calls):
                         steps[0]()
 
@@ -683,20 +686,24 @@ def rank_main(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     device = rank_device(local_rank, local_world, gpus, args.ranks_per_gpu)
     torch.cuda.set_device(device)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A collective may wait for a rank compiling a kernel on first use: minutes, not the default 30.
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
     state = Rank(args, rank, world, device)
-    complete = True
+    complete, failure = True, None
     with result_files.stoppable():
         try:
             state.run()
         except KeyboardInterrupt:
             complete = False
-        except Exception:
-            if not result_files.stop_requested():
-                raise
+        except Exception:  # e.g. another rank died: rank 0 still writes what it measured
             complete = False
+            if not result_files.stop_requested():
+                failure = traceback.format_exc()
     if rank == 0:
         write_output(args, argv, state.results, state.info(), state.sizes, state.fused, complete)
+    if failure is not None:
+        print(failure, file=sys.stderr)
+        raise SystemExit(1)
     if not complete:
         raise SystemExit(130)
     state.close()
@@ -796,12 +803,14 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 _kill(processes)
                 return 1
             time.sleep(0.2)
-        if failed:  # a rank failed: the others wait on it in a collective
-            time.sleep(2.0)
-        else:  # rank 0 is done: the others close their communicators
+        if failed:  # a rank failed: the others wait on it in a collective (rank 0 writes what it has)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                for p in processes:
-                    p.wait(timeout=30)
+                processes[0].wait(timeout=10)
+            _kill(processes)
+            return failed[0] if failed[0] > 0 else 1
+        with contextlib.suppress(subprocess.TimeoutExpired):  # rank 0 is done: the others close theirs
+            for p in processes:
+                p.wait(timeout=30)
     except KeyboardInterrupt:
         for p in processes:
             with contextlib.suppress(ProcessLookupError):
