@@ -27,7 +27,10 @@ model, built once, so the mask is no part of the step); the prefill is ``--prefi
 prompt from each variant against the unpatched bf16 model (the fp8 model: its two-launch variant;
 cosine similarity, and whether they are equal bit for bit) and an fp32 copy (the fp8 model: its
 dequantised weights in fp32; cosine similarity, and the argmax on the rows whose fp32 top-1 leads
-its top-2 by more than half the row's standard deviation).
+its top-2 by more than half the row's standard deviation). Last, per model and variant, the
+CUDA-graph decode step at batch 1 against its weights' read: the bytes of the weights a one-token
+step reads (:func:`step_weight_bytes`) over the read bandwidth of a 2 GiB ``torch.sum`` measured in
+the same run (``_tables.read_gbps``), and the step's time as a multiple of that.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import Any
 
 import torch
 
-from jit_kernel.benchmark import results
+from jit_kernel.benchmark import _tables, results
 
 MODELS = ("llama", "qwen3", "qwen3_moe", "qwen3_fp8")
 # Models whose decoder layers' linear layers are transformers' fine-grained fp8 ones (FP8Linear),
@@ -271,6 +274,43 @@ def build_models(
     return models, fp32, missing
 
 
+def step_weight_bytes(model: Any) -> int:
+    """The bytes of weights one decode step at batch 1 reads: every parameter once (a tied head and
+    embedding once, as the head), less the input embedding (a step reads one row of it), with the
+    experts of a mixture-of-experts layer at ``num_experts_per_tok / num_experts`` of their bytes
+    (the experts one token is routed to). fp8 weights count one byte an element, their scales
+    included."""
+    config = model.config
+    embedding = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    skip = embedding.weight if embedding is not None else None
+    if head is not None and getattr(head, "weight", None) is skip:
+        skip = None  # tied: the head reads all of it
+    experts = int(getattr(config, "num_experts", 0) or 0)
+    routed = int(getattr(config, "num_experts_per_tok", 0) or 0)
+    total = 0.0
+    for name, p in model.named_parameters():  # each parameter once (tied ones under one name)
+        if p is skip:
+            continue
+        nbytes = p.numel() * p.element_size()
+        if experts and ".experts." in f".{name}":
+            nbytes *= routed / experts
+        total += nbytes
+    return int(total)
+
+
+def weights_read_header() -> list[str]:
+    return ["model", "variant", "weights read MB", "read GB/s", "weights' read us", "step us", "step / read"]
+
+
+def weights_read_row(model: str, variant: str, nbytes: int, gbps: float, step_us: float | None) -> list[object]:
+    """A row of the weights' read table: the step's time as a multiple of ``nbytes`` read at ``gbps``."""
+    read_us = nbytes / (gbps * 1e3) if gbps == gbps and gbps > 0 else None
+    ratio = f"{step_us / read_us:.2f}x" if step_us and read_us else "n/a"
+    gbps_cell = f"{gbps:.0f}" if read_us else "n/a"
+    return [model, LABELS_VARIANT[variant], f"{nbytes / 1e6:.1f}", gbps_cell, _us(read_us), _us(step_us), ratio]
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
 
@@ -484,7 +524,15 @@ def _measure(label: str, fn: Callable[[], float], notes: list[str]) -> float | N
         return None
 
 
-def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], notes: list[str]) -> None:
+def run_model(
+    name: str,
+    args: argparse.Namespace,
+    tables: list[results.Json],
+    notes: list[str],
+    gbps: float = float("nan"),
+    read_rows: list[list[object]] | None = None,
+) -> None:
+    """Measure model ``name``; its rows of the weights' read table (at ``gbps``) go to ``read_rows``."""
     device = "cuda"
     started = time.perf_counter()
     config = model_config(name, args.layers)
@@ -515,6 +563,8 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
     _print_table(title, header, rows)
     tables.append(results.cells_table(f"{name}_correctness", title, header, rows))
 
+    weight_bytes = {variant: step_weight_bytes(model) for variant, model in models.items()}
+    graph_b1: dict[str, float | None] = {}
     decode_rows: list[list[object]] = []
     compiled = {}
     for mode in args.modes:
@@ -536,6 +586,8 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
                         tag, lambda s=step, c=compiled[variant]: time_compile(s, c, args.warmup, args.iters), notes
                     )
                 del step
+            if mode == "graph" and batch == 1:
+                graph_b1 = times
             row = [mode, batch, *time_cells(variants, times, baseline)]
             decode_rows.append(row)
             print(f"  [{time.perf_counter() - started:6.1f} s] {name} {mode} b{batch}: " + ", ".join(map(str, row[2:])))
@@ -558,6 +610,11 @@ def run_model(name: str, args: argparse.Namespace, tables: list[results.Json], n
         title = f"prefill, eager, {label}, one sequence"
         _print_table(title, header, [prefill_row])
         tables.append(results.cells_table(f"{name}_prefill", title, header, [prefill_row]))
+    if read_rows is not None:
+        read_rows.extend(
+            weights_read_row(LABELS[name], variant, weight_bytes[variant], gbps, graph_b1.get(variant))
+            for variant in variants
+        )
     print(f"  [{time.perf_counter() - started:6.1f} s] {name} done")
     del models, compiled
     torch._dynamo.reset()
@@ -612,14 +669,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
     tables: list[results.Json] = []
     notes: list[str] = []
+    read_rows: list[list[object]] = []
     complete = True
     with results.stoppable():
         try:
+            gbps = _tables.read_gbps(_tables.Measurements())
             for name in args.models:
-                run_model(name, args, tables, notes)
+                run_model(name, args, tables, notes, gbps, read_rows)
         except KeyboardInterrupt:
             complete = False
             print("\ninterrupted: the tables above hold what was measured before the stop")
+    if read_rows:
+        if "graph" not in args.modes or 1 not in args.batches:
+            notes.append(
+                "the weights' read table needs --modes with graph and --batches with 1: its step times are n/a"
+            )
+        title = (
+            "decode step at batch 1 (CUDA graph) against its weights' read: the bytes of the weights a "
+            f"one-token step reads over the read bandwidth ({_tables.READ_NOTE})"
+        )
+        _print_table(title, weights_read_header(), read_rows)
+        tables.append(results.cells_table("weights_read", title, weights_read_header(), read_rows))
     for note in notes:
         print(f"note: {note}")
     if json_dir:
