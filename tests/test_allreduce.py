@@ -5,7 +5,9 @@ exchange, as NCCL refuses two ranks on one device).
 Every rank draws every rank's input from seeded generators, so it computes the reference itself:
 the sum in rank order 0 .. W-1 in float32, rounded once to the dtype. The kernels sum in exactly
 that order in fp32 (both algorithms, every rank), so the results are compared bit for bit. The fused
-form is compared bit for bit with ``all_reduce`` followed by ``jit_kernel.fused_add_rmsnorm``.
+forms are compared bit for bit with ``all_reduce`` followed by the norm op they equal
+(``jit_kernel.fused_add_rmsnorm``, ``fused_add_rmsnorm_quant_fp8``,
+``fused_add_rmsnorm_per_token_group_quant_fp8``).
 
 Each test runs its ranks (``torch.multiprocessing.spawn``) in a subprocess under a hard timeout,
 killed with its whole process group when it runs out: a hang fails the test.
@@ -168,6 +170,143 @@ def _case_fused_fp8(comm, rank: int, world: int) -> None:
     comm.check()
 
 
+# The scale layouts of fused_add_rmsnorm_per_token_group_quant_fp8: (ue8m0, how output_s is made).
+GROUP_LAYOUTS = ("row", "col", "col_tma", "col_tma_ue8m0", "row_ue8m0", "packed")
+
+
+def _group_scales(layout: str, rows: int, groups: int) -> torch.Tensor:
+    """A poisoned output_s of ``layout`` (float32 NaN, int32 -1): a scale left unwritten shows."""
+    padded = (rows + 3) // 4 * 4
+    if layout == "packed":
+        words = torch.full(((groups + 3) // 4, padded), -1, dtype=torch.int32, device="cuda")
+        return words.t().narrow(0, 0, rows)
+    nan = float("nan")
+    if layout.startswith("row"):
+        return torch.full((rows, groups), nan, device="cuda")
+    if layout == "col":
+        return torch.full((groups, rows), nan, device="cuda").t()
+    return torch.full((groups, padded), nan, device="cuda").t().narrow(0, 0, rows)  # TMA-padded tokens
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bits of a float32 or int32 tensor, as int32 on the CPU (NaN compares by its bits)."""
+    return t.contiguous().view(torch.int32).cpu()
+
+
+def _case_fused_group_fp8(comm, rank: int, world: int) -> None:
+    """The per-token-group fp8 form against all_reduce then
+    jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8 (its normed output is what x is left
+    holding), for every scale layout of that op, groups of 128 and 64; hidden sizes the one-launch
+    kernel takes (4096 and 7168 specialised by the norm in 16-bit types, 1280 and 2048 not, 16384 with
+    four vectors a thread) and one it does not (16384 in fp32: the two calls). Row 1 of each input
+    is zero on every rank, so its groups take the quant_eps floor."""
+    import jit_kernel
+
+    seed = 13000
+    shapes = (
+        (1, 4096, 128),
+        (7, 4096, 128),
+        (64, 4096, 128),
+        (1, 7168, 128),
+        (5, 7168, 128),
+        (33, 7168, 128),
+        (3, 2048, 128),
+        (3, 1280, 128),
+        (2, 16384, 128),
+        (7, 4096, 64),
+        (3, 4160, 64),  # 65 groups: the packed words' last bytes are zero
+    )
+    for dtype in DTYPES:
+        for rows, dim, group in shapes:
+            assert rows * dim * dtype.itemsize <= MAX_BYTES
+            for layout in GROUP_LAYOUTS:
+                seed += 1
+                ue8m0 = layout in ("col_tma_ue8m0", "row_ue8m0", "packed")
+                what = f"{dtype} {rows}x{dim} group {group} {layout}"
+                xs = _inputs(seed, world, (rows, dim), dtype)
+                residual0 = _inputs(seed + 100_000, 1, (rows, dim), dtype)[0]
+                if rows > 1:
+                    residual0[1] = 0
+                    for t in xs:
+                        t[1] = 0
+                residual0 = residual0.cuda()
+                weight = _inputs(seed + 200_000, 1, (dim,), dtype)[0].cuda()
+                ref_x = comm.all_reduce(xs[rank].cuda())
+                ref_res, ref_y = residual0.clone(), torch.empty_like(ref_x)
+                ref_q, ref_s = jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+                    ref_x,
+                    ref_res,
+                    weight,
+                    group,
+                    1e-6,
+                    1e-10,
+                    scale_ue8m0=ue8m0,
+                    output_s=_group_scales(layout, rows, dim // group),
+                    normed_out=ref_y,
+                )
+                x, residual = xs[rank].cuda(), residual0.clone()
+                q_given = torch.full((rows, dim), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+                s_given = _group_scales(layout, rows, dim // group)
+                q, s = comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+                    x, residual, weight, group, 1e-6, 1e-10, scale_ue8m0=ue8m0, output_q=q_given, output_s=s_given
+                )
+                assert q is q_given and s is s_given
+                _equal(residual, ref_res.cpu(), f"{what} residual")
+                _equal(x, ref_y.cpu(), f"{what} x")
+                _equal(q.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"{what} q")
+                _equal(_bits(s), _bits(ref_s), f"{what} scales")
+    # The outputs allocated in the op's layouts, and rows of a 3-D input.
+    for dtype in DTYPES:
+        for kwargs in ({}, {"column_major_scales": True}, {"packed_ue8m0": True}):
+            seed += 1
+            shape = (2, 3, 4096)
+            xs = _inputs(seed, world, shape, dtype)
+            residual0 = _inputs(seed + 100_000, 1, shape, dtype)[0].cuda()
+            weight = _inputs(seed + 200_000, 1, (4096,), dtype)[0].cuda()
+            ref_x = comm.all_reduce(xs[rank].cuda())
+            ref_res, ref_y = residual0.clone(), torch.empty_like(ref_x)
+            ref_q, ref_s = jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+                ref_x, ref_res, weight, 128, normed_out=ref_y, **kwargs
+            )
+            x, residual = xs[rank].cuda(), residual0.clone()
+            q, s = comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(x, residual, weight, **kwargs)
+            what = f"{dtype} {shape} allocated {kwargs}"
+            assert s.shape == ref_s.shape and s.stride() == ref_s.stride() and s.dtype == ref_s.dtype, what
+            _equal(residual, ref_res.cpu(), f"{what} residual")
+            _equal(x, ref_y.cpu(), f"{what} x")
+            _equal(q.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"{what} q")
+            _equal(_bits(s), _bits(ref_s), f"{what} scales")
+    # Captured in a CUDA graph, with TMA-padded column-major scales: replays read the current inputs.
+    rows, dim = 4, 7168
+    x = torch.zeros(rows, dim, dtype=torch.bfloat16, device="cuda")
+    residual = torch.zeros_like(x)
+    weight = _inputs(8, 1, (dim,), torch.bfloat16)[0].cuda()
+    q = torch.empty(rows, dim, dtype=torch.float8_e4m3fn, device="cuda")
+    s = _group_scales("col_tma", rows, dim // 128)
+    comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(x, residual, weight, output_q=q, output_s=s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with comm.capture(), torch.cuda.graph(graph):
+        comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(x, residual, weight, output_q=q, output_s=s)
+    for replay in range(3):
+        xs = _inputs(500 + replay, world, (rows, dim), torch.bfloat16)
+        res0 = _inputs(600 + replay, 1, (rows, dim), torch.bfloat16)[0]
+        x.copy_(xs[rank])
+        residual.copy_(res0)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_x, ref_res = _rank_order_sum(xs).cuda(), res0.cuda()
+        ref_y = torch.empty_like(ref_x)
+        ref_q, ref_s = jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+            ref_x, ref_res, weight, 128, output_s=_group_scales("col_tma", rows, dim // 128), normed_out=ref_y
+        )
+        _equal(residual, ref_res.cpu(), f"replay {replay} residual")
+        _equal(x, ref_y.cpu(), f"replay {replay} x")
+        _equal(q.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"replay {replay} q")
+        _equal(_bits(s), _bits(ref_s), f"replay {replay} scales")
+    comm.check()
+
+
 def _case_graph(comm, rank: int, world: int) -> None:
     import jit_kernel
 
@@ -251,6 +390,7 @@ CASES = {
     "sizes": _case_sizes,
     "fused": _case_fused,
     "fused_fp8": _case_fused_fp8,
+    "fused_group_fp8": _case_fused_group_fp8,
     "graph": _case_graph,
     "rank_exits": _case_rank_exits,
     "rank_stalls": _case_rank_stalls,
@@ -297,6 +437,12 @@ def test_fused_add_rmsnorm_quant_fp8_bit_for_bit(world: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
+def test_fused_add_rmsnorm_per_token_group_quant_fp8_bit_for_bit(world: int) -> None:
+    _run("fused_group_fp8", world, limit_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
 def test_cuda_graph_capture_and_replay(world: int) -> None:
     _run("graph", world)
 
@@ -330,6 +476,17 @@ def test_world_size_one() -> None:
             jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
             comm.all_reduce_fused_add_rmsnorm(x, residual, weight, 1e-6)
             assert torch.equal(x, ref_x) and torch.equal(residual, ref_res)
+            # The per-token-group form is the norm op, x its normed output.
+            ref_y = torch.empty_like(x)
+            ref_q, ref_s = jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+                x.clone(), ref_res, weight, 128, column_major_scales=True, normed_out=ref_y
+            )
+            q, s = comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+                x, residual, weight, column_major_scales=True
+            )
+            assert torch.equal(residual, ref_res) and torch.equal(x, ref_y)
+            assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+            assert s.stride() == ref_s.stride()
             comm.close()
         finally:
             dist.destroy_process_group()

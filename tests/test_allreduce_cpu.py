@@ -260,3 +260,221 @@ def test_cpu_tensors_on_gloo_run_torch_all_reduce(world: int) -> None:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-token-group fp8 form
+
+GROUP_OP = "custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8"
+
+
+def _group_call(comm: CustomAllReduce, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, **kw: object) -> None:
+    """The registered op on fake tensors: the plan, then the launcher's checks."""
+    residual = kw.pop("residual", torch.empty_like(x))
+    weight = kw.pop("weight", torch.empty(x.shape[-1], dtype=x.dtype, device="cuda"))
+    group_size, quant_eps, ue8m0 = kw.pop("group_size", 128), kw.pop("quant_eps", 1e-10), kw.pop("ue8m0", False)
+    assert not kw
+    torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+        x, residual, weight, q, s, group_size, 1e-6, quant_eps, ue8m0, comm.handle
+    )
+
+
+def test_group_form_fakes_take_every_scale_layout() -> None:
+    """Row-major, column-major (TMA-padded too) and packed UE8M0 scales, groups of 64 and 128,
+    rows of any leading shape: the launcher's checks pass on fakes of each."""
+    comm = _two_rank_stub()
+    try:
+        with fake_cuda():
+            for n, d, group in ((64, 4096, 128), (1, 7168, 128), (7, 4096, 64), (3, 4160, 64)):
+                x = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
+                q = torch.empty(n, d, dtype=torch.float8_e4m3fn, device="cuda")
+                g, padded = d // group, (n + 3) // 4 * 4
+                _group_call(comm, x, q, torch.empty(n, g, device="cuda"), group_size=group)
+                _group_call(comm, x, q, torch.empty(g, n, device="cuda").t(), group_size=group)
+                _group_call(comm, x, q, torch.empty(g, padded, device="cuda").t().narrow(0, 0, n), group_size=group)
+                _group_call(
+                    comm, x, q, torch.empty(g, padded, device="cuda").t().narrow(0, 0, n), group_size=group, ue8m0=True
+                )
+                words = torch.empty((g + 3) // 4, padded, dtype=torch.int32, device="cuda").t().narrow(0, 0, n)
+                _group_call(comm, x, q, words, group_size=group, ue8m0=True)
+            for dtype in (torch.float16, torch.float32):
+                x = torch.empty(5, 2048, dtype=dtype, device="cuda")
+                q = torch.empty(5, 2048, dtype=torch.float8_e4m3fn, device="cuda")
+                _group_call(comm, x, q, torch.empty(5, 16, device="cuda"))
+            x3 = torch.empty(2, 3, 4096, dtype=torch.bfloat16, device="cuda")
+            q3 = torch.empty(2, 3, 4096, dtype=torch.float8_e4m3fn, device="cuda")
+            _group_call(comm, x3, q3, torch.empty(32, 6, device="cuda").t().view(2, 3, 32))
+    finally:
+        comm.close()
+
+
+def test_group_form_bad_inputs_name_the_argument() -> None:
+    comm = _two_rank_stub()
+    try:
+        with fake_cuda():
+            x = torch.empty(8, 4096, dtype=torch.bfloat16, device="cuda")
+            q = torch.empty(8, 4096, dtype=torch.float8_e4m3fn, device="cuda")
+            s = torch.empty(8, 32, device="cuda")
+            with pytest.raises(ValueError, match="group_size must be 64 or 128, got 256"):
+                _group_call(comm, x, q, torch.empty(8, 16, device="cuda"), group_size=256)
+            x_odd = torch.empty(8, 4000, dtype=torch.bfloat16, device="cuda")  # whole vectors, not groups
+            with pytest.raises(ValueError, match=r"last dimension of x \(4000\) must be a multiple of group_size"):
+                _group_call(comm, x_odd, torch.empty(8, 4000, dtype=torch.float8_e4m3fn, device="cuda"), s)
+            with pytest.raises(TypeError, match="output_q"):
+                _group_call(comm, x, torch.empty(8, 4096, dtype=torch.float8_e5m2, device="cuda"), s)
+            with pytest.raises(ValueError, match="output_q"):
+                _group_call(
+                    comm, x, torch.empty_strided((8, 4096), (8192, 2), dtype=torch.float8_e4m3fn, device="cuda"), s
+                )
+            with pytest.raises(TypeError, match="output_s"):
+                _group_call(comm, x, q, torch.empty(8, 32, dtype=torch.float16, device="cuda"))
+            with pytest.raises(ValueError, match="output_s"):
+                _group_call(comm, x, q, torch.empty(8, 16, device="cuda"))
+            with pytest.raises(ValueError, match="output_s must be row-major"):
+                _group_call(comm, x, q, torch.empty_strided((8, 32), (64, 2), device="cuda"))
+            words = torch.empty(8, 8, dtype=torch.int32, device="cuda").t()
+            with pytest.raises(ValueError, match="needs scale_ue8m0=True"):
+                _group_call(comm, x, q, words)
+            with pytest.raises(ValueError, match=r"packed .* must be column-major"):
+                _group_call(comm, x, q, torch.empty(8, 8, dtype=torch.int32, device="cuda"), ue8m0=True)
+            with pytest.raises(ValueError, match="quant_eps"):
+                _group_call(comm, x, q, s, quant_eps=-1.0)
+            with pytest.raises(TypeError, match="residual"):
+                _group_call(comm, x, q, s, residual=torch.empty_like(x, dtype=torch.float16))
+            with pytest.raises(ValueError, match="weight"):
+                _group_call(comm, x, q, s, weight=torch.empty(2048, dtype=torch.bfloat16, device="cuda"))
+            x3 = torch.empty(2, 4, 4096, dtype=torch.bfloat16, device="cuda")
+            q3 = torch.empty(2, 4, 4096, dtype=torch.float8_e4m3fn, device="cuda")
+            with pytest.raises(ValueError, match=r"output_s must have shape \(2, 4, 32\)"):
+                _group_call(comm, x3, q3, torch.empty(8, 32, device="cuda"))
+    finally:
+        comm.close()
+
+
+def test_group_form_plans_one_launch_or_the_two_calls() -> None:
+    """One launch where the fused kernel takes the rows; otherwise all_reduce (the kernels', or
+    torch.distributed's where the communicator falls back), then the norm op, with x as its
+    normed output."""
+    from jit_kernel.ops import norm_quant
+
+    plan = ops.custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8.op.plan
+    comm = _two_rank_stub(max_bytes=8 << 20)
+    try:
+        with fake_cuda():
+            for dtype, d, fused in (
+                (torch.bfloat16, 4096, True),
+                (torch.float32, 8192, True),
+                (torch.float32, 16384, False),
+            ):
+                x = torch.empty(4, d, dtype=dtype, device="cuda")
+                q = torch.empty(4, d, dtype=torch.float8_e4m3fn, device="cuda")
+                s = torch.empty(4, d // 128, device="cuda")
+                launch = plan(
+                    x,
+                    torch.empty_like(x),
+                    torch.empty(d, dtype=dtype, device="cuda"),
+                    q,
+                    s,
+                    128,
+                    1e-6,
+                    1e-10,
+                    False,
+                    comm.handle,
+                )
+                if fused:
+                    assert type(launch) is tuple and launch[0] is ops._FUSED_GROUP and launch[1] == dtype
+                    continue
+                assert isinstance(launch, list) and len(launch) == 2
+                assert launch[0][0] is ops._ALL_REDUCE
+                assert launch[1][0] is norm_quant._GROUP_ADD_KERNELS
+                normed_out = launch[1][2][2]  # the launcher takes (output_q, output_s, normed_out, input, ...)
+                assert normed_out is x
+            comm.disabled_reason = "the group spans hosts (a, b)"
+            x = torch.empty(4, 4096, dtype=torch.bfloat16, device="cuda")
+            q = torch.empty(4, 4096, dtype=torch.float8_e4m3fn, device="cuda")
+            launch = plan(
+                x,
+                torch.empty_like(x),
+                torch.empty(4096, dtype=torch.bfloat16, device="cuda"),
+                q,
+                torch.empty(4, 32, device="cuda"),
+                128,
+                1e-6,
+                1e-10,
+                False,
+                comm.handle,
+            )
+            assert isinstance(launch, list) and launch[0][0] is ops._TORCH
+    finally:
+        comm.close()
+
+
+def test_group_outputs_take_the_norm_ops_layouts() -> None:
+    x = torch.empty(6, 1024, dtype=torch.bfloat16)
+    q, s = ops.group_outputs(x, 128, False, False, None, None)
+    assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn
+    assert s.shape == (6, 8) and s.dtype == torch.float32 and s.stride() == (8, 1)
+    _, s = ops.group_outputs(x, 128, True, False, None, None)
+    assert s.shape == (6, 8) and s.stride() == (1, 6)
+    _, s = ops.group_outputs(x, 64, False, True, None, None)  # 16 groups: 4 words, tokens padded to 8
+    assert s.shape == (6, 4) and s.dtype == torch.int32 and s.stride() == (1, 8)
+    _, s = ops.group_outputs(torch.empty(2, 3, 1024, dtype=torch.bfloat16), 128, True, False, None, None)
+    assert s.shape == (2, 3, 8) and s.view(6, 8).stride() == (1, 6)
+    given = torch.empty(6, 8)
+    assert ops.group_outputs(x, 128, True, False, None, given)[1] is given
+    with pytest.raises(ValueError, match=r"last dimension of x \(1000\)"):
+        ops.group_outputs(torch.empty(6, 1000), 128, False, False, None, None)
+    with pytest.raises(TypeError, match="group_size must be an int"):
+        ops.group_outputs(x, "128", False, False, None, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+        ops.group_outputs([1.0], 128, False, False, None, None)  # type: ignore[arg-type]
+
+
+def test_group_form_at_world_size_one_is_the_norm_op(single_rank_group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """World size 1 calls jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8 with x as its
+    normed output (x left normalised, as the fused form leaves it), the outputs already allocated."""
+    from jit_kernel.ops import norm_quant
+
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+    def record(*args: object, **kwargs: object) -> tuple[object, object]:
+        calls.append((args, kwargs))
+        return kwargs["output_q"], kwargs["output_s"]
+
+    monkeypatch.setattr(norm_quant, "fused_add_rmsnorm_per_token_group_quant_fp8", record)
+    comm = CustomAllReduce(dist.group.WORLD)
+    x, residual, weight = torch.zeros(3, 512), torch.zeros(3, 512), torch.ones(512)
+    q, s = comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+        x, residual, weight, 128, 1e-5, 1e-8, column_major_scales=True, packed_ue8m0=False
+    )
+    ((args, kwargs),) = calls
+    assert args[:6] == (x, residual, weight, 128, 1e-5, 1e-8)
+    assert kwargs["normed_out"] is x and kwargs["scale_ue8m0"] is False
+    assert kwargs["output_q"] is q and kwargs["output_s"] is s and s.stride() == (1, 3)
+    calls.clear()
+    comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(x, residual, weight, packed_ue8m0=True)
+    assert calls[0][1]["scale_ue8m0"] is True and calls[0][1]["output_s"].dtype == torch.int32
+    comm.close()
+
+
+def test_group_form_under_torch_compile() -> None:
+    comm = _two_rank_stub()
+    try:
+        with fake_cuda():
+            x = torch.empty(8, 4096, dtype=torch.bfloat16, device="cuda")
+            residual, weight = torch.empty_like(x), torch.empty(4096, dtype=torch.bfloat16, device="cuda")
+
+            def step(t: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(t, r, w, column_major_scales=True)
+
+            from torch._dynamo.testing import EagerAndRecordGraphs
+
+            backend = EagerAndRecordGraphs()
+            torch._dynamo.reset()
+            q, s = torch.compile(step, backend=backend, fullgraph=True)(x, residual, weight)
+            assert GROUP_OP in backend.graphs[0].code
+            assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn
+            assert s.shape == (8, 32) and s.dtype == torch.float32 and s.stride() == (1, 8)
+    finally:
+        torch._dynamo.reset()
+        comm.close()

@@ -1,10 +1,14 @@
 // custom_all_reduce: an all-reduce over the GPUs of one host through buffers every rank maps by
 // CUDA IPC (python/jit_kernel/distributed.py allocates and shares them), and the same all-reduce
-// fused with the residual add and RMSNorm (and a static fp8 quantisation of its output).
+// fused with the residual add and RMSNorm (and an fp8 quantisation of its output: a static
+// per-tensor scale, or dynamic scales per group of 64 or 128 elements of a token).
 //
 //   all_reduce                  (out, x, peers, rank, algo, error, timeout_ns, half_bytes)
 //   fused_add_rmsnorm           (x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes)
 //   fused_add_rmsnorm_quant_fp8 (q, x, residual, weight, scale, eps, peers, rank, kper, error, ...)
+//   fused_add_rmsnorm_per_token_group_quant_fp8
+//                               (q, s, x, residual, weight, group_size, eps, quant_eps, scale_ue8m0,
+//                                peers, rank, kper, error, ...)
 //   ipc_alloc, ipc_free, ipc_handle, ipc_open, ipc_close, signal_bytes: the regions (host only)
 //
 // Every rank owns two regions that the others map:
@@ -43,6 +47,7 @@
 #pragma once
 
 #include "../norm/common.cuh"
+#include "../norm/norm_quant.cuh"
 #include "../quant/per_tensor_fp8.cuh"
 
 #include <sgl_kernel/cta.cuh>
@@ -270,9 +275,17 @@ __global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Peers p, T* 
   end(p, s);
 }
 
+// What the fused kernel makes of the normalised rows, besides storing them to x.
+enum class Quant : int {
+  kNone,    // nothing
+  kStatic,  // q = fp8 e4m3 with a static per-tensor scale
+  kGroup,   // q and s: dynamic fp8 e4m3 per group of a row
+};
+
 // What becomes of each normalised vector y of the fused kernel (normalize_row's epilogue, see
-// StoreRow in csrc/norm/common.cuh): stored to x, and with kQuant also quantised to fp8 e4m3 with a
-// static per-tensor scale by per_tensor_quant_fp8's own expression (quant::quantise_vec) into q.
+// StoreRow in csrc/norm/common.cuh) for kNone and kStatic: stored to x, and with kQuant also
+// quantised to fp8 e4m3 with a static per-tensor scale by per_tensor_quant_fp8's own expression
+// (quant::quantise_vec) into q. kGroup takes norm_quant.cuh's own epilogue policy instead.
 template <bool kQuant>
 struct FusedEpilogue {
   static constexpr bool kWeightPlusOne = false;
@@ -290,18 +303,15 @@ struct FusedEpilogue {
 // meets the peers once, then each row's sum goes to x and normalize_row (csrc/norm/common.cuh)
 // runs on it with the lanes, block size and kPer of the bounded row kernel that
 // fused_add_rmsnorm launches for these rows, so the row's reduction and rounding are the same.
-// kQuant: q (fp8 e4m3, [rows, dim]) = fp8(clamp(x / *scale)) as well.
-template <typename T, int kPer, bool kQuant>
+// Quant::kStatic: q (fp8 e4m3, [rows, dim]) = fp8(clamp(x / *a.scale)) as well.
+// Quant::kGroup: q and the scales a.s as fused_add_rmsnorm_per_token_group_quant_fp8 makes them,
+// by its own epilogue policy (norm::Policy<Epi::kGroup>, csrc/norm/norm_quant.cuh) on the same
+// normalised vectors: it needs slot k of a lane to be vector lane + k * blockDim.x with blockDim.x
+// a multiple of 32 (a group is adjacent lanes of one warp) and every lane of the block to reach
+// finish(), which a whole block's row loop gives.
+template <typename T, int kPer, Quant kQuant>
 __global__ void __launch_bounds__(kThreads) fused_add_rmsnorm_kernel(
-    const Peers p,
-    T* x,
-    T* residual,
-    const T* weight,
-    int64_t rows,
-    int64_t dim,
-    float eps,
-    uint8_t* q,
-    const float* scale) {
+    const Peers p, T* x, T* residual, const T* weight, int64_t rows, int64_t dim, float eps, const norm::EpiArgs a) {
   constexpr int kN = static_cast<int>(norm::kVecElems<T>);
   __shared__ BlockState s;
   __shared__ float smem[32];
@@ -322,19 +332,31 @@ __global__ void __launch_bounds__(kThreads) fused_add_rmsnorm_kernel(
         // The same thread reads these vectors back in normalize_row: no barrier needed.
         if (v < nvec) sum_ranks<T, kN>(p, offset + row * nvec * 16, v).store(x_row, v);
       }
-      norm::normalize_row<T, kPer, norm::RowOptions{.fused = true, .early_weight = true}>(
-          x_row,
-          x_row,
-          residual + row * dim,
-          weight,
-          threadIdx.x,
-          blockDim.x,
-          nvec,
-          false,
-          1.f / static_cast<float>(dim),
-          eps,
-          reduce,
-          FusedEpilogue<kQuant>{kQuant ? q + row * dim : nullptr, kQuant ? quant::inverse(*scale) : 0.f});
+      constexpr auto kOptions = norm::RowOptions{.fused = true, .early_weight = true};
+      const auto normalize = [&](auto&& epilogue) {
+        norm::normalize_row<T, kPer, kOptions>(
+            x_row,
+            x_row,
+            residual + row * dim,
+            weight,
+            threadIdx.x,
+            blockDim.x,
+            nvec,
+            false,
+            1.f / static_cast<float>(dim),
+            eps,
+            reduce,
+            epilogue);
+      };
+      if constexpr (kQuant == Quant::kGroup) {
+        norm::Policy<norm::Epi::kGroup, T, kPer> epilogue(a, row, dim, threadIdx.x);
+        normalize(epilogue);
+        epilogue.finish([](float m) { return m; });  // the group kind takes no row maximum
+      } else {
+        constexpr bool kStatic = kQuant == Quant::kStatic;
+        normalize(
+            FusedEpilogue<kStatic>{kStatic ? a.q + row * dim : nullptr, kStatic ? quant::inverse(*a.scale) : 0.f});
+      }
       __syncthreads();  // smem is reused by the next row
     }
   }
@@ -444,7 +466,10 @@ struct CustomAllReduce {
       int64_t error,
       int64_t timeout_ns,
       int64_t half_bytes) {
-    run_fused(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, nullptr, nullptr);
+    const auto no_outputs = [](host::SymbolicSize&, host::SymbolicSize&, host::SymbolicDevice&) {
+      return norm::EpiArgs{};
+    };
+    run_fused<Quant::kNone>(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, no_outputs);
   }
 
   // fused_add_rmsnorm, and q = fp8 e4m3 of the normalised rows with the static scale `scale` (a
@@ -462,10 +487,57 @@ struct CustomAllReduce {
       int64_t error,
       int64_t timeout_ns,
       int64_t half_bytes) {
-    run_fused(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, &q, &scale);
+    const auto outputs = [&](host::SymbolicSize& N, host::SymbolicSize& D, host::SymbolicDevice& device) {
+      using namespace host;
+      TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(q, "out");
+      TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<float>().verify(scale, "scale");
+      norm::EpiArgs a{};
+      a.q = static_cast<uint8_t*>(q.data_ptr());
+      a.scale = static_cast<const float*>(scale.data_ptr());
+      return a;
+    };
+    run_fused<Quant::kStatic>(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, outputs);
+  }
+
+  // fused_add_rmsnorm, and the normalised rows quantised as fused_add_rmsnorm_per_token_group_quant_fp8
+  // quantises them (csrc/norm/norm_quant.cuh, the same device code): output_q [N, D]
+  // float8_e4m3fn (contiguous) and output_s of every layout that op takes (float32 [N, D /
+  // group_size] row- or column-major, TMA-padded too, or int32 packed UE8M0 exponents with
+  // scale_ue8m0), group_size 64 or 128, quant_eps the scale's floor. x is left normalised.
+  static void fused_add_rmsnorm_per_token_group_quant_fp8(
+      tvm::ffi::TensorView output_q,
+      tvm::ffi::TensorView output_s,
+      tvm::ffi::TensorView x,
+      tvm::ffi::TensorView residual,
+      tvm::ffi::TensorView weight,
+      int64_t group_size,
+      double eps,
+      double quant_eps,
+      bool scale_ue8m0,
+      tvm::ffi::TensorView peers,
+      int64_t rank,
+      int64_t kper,
+      int64_t error,
+      int64_t timeout_ns,
+      int64_t half_bytes) {
+    const auto outputs = [&](host::SymbolicSize& N, host::SymbolicSize& D, host::SymbolicDevice& device) {
+      using namespace host;
+      constexpr const char* kOp = "custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8";
+      TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
+      norm::EpiArgs a{};
+      norm::group_scale_args<T>(kOp, "x", output_s, N, device, D.unwrap(), group_size, quant_eps, scale_ue8m0, a);
+      a.q = static_cast<uint8_t*>(output_q.data_ptr());
+      a.q_aligned = reinterpret_cast<uintptr_t>(a.q) % norm::kVecElems<T> == 0;
+      a.normed_aligned = true;  // x, 16-byte aligned (checked before the launch)
+      return a;
+    };
+    run_fused<Quant::kGroup>(x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes, outputs);
   }
 
  private:
+  // The fused forms' common checks and launch. `outputs(N, D, device)` checks the outputs of the
+  // form once x, residual and weight have bound N, D and the device, and returns their EpiArgs.
+  template <Quant kQuant, typename Outputs>
   static void run_fused(
       tvm::ffi::TensorView x,
       tvm::ffi::TensorView residual,
@@ -477,18 +549,14 @@ struct CustomAllReduce {
       int64_t error,
       int64_t timeout_ns,
       int64_t half_bytes,
-      const tvm::ffi::TensorView* q,
-      const tvm::ffi::TensorView* scale) {
+      const Outputs& outputs) {
     using namespace host;
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
     auto device = SymbolicDevice{};
     TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(x, "x").verify(residual, "residual");
     TensorMatcher({D}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
-    if (q != nullptr) {
-      TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(*q, "out");
-      TensorMatcher({1}).with_device<kDLCUDA>(device).with_dtype<float>().verify(*scale, "scale");
-    }
+    const norm::EpiArgs a = outputs(N, D, device);
     norm::check_eps_and_dim(eps, D.unwrap(), "x");
     const Peers p = make_peers(peers, rank, error, timeout_ns, half_bytes);
     constexpr int64_t kN = norm::kVecElems<T>;
@@ -503,9 +571,8 @@ struct CustomAllReduce {
     for (const void* ptr : {x.data_ptr(), residual.data_ptr(), weight.data_ptr()}) {
       RuntimeCheck(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "custom_all_reduce: tensors must be 16-byte aligned");
     }
-    if (q != nullptr) {
-      RuntimeCheck(
-          reinterpret_cast<uintptr_t>(q->data_ptr()) % 16 == 0, "custom_all_reduce: out must be 16-byte aligned");
+    if constexpr (kQuant == Quant::kStatic) {
+      RuntimeCheck(reinterpret_cast<uintptr_t>(a.q) % 16 == 0, "custom_all_reduce: out must be 16-byte aligned");
     }
     const DLDevice dev = device.unwrap();
     // The block size of the bounded row kernel (csrc/norm/common.cuh, launch_bounded).
@@ -515,14 +582,8 @@ struct CustomAllReduce {
     auto* rp = static_cast<T*>(residual.data_ptr());
     const auto* wp = static_cast<const T*>(weight.data_ptr());
     const auto e = static_cast<float>(eps);
-    auto* qp = q != nullptr ? static_cast<uint8_t*>(q->data_ptr()) : nullptr;
-    const auto* sp = scale != nullptr ? static_cast<const float*>(scale->data_ptr()) : nullptr;
     const auto launch = [&]<int kPer>() {
-      if (qp != nullptr) {
-        LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, kPer, true>, p, xp, rp, wp, rows, dim, e, qp, sp);
-      } else {
-        LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, kPer, false>, p, xp, rp, wp, rows, dim, e, qp, sp);
-      }
+      LaunchKernel(grid, threads, dev)(fused_add_rmsnorm_kernel<T, kPer, kQuant>, p, xp, rp, wp, rows, dim, e, a);
     };
     if (kper == 1) {
       launch.template operator()<1>();

@@ -456,6 +456,70 @@ struct RMSNormPerTokenQuantFp8 {
   }
 };
 
+// The group kind's rules for group_size, quant_eps and output_s (float32 [N, groups] row- or
+// column-major, or int32 [N, ceil(groups / 4)] column-major for the packed UE8M0 exponents, which
+// need scale_ue8m0), checked once N (the rows) is bound, and the EpiArgs they give (all but q and
+// the normed output's). `op` names the call and `input` the tensor whose last dimension `dim` the
+// groups split, in the messages. RMSNormPerTokenGroupQuantFp8 and the all-reduce's fused group form
+// (csrc/allreduce/allreduce.cuh) both take their scales through it.
+template <typename T>
+void group_scale_args(
+    const char* op,
+    const char* input,
+    tvm::ffi::TensorView output_s,
+    host::SymbolicSize& N,
+    host::SymbolicDevice& device,
+    int64_t dim,
+    int64_t group_size,
+    double quant_eps,
+    bool scale_ue8m0,
+    EpiArgs& a) {
+  using namespace host;
+  auto G = SymbolicSize{"num_groups"};
+  auto S0 = SymbolicSize{"scale_stride_0"};
+  auto S1 = SymbolicSize{"scale_stride_1"};
+  RuntimeCheck(group_size == 64 || group_size == 128, op, ": group_size must be 64 or 128, got ", group_size);
+  RuntimeCheck(
+      dim % group_size == 0,
+      op,
+      ": the last dimension of ",
+      input,
+      " (",
+      dim,
+      ") must be a multiple of group_size (",
+      group_size,
+      ")");
+  RuntimeCheck(std::isfinite(quant_eps) && quant_eps >= 0, op, ": quant_eps must be finite and >= 0, got ", quant_eps);
+  const int64_t groups = dim / group_size;
+  const bool packed = output_s.dtype().code == kDLInt;
+  G.set_value(packed ? (groups + 3) / 4 : groups);
+  TensorMatcher({N, G}).with_strides({S0, S1}).with_device<kDLCUDA>(device).with_dtype<fp32_t, int32_t>().verify(
+      output_s, "output_s");
+  const token_quant::ScaleStrides strides{N.unwrap(), G.unwrap(), S0.unwrap(), S1.unwrap()};
+  if (packed) {
+    RuntimeCheck(scale_ue8m0, op, ": an int32 output_s holds packed UE8M0 exponents, which needs scale_ue8m0=True");
+    RuntimeCheck(
+        strides.col_major(),
+        op,
+        ": a packed (int32) output_s must be column-major (strides (1, >= num_tokens)), got strides (",
+        strides.s0,
+        ", ",
+        strides.s1,
+        ")");
+  } else {
+    token_quant::check_scale_strides(op, strides);
+  }
+  a.s = static_cast<float*>(output_s.data_ptr());
+  a.s_row = strides.s0;
+  a.s_col = strides.s1;
+  a.quant_eps = static_cast<float>(quant_eps);
+  a.group_size = static_cast<int32_t>(group_size);
+  a.group_vecs = static_cast<int32_t>(group_size / kVecElems<T>);
+  a.groups = static_cast<int32_t>(groups);
+  a.ue8m0 = scale_ue8m0;
+  a.packed = packed;
+}
+
 // rmsnorm_per_token_group_quant_fp8 / fused_add_rmsnorm_per_token_group_quant_fp8.
 template <int64_t kHidden, typename T>
 struct RMSNormPerTokenGroupQuantFp8 {
@@ -524,54 +588,13 @@ struct RMSNormPerTokenGroupQuantFp8 {
         residual.has_value() ? "fused_add_rmsnorm_per_token_group_quant_fp8" : "rmsnorm_per_token_group_quant_fp8";
     auto N = SymbolicSize{"num_tokens"};
     auto D = SymbolicSize{"hidden_size"};
-    auto G = SymbolicSize{"num_groups"};
-    auto S0 = SymbolicSize{"scale_stride_0"};
-    auto S1 = SymbolicSize{"scale_stride_1"};
     auto device = SymbolicDevice{};
     NormRows<T> r(input, residual, normed_out, "normed_out", weight, eps, N, D, device);
     TensorMatcher({N, D}).with_device<kDLCUDA>(device).with_dtype<fp8_e4m3_t>().verify(output_q, "output_q");
-    RuntimeCheck(group_size == 64 || group_size == 128, op, ": group_size must be 64 or 128, got ", group_size);
-    RuntimeCheck(
-        r.dim % group_size == 0,
-        op,
-        ": the last dimension of input (",
-        r.dim,
-        ") must be a multiple of group_size (",
-        group_size,
-        ")");
-    RuntimeCheck(
-        std::isfinite(quant_eps) && quant_eps >= 0, op, ": quant_eps must be finite and >= 0, got ", quant_eps);
-    const int64_t groups = r.dim / group_size;
-    const bool packed = output_s.dtype().code == kDLInt;
-    G.set_value(packed ? (groups + 3) / 4 : groups);
-    TensorMatcher({N, G}).with_strides({S0, S1}).with_device<kDLCUDA>(device).with_dtype<fp32_t, int32_t>().verify(
-        output_s, "output_s");
-    const token_quant::ScaleStrides strides{r.rows, G.unwrap(), S0.unwrap(), S1.unwrap()};
-    if (packed) {
-      RuntimeCheck(scale_ue8m0, op, ": an int32 output_s holds packed UE8M0 exponents, which needs scale_ue8m0=True");
-      RuntimeCheck(
-          strides.col_major(),
-          op,
-          ": a packed (int32) output_s must be column-major (strides (1, >= num_tokens)), got strides (",
-          strides.s0,
-          ", ",
-          strides.s1,
-          ")");
-    } else {
-      token_quant::check_scale_strides(op, strides);
-    }
+    EpiArgs a{};
+    group_scale_args<T>(op, "input", output_s, N, device, r.dim, group_size, quant_eps, scale_ue8m0, a);
     check_rows(op, r.rows);
     if (r.rows == 0 || has_no_data(output_q)) return;
-    EpiArgs a{};
-    a.s = static_cast<float*>(output_s.data_ptr());
-    a.s_row = strides.s0;
-    a.s_col = strides.s1;
-    a.quant_eps = static_cast<float>(quant_eps);
-    a.group_size = static_cast<int32_t>(group_size);
-    a.group_vecs = static_cast<int32_t>(group_size / kVecElems<T>);
-    a.groups = static_cast<int32_t>(groups);
-    a.ue8m0 = scale_ue8m0;
-    a.packed = packed;
     r.finish(a, output_q);
     launch_fused_or_not<Epi::kGroup, T, kHidden>(r.p, a, device.unwrap(), enable_pdl);
   }

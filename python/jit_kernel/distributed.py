@@ -14,7 +14,8 @@ device, more than :data:`~jit_kernel.ops.allreduce.MAX_RANKS` ranks) every call 
 fp16 or fp32, more than ``max_bytes``) goes there too. Each reason is logged once, on the
 ``jit_kernel.distributed`` logger. These decisions read only what every rank shares, so all ranks
 take the same path. World size 1: ``all_reduce(x)`` returns ``x`` itself (``out``, when given,
-receives a copy), and the fused form is ``jit_kernel.fused_add_rmsnorm``.
+receives a copy), and the fused forms are the norm ops they equal (``jit_kernel.fused_add_rmsnorm``
+and its fp8 forms).
 
 Failure of a peer: every wait on a flag gives up after ``timeout_s`` of GPU time, records the
 ranks that did not arrive in a word of pinned host memory and lets the call finish (its output is
@@ -324,6 +325,67 @@ class CustomAllReduce:
         if debug:
             self.check()
         return result
+
+    def all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        group_size: int = 128,
+        eps: float = 1e-6,
+        quant_eps: float = 1e-10,
+        column_major_scales: bool = False,
+        scale_ue8m0: bool = False,
+        output_q: torch.Tensor | None = None,
+        output_s: torch.Tensor | None = None,
+        *,
+        packed_ue8m0: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`all_reduce_fused_add_rmsnorm` (``residual += all_reduce(x)``, ``x`` left
+        normalised), and the normalised rows quantised to float8_e4m3fn with one dynamic scale per
+        group of ``group_size`` (64 or 128) elements of a token, ``s = max(absmax, quant_eps) / 448``
+        (rounded up to a power of two with ``scale_ue8m0``), ``q = fp8(x * (1 / s))``, in one
+        launch: bit for bit :meth:`all_reduce` (``out=x``) then
+        ``jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(x, residual, weight, group_size,
+        eps, quant_eps, column_major_scales, scale_ue8m0, output_q, output_s,
+        packed_ue8m0=packed_ue8m0, normed_out=x)``, whose quantisation code the kernel runs.
+
+        Returns ``(output_q, output_s)``, allocated where None in that op's layouts: float32 scales
+        ``[..., D // group_size]`` row-major, or (``column_major_scales``) the transpose of a
+        ``[groups, tokens]`` buffer, or (``packed_ue8m0=True``) int32 packed UE8M0 exponents
+        (DeepGEMM's sm_100 layout). A given ``output_s`` may have any row- or column-major strides
+        (TMA-padded too); its strides and dtype decide the layout, as for that op. Rows the
+        one-launch kernel does not take (not whole 16-byte vectors, more than 2048 of them, not
+        contiguous) and fallback cases run as those two calls."""
+        if output_q is None or output_s is None:
+            output_q, output_s = _ops.group_outputs(
+                x, group_size, column_major_scales, packed_ue8m0, output_q, output_s
+            )
+        ue8m0 = scale_ue8m0 or packed_ue8m0
+        if self.world_size == 1:
+            from jit_kernel.ops import norm_quant
+
+            return norm_quant.fused_add_rmsnorm_per_token_group_quant_fp8(
+                x,
+                residual,
+                weight,
+                group_size,
+                eps,
+                quant_eps,
+                scale_ue8m0=ue8m0,
+                output_q=output_q,
+                output_s=output_s,
+                normed_out=x,
+            )
+        debug = self.debug and not self._capturing and not torch.compiler.is_compiling()
+        if debug:
+            self._debug_checks(x, residual, weight)
+        _ops.custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+            x, residual, weight, output_q, output_s, group_size, eps, quant_eps, ue8m0, self.handle
+        )
+        if debug:
+            self.check()
+        return output_q, output_s
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:

@@ -463,6 +463,9 @@ CUSTOM_ALL_REDUCE = KernelSpec(
         "all_reduce": "jit_kernel::allreduce::CustomAllReduce<{args}>::all_reduce",
         "fused_add_rmsnorm": "jit_kernel::allreduce::CustomAllReduce<{args}>::fused_add_rmsnorm",
         "fused_add_rmsnorm_quant_fp8": "jit_kernel::allreduce::CustomAllReduce<{args}>::fused_add_rmsnorm_quant_fp8",
+        "fused_add_rmsnorm_per_token_group_quant_fp8": (
+            "jit_kernel::allreduce::CustomAllReduce<{args}>::fused_add_rmsnorm_per_token_group_quant_fp8"
+        ),
         "ipc_alloc": "jit_kernel::allreduce::ipc_alloc",
         "ipc_free": "jit_kernel::allreduce::ipc_free",
         "ipc_handle": "jit_kernel::allreduce::ipc_handle",

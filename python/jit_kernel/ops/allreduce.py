@@ -3,7 +3,9 @@
 ``torch.ops.jit_kernel.custom_all_reduce(x, handle)`` (and ``custom_all_reduce_out``),
 ``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm(x, residual, weight, eps, handle)`` and
 ``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, eps,
-handle)`` (and its ``_out``).
+handle)`` (and its ``_out``) and
+``torch.ops.jit_kernel.custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(x, residual,
+weight, output_q, output_s, group_size, eps, quant_eps, scale_ue8m0, handle)``.
 A communicator owns buffers, IPC mappings and a process group, none of which a ``torch.library``
 schema can carry, so the ops take ``handle``: the int a communicator registers itself under in this
 process (:data:`COMMUNICATORS`). A compiled graph keeps the collective as one node with that int
@@ -25,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import CUSTOM_ALL_REDUCE
-from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor, rows, rows_like
 
 _DISPATCH = Dispatcher(CUSTOM_ALL_REDUCE)
 _ALL_REDUCE = KernelTable(_DISPATCH, "all_reduce", lambda dtype: (float_dtype("custom_all_reduce", "x", dtype),))
@@ -36,6 +38,10 @@ _FUSED_QUANT = KernelTable(
     _DISPATCH,
     "fused_add_rmsnorm_quant_fp8",
     lambda dtype: (float_dtype("custom_all_reduce_fused_add_rmsnorm_quant_fp8", "x", dtype),),
+)
+_GROUP = "custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8"
+_FUSED_GROUP = KernelTable(
+    _DISPATCH, "fused_add_rmsnorm_per_token_group_quant_fp8", lambda dtype: (float_dtype(_GROUP, "x", dtype),)
 )
 
 logger = logging.getLogger("jit_kernel.distributed")
@@ -218,3 +224,90 @@ def custom_all_reduce_fused_add_rmsnorm_quant_fp8(
     comm.before_call()
     args = (_as_rows(out), _as_rows(x), _as_rows(residual), weight, scale, eps, comm.peers, comm.rank, kper)
     return _FUSED_QUANT, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), out
+
+
+def group_outputs(
+    x: torch.Tensor,
+    group_size: int,
+    column_major_scales: bool,
+    packed_ue8m0: bool,
+    output_q: torch.Tensor | None,
+    output_s: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs of the per-token-group form where they are None, in the layouts of
+    ``jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8`` (which allocates them the same way):
+    q ``float8_e4m3fn`` of ``x``'s shape; scales float32 ``[..., D // group_size]`` row-major, or
+    (``column_major_scales``) the transpose of a ``[groups, tokens]`` buffer, or (``packed_ue8m0``)
+    int32 ``[..., ceil(groups / 4)]`` over a ``[words, tokens padded to 4]`` buffer. Python sizes
+    them, so it checks what sizing needs (``x`` a tensor, ``group_size`` an int dividing D); C++
+    checks the rest (group_size 64 or 128, the dtypes and layouts)."""
+    from jit_kernel.ops.norm_quant import _group_outputs
+
+    _groups(x, group_size)
+    return _group_outputs(_GROUP, x, group_size, column_major_scales, packed_ue8m0, output_q, output_s)
+
+
+def _groups(x: object, group_size: object) -> int:
+    """Groups per row of ``x`` (sizing the outputs and the rows of ``output_s``)."""
+    if not isinstance(x, torch.Tensor):
+        not_a_tensor(_GROUP, "x", x)
+    if x.dim() == 0:
+        raise ValueError(f"{_GROUP}: x must have at least one dimension")
+    if type(group_size) is not int:
+        raise TypeError(f"{_GROUP}: group_size must be an int, got {type(group_size).__name__}")
+    width = x.shape[-1]
+    if group_size <= 0 or width % group_size:
+        raise ValueError(f"{_GROUP}: the last dimension of x ({width}) must be a multiple of group_size ({group_size})")
+    return width // group_size
+
+
+@kernel_op(_GROUP, mutates=("x", "residual", "output_q", "output_s"))
+def custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    quant_eps: float,
+    scale_ue8m0: bool,
+    handle: int,
+) -> Launch | list[Launch]:
+    """In place, in one launch: ``residual = residual + all_reduce(x)``, ``x = rmsnorm(residual) *
+    weight``, and ``x`` quantised per group of ``group_size`` (64 or 128) elements of a token into
+    ``output_q`` (float8_e4m3fn, ``x``'s shape) and ``output_s`` (float32 ``[..., groups]`` row- or
+    column-major, or int32 packed UE8M0 exponents with ``scale_ue8m0``), ``s = max(absmax, quant_eps)
+    / 448`` (a power of two with ``scale_ue8m0``), ``q = fp8(x * (1 / s))``: bit for bit
+    ``all_reduce(x, out=x)`` then ``jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(x,
+    residual, weight, group_size, eps, quant_eps, scale_ue8m0=scale_ue8m0, output_q=output_q,
+    output_s=output_s, normed_out=x)``, whose quantisation code the kernel runs. Rows the one-launch
+    kernel does not take (see :func:`fused_vectors_per_thread`), inputs over the buffer and fallback
+    cases run as those two calls."""
+    from jit_kernel.ops.norm_quant import _fused_add_rmsnorm_group
+
+    comm = communicator(_GROUP, handle)
+    kper = _one_launch_kper(comm, x, residual, weight)
+    if kper == 0:
+        reduced = custom_all_reduce.op.plan(x, handle, x)
+        args = (x, residual, weight, output_q, output_s, group_size, eps, quant_eps, scale_ue8m0, x, None)
+        return [reduced, _fused_add_rmsnorm_group.op.plan(*args)]
+    comm.before_call()
+    if x.dim() == 2:  # the rows the kernel takes as they are; C++ matches the outputs against them
+        q_rows, s_rows = output_q, output_s
+    else:
+        groups = _groups(x, group_size)
+        q_rows = rows_like(_GROUP, "output_q", output_q, x)
+        width = (groups + 3) // 4 if output_s.dtype == torch.int32 else groups
+        if output_s.shape != (*x.shape[:-1], width):
+            raise ValueError(
+                f"{_GROUP}: output_s must have shape {(*x.shape[:-1], width)}, got {tuple(output_s.shape)}"
+            )
+        s_rows = rows(_GROUP, "output_s", output_s)
+    args = (q_rows, s_rows, _as_rows(x), _as_rows(residual), weight, group_size, eps, quant_eps, scale_ue8m0)
+    return (
+        _FUSED_GROUP,
+        x.dtype,
+        (*args, comm.peers, comm.rank, kper, comm.error_address, comm.timeout_ns, comm.max_bytes),
+        None,
+    )
