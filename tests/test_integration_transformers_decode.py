@@ -615,3 +615,21 @@ def test_gpu_jit_kernel_linear_equals_f_linear(rows: int) -> None:
     b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
     expected = F.linear(x.double(), w.double(), b.double())
     torch.testing.assert_close(backend.linear(x, w, b).double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_bench_model_attention_variants_build_with_their_choice_on_cpu() -> None:
+    from jit_kernel.benchmark import bench_model
+
+    assert set(bench_model.ATTENTION_VARIANTS) == set(CHOICES)
+    args = bench_model.parse_args(["--attention"])
+    assert args.attention and not bench_model.parse_args([]).attention
+    shape = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    config = bench_model.model_config("llama", 2, head_dim=64, **shape)
+    variants = ["unpatched", "jit_kernel", *bench_model.ATTENTION_VARIANTS.values()]
+    models, fp32, missing = bench_model.build_models(config, "cpu", variants)
+    assert not missing and list(models) == variants
+    for choice, variant in bench_model.ATTENTION_VARIANTS.items():
+        plan = models[variant].model.layers[0].self_attn.__dict__[jt._PLAN]
+        assert plan.backend.one_token_attention == choice
+    rows = bench_model.correctness(models, fp32, "cpu")
+    assert all(float(row[1]) > 0.999 for row in rows)

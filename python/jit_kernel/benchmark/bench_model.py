@@ -10,6 +10,8 @@ compiled rows are the ones that compare kernels.
     python -m jit_kernel.benchmark.bench_model                       # the three models, 4 layers
     python -m jit_kernel.benchmark.bench_model --quick               # 1 layer, batch 1: a smoke test
     python -m jit_kernel.benchmark.bench_model --json-dir bench-json # + JSON results (report.py)
+    python -m jit_kernel.benchmark.bench_model --attention           # + jit_kernel with each other
+                                                                     #   one-token attention choice
 
 Models: Llama-3-8B-, Qwen3-8B- and Qwen3-30B-A3B-shaped configs written here (no download),
 ``--layers`` decoder layers (default 4), bf16, random weights, sdpa attention; and Qwen3-8B-FP8, the
@@ -62,6 +64,16 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "jit_kernel_unmerged": {"backend": "jit_kernel", "mlp": False, "qkv": False},
     # fp8 models: each norm before fp8 linear layers as our two launches (the norm, then the group quant)
     "jit_kernel_two_launch": {"backend": "jit_kernel_two_launch"},
+    # --attention: jit_kernel with each one-token attention choice other than the default
+    "jit_kernel_decode_attention": {"backend": "jit_kernel", "one_token_attention": "decode_attention"},
+    "jit_kernel_sdpa_gqa": {"backend": "jit_kernel", "one_token_attention": "sdpa_gqa"},
+    "jit_kernel_packed": {"backend": "jit_kernel", "one_token_attention": "packed"},
+}
+# The --attention variants, by choice.
+ATTENTION_VARIANTS = {
+    "decode_attention": "jit_kernel_decode_attention",
+    "sdpa_gqa": "jit_kernel_sdpa_gqa",
+    "packed": "jit_kernel_packed",
 }
 LABELS_VARIANT = {
     "unpatched": "unpatched",
@@ -69,6 +81,9 @@ LABELS_VARIANT = {
     "flashinfer": "FlashInfer",
     "jit_kernel_unmerged": "jit_kernel, unmerged",
     "jit_kernel_two_launch": "jit_kernel, norm then quant",
+    "jit_kernel_decode_attention": "jit_kernel, decode_attention",
+    "jit_kernel_sdpa_gqa": "jit_kernel, SDPA enable_gqa",
+    "jit_kernel_packed": "jit_kernel, SDPA packed heads",
 }
 MODES = ("eager", "graph", "compile")
 # Compiled: the unpatched model and jit_kernel's (each compile costs tens of seconds; FlashInfer's
@@ -137,6 +152,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ),
 }
 LABELS = {"llama": "Llama-3-8B", "qwen3": "Qwen3-8B", "qwen3_moe": "Qwen3-30B-A3B", "qwen3_fp8": "Qwen3-8B-FP8"}
+
+
+def default_one_token_attention() -> str:
+    """The integration's one-token attention choice (``backends.ONE_TOKEN_ATTENTION``), read at run time."""
+    from jit_kernel.integrations.transformers import backends
+
+    return backends.ONE_TOKEN_ATTENTION
 
 
 def model_config(name: str, layers: int, **overrides: Any) -> Any:
@@ -261,6 +283,10 @@ def build_models(
             backend = options["backend"] if device == "cuda" else "torch"
             if options["backend"] == "jit_kernel_two_launch":
                 backend = two_launch_backend(jt.TORCH if device != "cuda" else jt.get_backend("jit_kernel"))
+            options = dict(options)
+            if "one_token_attention" in options:
+                base_backend = jt.get_backend(backend) if isinstance(backend, str) else backend
+                backend = dataclasses.replace(base_backend, one_token_attention=options.pop("one_token_attention"))
             options = {**options, "backend": backend}
             try:
                 report = jt.apply(model, **options)
@@ -542,6 +568,9 @@ def run_model(
     else:
         variants, baseline = ["unpatched", "jit_kernel"] + ([] if args.no_flashinfer else ["flashinfer"]), "unpatched"
     variants += ["jit_kernel_unmerged"] if args.ablate else []
+    if args.attention and not fp8:
+        default = default_one_token_attention()
+        variants += [v for choice, v in ATTENTION_VARIANTS.items() if choice != default]
     models, fp32, missing = build_models(config, device, variants, fp8=fp8)
     variants = [v for v in variants if v not in missing]
     notes.extend(f"{LABELS[name]}: {why}" for why in missing.values())
@@ -639,6 +668,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out even where it imports")
     parser.add_argument(
         "--ablate", action="store_true", help="also time jit_kernel without the merged gate/up and q/k/v GEMMs"
+    )
+    parser.add_argument(
+        "--attention",
+        action="store_true",
+        help="also time jit_kernel with each one-token attention choice other than the default "
+        "(decode_attention, SDPA enable_gqa, SDPA packed heads)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke test: 1 layer, batch 1, prefill 128")
     parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_model.json")

@@ -33,6 +33,12 @@ What changes, per part (each one an option of :func:`apply`):
   the input quantised by 1 x 128 groups (``per_token_group_quant_fp8``); where a decoder layer's norm
   feeds them (q/k/v, gate/up), the norm quantises in the same launch
   (``fused_add_rmsnorm_per_token_group_quant_fp8``) and hands q and scales to the projections.
+- ``lm_head``: the output head on the backend's ``linear``, as every linear layer the patched
+  forwards call (jit_kernel's: ``decode_linear`` for 1 to 16 rows of bf16/fp16, whose own rule sends
+  the shapes its kernel does not take to cuBLAS; ``F.linear`` for more rows). A step of one query
+  token per sequence runs its attention as the backend's ``one_token_attention`` says
+  (:data:`~.backends.ONE_TOKEN_ATTENTION`: SDPA with ``enable_gqa``, SDPA on packed query heads, or
+  ``decode_attention`` over a StaticCache whose sequences attend to a prefix of it).
 
 The patched forwards run jit_kernel's ops on CUDA tensors with autograd off (``torch.no_grad()`` or
 ``torch.inference_mode()``, as ``generate()`` runs); with autograd on they run the model's own
@@ -55,9 +61,10 @@ The package, by concern:
   (:class:`JitKernelLogitsProcessor`), and :func:`logits_processor`, which reads them from a
   ``GenerationConfig`` and returns a copy of it with transformers' own warpers off.
 
-A new op that a model's module runs (a decode GEMM, decode attention) is a field of :class:`Backend`
-with its torch computation in ``reference``; a module that runs it gets a plan in ``plans``, a forward
-in ``forwards`` and a step of :func:`apply` in ``patching``, with an option of its own. What
+A new op that a model's module runs is a field of :class:`Backend` (as ``linear`` and
+``decode_attention`` are) with its torch computation in ``reference``; a module that runs it gets a
+plan in ``plans``, a forward in ``forwards`` and a step of :func:`apply` in ``patching``, with an
+option of its own. What
 ``generate()`` runs outside the model (its logits processors) lives beside them, as ``sampling`` does.
 """
 
@@ -66,6 +73,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .backends import BACKENDS as BACKENDS
+from .backends import ONE_TOKEN_ATTENTION as ONE_TOKEN_ATTENTION
+from .backends import ONE_TOKEN_ATTENTION_CHOICES as ONE_TOKEN_ATTENTION_CHOICES
 from .backends import TORCH as TORCH
 from .backends import Backend as Backend
 from .backends import get_backend as get_backend
