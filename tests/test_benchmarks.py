@@ -916,8 +916,8 @@ def _run_bench_decode_linear(
 
     def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
         calls.append((key, provider))
-        if key == module.READ_KEY:
-            return module.READ_BYTES / 4e6  # us for 4,000 GB/s
+        if key == _tables.READ_KEY:
+            return _tables.READ_BYTES / 4e6  # us for 4,000 GB/s
         _, model, layer, _ = key  # type: ignore[misc]
         n, k = next((n, k) for m, name, n, k in module.LAYERS if (m, name) == (model, layer))
         ours = 1.1 * module.ceiling_us(n, k, 4000.0)
@@ -944,7 +944,7 @@ def test_bench_decode_linear_main_checks_the_targets_on_the_same_measurements(
 
     # every (config, provider) measured once, after the read
     assert len(calls) == len(set(calls)) == 1 + run_all.grid_counts(module.REPORTS)["measurements"]
-    assert calls[0] == (module.READ_KEY, "read")
+    assert calls[0] == (_tables.READ_KEY, "read")
     command = "JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_linear --json-dir "
     assert doc["command"] == command + str(tmp_path)
     assert doc["complete"] is True and doc["notes"] == [module.bandwidth_note(4000.0)]
@@ -1072,14 +1072,13 @@ DECODE_FAKE_US = {"jit": 10.0, "sdpa_repeat_kv": 40.0, "sdpa_gqa": 30.0, "copy":
 def _run_bench_decode_attention(
     module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[tuple[Hashable, str]]
 ) -> dict[str, object]:
-    """main() with a fake timer: the bandwidth copy at 2,000 GB/s, the paired empty kernel at 2.0 us,
+    """main() with a fake timer: the 2 GiB read at 2,000 GB/s, the paired empty kernel at 2.0 us,
     SDPA with enable_gqa missing at batch 32."""
-    from jit_kernel.benchmark import bench_sampling
 
     def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
         calls.append((key, provider))
-        if key == bench_sampling.BANDWIDTH_KEY:
-            return bench_sampling.BANDWIDTH_BYTES / 2e6  # us for 2,000 GB/s
+        if key == _tables.READ_KEY:
+            return _tables.READ_BYTES / 2e6  # us for 2,000 GB/s
         if provider == "sdpa_gqa" and key[1] == 32:  # type: ignore[index]
             return NAN
         return DECODE_FAKE_US[provider]

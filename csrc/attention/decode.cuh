@@ -13,7 +13,13 @@
 // query heads it serves (Hq / Hkv of them; groups wider than kMaxGroup take several chunks). Each
 // key row is read by D / 8 consecutive lanes (8 elements each), so a warp reads 32 / (D / 8) rows
 // per load instruction, and kUnroll of those per step; the lanes of a row sum their partial dot
-// products with butterfly shuffles, so every lane of the row holds the score. Every lane keeps, per
+// products with butterfly shuffles, so every lane of the row holds the score.
+//
+// Loads: each lane streams its own 16-byte pieces of K and V through a ring of kStages steps in
+// shared memory with cp.async, kStages - 1 steps ahead of the step it computes on, so that the
+// loads of the next steps are in flight while a step's arithmetic runs (without the ring, a warp
+// waits for each step's loads and then computes with none in flight). A lane reads back only what
+// it copied itself, so the ring needs no barrier: cp.async.wait_group orders a lane's own copies. Every lane keeps, per
 // query head, the running maximum and sum of its rows' keys (online softmax, in base 2: the query is
 // prescaled by scale * log2(e)) and its 8 elements of the weighted sum of V. At the end the rows of
 // a warp combine by shuffles and the warps through shared memory.
@@ -87,13 +93,24 @@ SGL_DEVICE int64_t load_length(const DecodeParams& p, int64_t b) {
                           : static_cast<int64_t>(static_cast<const int32_t*>(p.seq_lens)[b]);
 }
 
-// 16 bytes of a K or V row: read once, so kept out of L1.
-SGL_DEVICE uint4 load_row_vector(const void* ptr) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(ptr));
-  return r;
+// 16 bytes of a K or V row into shared memory, past L1 (each is read once); `bytes` 0 writes zeros
+// (a key past the range: its score is masked, and zeros keep its V row out of the sum).
+SGL_DEVICE void copy_row_vector(uint4* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<uint32_t>(
+                   __cvta_generic_to_shared(dst))),
+               "l"(src),
+               "r"(bytes)
+               : "memory");
+}
+
+SGL_DEVICE void commit_copies() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Until at most kPending of this thread's committed copy groups are still in flight.
+template <int kPending>
+SGL_DEVICE void wait_copies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 template <typename T, int N>
@@ -150,10 +167,23 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
   constexpr int kBlockKeys = kWarpKeys * kWarps;  // keys per CTA step
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   static_assert(kHeadDim % kVec == 0 && 32 % kLanes == 0, "head_dim must be 64, 128 or 256");
-
-  __shared__ float s_acc[kWarps][kGroup][kHeadDim];
-  __shared__ float s_max[kWarps][kGroup];
-  __shared__ float s_sum[kWarps][kGroup];
+  // The ring: per step and lane kUnroll vectors of K, then kUnroll of V, stored [step][vector][thread]
+  // so that a warp's 16-byte accesses are consecutive. As many steps as 48 KiB of static shared
+  // memory holds, at most 4.
+  constexpr int kStepVectors = 2 * kUnroll;
+  constexpr int kStepBytes = static_cast<int>(kThreads) * kStepVectors * 16;
+  constexpr int kStages = std::clamp(49152 / kStepBytes, 2, 4);
+  // After the loop the ring's memory holds the warps' partial states for their combination.
+  struct Combine {
+    float acc[kWarps][kGroup][kHeadDim];
+    float max[kWarps][kGroup];
+    float sum[kWarps][kGroup];
+  };
+  constexpr int kSharedBytes = std::max(kStages * kStepBytes, static_cast<int>(sizeof(Combine)));
+  static_assert(kSharedBytes <= 49152, "the ring and the combination fit 48 KiB of static shared memory");
+  __shared__ alignas(16) unsigned char shared[kSharedBytes];
+  uint4* const ring = reinterpret_cast<uint4*>(shared);
+  Combine& combine = *reinterpret_cast<Combine*>(shared);
 
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -202,22 +232,48 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
     for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
   }
 
-  // The loop bound depends on the warp only, so every shuffle below runs on the whole warp.
-  for (int64_t base = begin + warp * kWarpKeys; base < end; base += kBlockKeys) {
-    uint4 k_bits[kUnroll], v_bits[kUnroll];
-    bool in_range[kUnroll];
+  // The warp's steps: keys [warp_begin + i * kBlockKeys, + kWarpKeys) for i < steps. The count
+  // depends on the warp only, so every shuffle below runs on the whole warp.
+  const int64_t warp_begin = begin + warp * kWarpKeys;
+  const int64_t steps = end > warp_begin ? (end - warp_begin + kBlockKeys - 1) / kBlockKeys : 0;
+  uint4* const lane_ring = ring + threadIdx.x;
+  // Step i's copies into ring slot `stage`, as one commit group (empty past the last step, so that
+  // the count of groups in flight stays the same every iteration).
+  const auto issue = [&](int64_t i, int stage) {
+    if (i < steps) {
+      const int64_t base = warp_begin + i * kBlockKeys;
+      uint4* const slot = lane_ring + stage * kStepVectors * static_cast<int>(kThreads);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t key = base + u * kRows + row;
-      in_range[u] = key < end;
-      if (in_range[u]) {
-        k_bits[u] = detail::load_row_vector(k_rows + key * p.k_stride_l);
-        v_bits[u] = detail::load_row_vector(v_rows + key * p.v_stride_l);
-      } else {
-        k_bits[u] = make_uint4(0, 0, 0, 0);
-        v_bits[u] = make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t key = base + u * kRows + row;
+        const bool in_range = key < end;
+        const int64_t at = in_range ? key : 0;
+        const uint32_t bytes = in_range ? 16 : 0;
+        detail::copy_row_vector(slot + u * static_cast<int>(kThreads), k_rows + at * p.k_stride_l, bytes);
+        detail::copy_row_vector(slot + (kUnroll + u) * static_cast<int>(kThreads), v_rows + at * p.v_stride_l, bytes);
       }
     }
+    detail::commit_copies();
+  };
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) issue(stage, stage);
+
+  int stage = 0;  // the ring slot of step i
+  for (int64_t i = 0; i < steps; ++i) {
+    detail::wait_copies<kStages - 2>();  // step i's group has landed
+    uint4 k_bits[kUnroll], v_bits[kUnroll];
+    bool in_range[kUnroll];
+    const uint4* const slot = lane_ring + stage * kStepVectors * static_cast<int>(kThreads);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      k_bits[u] = slot[u * static_cast<int>(kThreads)];
+      v_bits[u] = slot[(kUnroll + u) * static_cast<int>(kThreads)];
+      in_range[u] = warp_begin + i * kBlockKeys + u * kRows + row < end;
+    }
+    // The slot this lane read in the previous iteration takes step i + kStages - 1.
+    const int refill = stage == 0 ? kStages - 1 : stage - 1;
+    issue(i + kStages - 1, refill);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
     float s[kUnroll][kGroup];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -284,14 +340,16 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
       m[g] = next;
     }
   }
+  detail::wait_copies<0>();  // the empty trailing groups
+  __syncthreads();            // every warp is done with the ring before it holds the partial states
   if (row == 0) {
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) s_acc[warp][g][sub * kVec + e] = acc[g][e];
+      for (int e = 0; e < kVec; ++e) combine.acc[warp][g][sub * kVec + e] = acc[g][e];
       if (sub == 0) {
-        s_max[warp][g] = m[g];
-        s_sum[warp][g] = l[g];
+        combine.max[warp][g] = m[g];
+        combine.sum[warp][g] = l[g];
       }
     }
   }
@@ -302,13 +360,13 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
     const int g = i / kHeadDim, d = i % kHeadDim;
     float top = kNegInf;
 #pragma unroll
-    for (int w = 0; w < static_cast<int>(kWarps); ++w) top = fmaxf(top, s_max[w][g]);
+    for (int w = 0; w < static_cast<int>(kWarps); ++w) top = fmaxf(top, combine.max[w][g]);
     float sum = 0.0f, value = 0.0f;
 #pragma unroll
     for (int w = 0; w < static_cast<int>(kWarps); ++w) {
-      const float scale = detail::weight(s_max[w][g], top);
-      sum = fmaf(s_sum[w][g], scale, sum);
-      value = fmaf(s_acc[w][g][d], scale, value);
+      const float scale = detail::weight(combine.max[w][g], top);
+      sum = fmaf(combine.sum[w][g], scale, sum);
+      value = fmaf(combine.acc[w][g][d], scale, value);
     }
     float o = 0.0f, lse2 = kNegInf;  // no key: an empty sequence, or a split past its end
     if (top != kNegInf) {

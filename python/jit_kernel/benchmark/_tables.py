@@ -327,6 +327,26 @@ CEILING = "ceiling"  # a provider computed per row: the row's minimal bytes / ba
 CEILING_LABEL = ("read ceiling", ("", ""))
 
 
+READ_BYTES = 2 << 30  # the read that measures the read ceiling's bandwidth
+READ_KEY = ("read", READ_BYTES)
+
+
+def read_case(device: str = "cuda") -> Callable[[], object]:
+    """A read of READ_BYTES: torch's sum over a float32 tensor of that size."""
+    buffer = torch.zeros(READ_BYTES // 4, dtype=torch.float32, device=device)
+    return lambda: buffer.sum()
+
+
+def read_gbps(results: Measurements) -> float:
+    """Read bandwidth (bytes read per second, GB/s) of a 2 GiB sum, measured once per run: the
+    bandwidth of a kernel that only reads, the ceiling of the decode GEMMs and decode attention."""
+    us = results.time(READ_KEY, "read", read_case)
+    return math.nan if math.isnan(us) or us <= 0 else READ_BYTES / us / 1e3
+
+
+READ_NOTE = "torch.sum over 2 GiB of float32, bytes read per second, measured in this run"
+
+
 def add_read_ceilings(
     results: Measurements,
     tables: Sequence[SummaryTable],

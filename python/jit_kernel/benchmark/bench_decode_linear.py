@@ -41,7 +41,15 @@ import triton.testing
 import jit_kernel
 from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark import results as result_files
-from jit_kernel.benchmark._tables import Measurements, format_table, format_us, provider_benchmark, ratio_cell
+from jit_kernel.benchmark._tables import (
+    READ_NOTE,
+    Measurements,
+    format_table,
+    format_us,
+    provider_benchmark,
+    ratio_cell,
+    read_gbps,
+)
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, get_benchmark_range, rotation_count
 
 DTYPE = torch.bfloat16
@@ -66,7 +74,6 @@ LAYERS: list[tuple[str, str, int, int]] = [
     (model, layer, n, k) for model, layers in MODELS.items() for layer, n, k in layers
 ]
 MAX_COPIES = 20  # weight copies a timed call cycles through
-READ_BYTES = 2 << 30  # the read that measures the ceiling's bandwidth
 TARGET_SHARE = 0.88  # of the read ceiling, for weights of TARGET_MIN_BYTES and more
 TARGET_MIN_BYTES = 50 * 10**6
 
@@ -115,20 +122,7 @@ def linear_case(provider: str, n: int, k: int, rows: int, device: str = DEFAULT_
     raise ValueError(f"unknown provider {provider!r}; known: {list(PROVIDERS)}")
 
 
-def read_case(device: str = DEFAULT_DEVICE) -> Callable[[], object]:
-    """A read of READ_BYTES: torch's sum over a float32 tensor of that size."""
-    buffer = torch.zeros(READ_BYTES // 4, dtype=torch.float32, device=device)
-    return lambda: buffer.sum()
-
-
 RESULTS = Measurements()
-READ_KEY = ("read", READ_BYTES)
-
-
-def read_gbps(results: Measurements) -> float:
-    """Read bandwidth (bytes read per second, GB/s) of a 2 GiB sum, measured once."""
-    us = results.time(READ_KEY, "read", read_case)
-    return math.nan if math.isnan(us) or us <= 0 else READ_BYTES / us / 1e3
 
 
 def ceiling_us(n: int, k: int, gbps: float) -> float:
@@ -273,9 +267,8 @@ def tables(rows: Sequence[Row]) -> list[tuple[str, str, list[list[object]]]]:
 
 def bandwidth_note(gbps: float) -> str:
     return (
-        f"read ceiling: the weight's bytes at {format_us(gbps, 0)} GB/s (torch.sum over 2 GiB of float32, "
-        "bytes read per second, measured in this run); weights rotated out of L2 (copies spanning 256 MB, "
-        "at most 20)"
+        f"read ceiling: the weight's bytes at {format_us(gbps, 0)} GB/s ({READ_NOTE}); weights rotated out of "
+        "L2 (copies spanning 256 MB, at most 20)"
     )
 
 
