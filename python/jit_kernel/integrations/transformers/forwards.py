@@ -259,6 +259,9 @@ def _static_layer(cache: Any, layer_idx: int, key: torch.Tensor, value: torch.Te
     layer = layers[layer_idx]
     if type(layer) is not StaticLayer or layer.keys is not key or layer.values is not value:
         return None
+    # The write position on the device (transformers 5): one for every sequence of the batch.
+    if not isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+        return None
     return layer
 
 
