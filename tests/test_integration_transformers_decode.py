@@ -413,8 +413,14 @@ def _choice_case(choice: str, **changes: Any) -> str | None:
 
 
 def test_one_token_attention_choices() -> None:
+    assert _choice_case("decode_attention") == "decode_attention"
+    assert _choice_case("packed") == "packed"
+    # SDPA's enable_gqa with a mask falls back to torch's math kernel on CUDA: the model's own sdpa
+    # function (None) runs a masked step, enable_gqa an unmasked one.
+    assert _choice_case("sdpa_gqa") is None
+    assert _choice_case("sdpa_gqa", mask=None) == "sdpa_gqa"
     for choice in CHOICES:
-        assert _choice_case(choice) == choice
+        assert _choice_case(choice, mask=None) == choice
         assert _choice_case(choice, query=torch.zeros(2, 4, 3, 64, dtype=torch.bfloat16)) is None  # a prefill
         training = types.SimpleNamespace(training=True, config=types.SimpleNamespace(_attn_implementation="sdpa"))
         assert _choice_case(choice, module=training) is None
@@ -422,15 +428,18 @@ def test_one_token_attention_choices() -> None:
         assert _choice_case(choice, module=eager) is None
 
 
-def test_decode_attention_falls_back_to_sdpa_where_it_cannot_serve() -> None:
-    assert _choice_case("decode_attention", static=None) == "sdpa_gqa"  # not a StaticLayer
-    assert _choice_case("decode_attention", query=torch.zeros(2, 4, 1, 64)) == "sdpa_gqa"  # fp32
-    assert _choice_case("decode_attention", query=torch.zeros(2, 4, 1, 96, dtype=torch.float16)) == "sdpa_gqa"
+@pytest.mark.parametrize(("mask", "fallback"), [(torch.ones(2, 1, 1, 8, dtype=torch.bool), None), (None, "sdpa_gqa")])
+def test_decode_attention_falls_back_to_sdpa_where_it_cannot_serve(mask: Any, fallback: str | None) -> None:
+    """As sdpa_gqa: with the mask, the model's own SDPA function (None); without, enable_gqa."""
+    assert _choice_case("decode_attention", mask=mask, static=None) == fallback  # not a StaticLayer
+    assert _choice_case("decode_attention", mask=mask, query=torch.zeros(2, 4, 1, 64)) == fallback  # fp32
+    half_96 = torch.zeros(2, 4, 1, 96, dtype=torch.float16)
+    assert _choice_case("decode_attention", mask=mask, query=half_96) == fallback
     windowed = types.SimpleNamespace(q_heads=4, kv_heads=2, attention_kwargs={"sliding_window": 4})
-    assert _choice_case("decode_attention", plan=windowed) == "sdpa_gqa"
-    assert _choice_case("decode_attention", cache=types.SimpleNamespace()) == "sdpa_gqa"  # no verdict
+    assert _choice_case("decode_attention", mask=mask, plan=windowed) == fallback
+    assert _choice_case("decode_attention", mask=mask, cache=types.SimpleNamespace()) == fallback  # no verdict
     not_prefix = types.SimpleNamespace(**{jt_forwards._PREFIX: (None, False)})
-    assert _choice_case("decode_attention", cache=not_prefix) == "sdpa_gqa"  # left padding, say
+    assert _choice_case("decode_attention", mask=mask, cache=not_prefix) == fallback  # left padding, say
     no_op = dataclasses.replace(jt.TORCH, one_token_attention="decode_attention", decode_attention=None)
     assert no_op.decode_attention is None  # such a backend never looks for the cache layer (sdpa_gqa)
 
@@ -633,3 +642,30 @@ def test_bench_model_attention_variants_build_with_their_choice_on_cpu() -> None
         assert plan.backend.one_token_attention == choice
     rows = bench_model.correctness(models, fp32, "cpu")
     assert all(float(row[1]) > 0.999 for row in rows)
+
+
+def test_sdpa_gqa_runs_enable_gqa_without_a_mask_and_the_models_sdpa_with_one(monkeypatch: Any) -> None:
+    """A DynamicCache step without padding has no mask: the patched layer calls SDPA with
+    enable_gqa itself. A StaticCache step has one: transformers' own sdpa function runs it."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    calls: collections.Counter[int] = collections.Counter()
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def counted(module: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls[query.shape[2]] += 1  # by query length
+        return sdpa(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", counted)
+    model = model_of()
+    reference = copy.deepcopy(model)
+    assert jt.apply(model, backend=Recorder("sdpa_gqa").backend)
+    prompt = random_ids(2, 5, 9)
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    expected = reference.generate(prompt, **kwargs)
+    calls.clear()
+    assert torch.equal(model.generate(prompt, **kwargs), expected)
+    assert calls[1] == 0 and calls[5] == 2  # the prefill's two layers only
+    calls.clear()
+    assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), expected)
+    assert calls[1] == 2 * 3  # three one-token steps, masked

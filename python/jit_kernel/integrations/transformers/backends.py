@@ -30,8 +30,10 @@ BACKENDS = ("jit_kernel", "flashinfer", "torch")
 # :func:`.forwards._one_token_attention` for when each applies):
 # - "decode_attention": the backend's ``decode_attention`` over the StaticCache's tensors, each
 #   sequence's keys the first ``cumulative_length`` of the cache (the mask is not read);
-# - "sdpa_gqa": ``F.scaled_dot_product_attention(..., attn_mask=mask, enable_gqa=True)`` on the KV
-#   heads as the cache holds them;
+# - "sdpa_gqa": ``F.scaled_dot_product_attention(..., enable_gqa=True)`` on the KV heads as the cache
+#   holds them where the step has no mask; with one (a StaticCache step has one), the model's own
+#   sdpa attention function, as the unpatched model runs it (SDPA's enable_gqa with a mask runs
+#   torch's math kernel on CUDA);
 # - "packed": SDPA on the KV heads with the query heads packed as rows (:func:`.forwards._packed_decode_attention`).
 ONE_TOKEN_ATTENTION_CHOICES = ("decode_attention", "sdpa_gqa", "packed")
 #: The choice of every backend built here: the one place to change it. docs/integrations.md says what

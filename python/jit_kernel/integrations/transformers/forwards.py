@@ -135,10 +135,9 @@ def _attention_forward(
             lengths = lengths.contiguous()  # the op takes unit-stride lengths
         out = ops.decode_attention(query[:, :, 0], key, value, lengths, self.scaling)  # type: ignore[misc]
         weights = None
-    elif choice == "sdpa_gqa":
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=self.scaling, enable_gqa=hq != hk
-        ).transpose(1, 2)
+    elif choice == "sdpa_gqa":  # no mask
+        out = F.scaled_dot_product_attention(query, key, value, scale=self.scaling, enable_gqa=hq != hk)
+        out = out.transpose(1, 2)
         weights = None
     elif choice == "packed":
         out, weights = _packed_decode_attention(query, key, value, attention_mask, self.scaling, hq // hk), None
@@ -207,26 +206,30 @@ def _one_token_attention(
     static: Any,
 ) -> str | None:
     """How a step's attention runs: one of :data:`.backends.ONE_TOKEN_ATTENTION_CHOICES`, or None
-    for the attention function of the model's implementation (every step of more than one query
-    token; implementations other than sdpa; training). The backend's choice applies where it can:
+    for the attention function of the model's implementation, as the unpatched model runs it (every
+    step of more than one query token; implementations other than sdpa; training). The backend's
+    choice applies where it can:
 
     - ``decode_attention``: the cache layer is a StaticLayer (``static``), the query bf16 or fp16
       with a head dim the op takes, no sliding window, and the cache's sequences are known to
-      attend to the prefix ``[0, cumulative_length)`` of it (:func:`_note_prefix`); otherwise
-      ``sdpa_gqa`` with the mask (left padding, say, leaves a sequence's keys no prefix);
+      attend to the prefix ``[0, cumulative_length)`` of it (:func:`_note_prefix`); otherwise as
+      ``sdpa_gqa`` (left padding, say, leaves a sequence's keys no prefix: SDPA with the mask);
     - ``packed``: grouped KV heads and a mask shared by the heads; otherwise None;
-    - ``sdpa_gqa``: always (SDPA broadcasts any mask transformers builds)."""
+    - ``sdpa_gqa``: where there is no mask; with one, None. On CUDA, SDPA with ``enable_gqa`` and a
+      mask falls back to torch's math kernel; transformers' sdpa function avoids it the same way
+      (with a mask it packs the query heads or repeats the KV heads, by release). A StaticCache
+      step always has a mask (its keys past the write position are masked)."""
     if query.shape[2] != 1 or module.training or module.config._attn_implementation != "sdpa":
         return None
     choice = ops.one_token_attention
     if choice == "decode_attention":
         if static is not None and _kernel_serves(plan, query, cache):
             return choice
-        return "sdpa_gqa"
+        choice = "sdpa_gqa"
     if choice == "packed":
         packs = plan.q_heads > plan.kv_heads and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1))
         return choice if packs else None
-    return choice
+    return choice if mask is None else None
 
 
 def _kernel_serves(plan: _AttentionPlan, query: torch.Tensor, cache: Any) -> bool:
