@@ -8,21 +8,26 @@
 //   out     [B, Hq, D]            T: softmax(scale * q . k) . v over those keys, fp32 accumulation
 //   lse     [B, Hq]               float32 (optional): ln sum exp(scale * q . k), the natural log
 //
-// Work split: one CTA per (sequence, KV head, split, chunk of up to kMaxGroup query heads of that KV
-// head's group). A CTA reads its range of the KV head's keys once, with 16-byte loads, for all the
-// query heads it serves (Hq / Hkv of them; groups wider than kMaxGroup take several chunks). Each
-// key row is read by D / 8 consecutive lanes (8 elements each), so a warp reads 32 / (D / 8) rows
-// per load instruction, and kUnroll of those per step; the lanes of a row sum their partial dot
-// products with butterfly shuffles, so every lane of the row holds the score.
+// Work split: one CTA per (sequence, KV head, split, chunk of up to kMaxGroup = 8 query heads of
+// that KV head's group). A CTA reads its range of the KV head's keys once for all the query heads
+// it serves (Hq / Hkv of them; groups wider than 8 take several chunks). Its warps take turns over
+// tiles of kTileKeys = 16 keys: warp w computes tiles w, w + kWarps, ... of the range.
 //
-// Loads: each lane streams its own 16-byte pieces of K and V through a ring of kStages steps in
-// shared memory with cp.async, kStages - 1 steps ahead of the step it computes on, so that the
-// loads of the next steps are in flight while a step's arithmetic runs (without the ring, a warp
-// waits for each step's loads and then computes with none in flight). A lane reads back only what
-// it copied itself, so the ring needs no barrier: cp.async.wait_group orders a lane's own copies. Every lane keeps, per
-// query head, the running maximum and sum of its rows' keys (online softmax, in base 2: the query is
-// prescaled by scale * log2(e)) and its 8 elements of the weighted sum of V. At the end the rows of
-// a warp combine by shuffles and the warps through shared memory.
+// Arithmetic on tensor cores (mma.sync m16n8k16, fp32 accumulation), as flash attention does it,
+// with the query heads as the M rows: rows 0..7 are the chunk's heads (zeros past the group's end)
+// and rows 8..15 are zeros. A tile's scores S [heads, 16 keys] = Q K^T take D / 16 k-steps over two
+// n-tiles of 8 keys (K from shared memory by ldmatrix: rows of K are the B operand as stored); the
+// scores' accumulator fragments are, after the online softmax (base 2, the scale applied in fp32),
+// the A fragments of P for O += P V (V by ldmatrix.trans), P rounded to T as flash attention rounds
+// it. The running row sum l adds the fp32 weights before rounding, so the log-sum-exp is exact to
+// fp32. On CUDA cores the same work took every lane's 8-wide dot products, a shuffle reduction per
+// head and key and the weights' updates per lane, several times the instructions of these MMAs; that
+// bound the kernel by instruction issue, not by memory (docs/design/attention.md).
+//
+// Loads: each warp streams its tiles of K and V through its own ring of kStages tiles in shared
+// memory with cp.async (16 bytes per copy, rows swizzled by 16-byte chunk so that ldmatrix reads
+// conflict-free), kStages - 1 tiles ahead of the tile it computes on. A ring belongs to one warp,
+// so a __syncwarp after cp.async.wait_group makes a tile visible, and no block barrier is needed.
 //
 // Flash-decoding: with few CTAs per SM (small B * Hkv), each sequence's keys are split into
 // num_splits ranges of split_len keys, chosen on the host from the shapes, the SM count and the
@@ -59,12 +64,14 @@ namespace jit_kernel::attention {
 
 inline constexpr uint32_t kThreads = 128;
 inline constexpr uint32_t kWarps = kThreads / 32;
-// Query heads one CTA serves: its per-lane state (query, accumulator) lives in registers.
+// Query heads one CTA serves: the M rows 0..7 of its MMAs.
 inline constexpr int64_t kMaxGroup = 8;
+// Keys per tile: the k of one P V MMA, two n-tiles of Q K^T.
+inline constexpr int64_t kTileKeys = 16;
 // At most this many splits per sequence (the host's choice stays well below it).
 inline constexpr int64_t kMaxSplits = 1024;
-// Split lengths are rounded up to a multiple of this many keys.
-inline constexpr int64_t kSplitAlign = 16;
+// Split lengths are rounded up to a multiple of this many keys (whole tiles).
+inline constexpr int64_t kSplitAlign = kTileKeys;
 
 struct DecodeParams {
   const void* q;
@@ -95,12 +102,8 @@ SGL_DEVICE int64_t load_length(const DecodeParams& p, int64_t b) {
 
 // 16 bytes of a K or V row into shared memory, past L1 (each is read once); `bytes` 0 writes zeros
 // (a key past the range: its score is masked, and zeros keep its V row out of the sum).
-SGL_DEVICE void copy_row_vector(uint4* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<uint32_t>(
-                   __cvta_generic_to_shared(dst))),
-               "l"(src),
-               "r"(bytes)
-               : "memory");
+SGL_DEVICE void copy_16(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
 SGL_DEVICE void commit_copies() {
@@ -113,12 +116,49 @@ SGL_DEVICE void wait_copies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-template <typename T, int N>
-SGL_DEVICE void vector_to_floats(const uint4& bits, float (&out)[N]) {
-  static_assert(sizeof(T) * N == 16, "a 16-byte vector");
-  device::AlignedVector<T, N> v;
-  __builtin_memcpy(&v, &bits, 16);
-  device::to_floats(v, out);
+// Four 8 x 8 matrices of 16-bit elements from shared memory (lane l gives the address of row l % 8
+// of matrix l / 8); lane i receives elements (i / 4, 2 (i % 4) .. + 1) of each, or with `kTrans`
+// elements (2 (i % 4) .. + 1, i / 4).
+template <bool kTrans>
+SGL_DEVICE void load_matrices(uint32_t (&r)[4], uint32_t address) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+}
+
+// d += a * b for a 16 x 16 A whose rows 8..15 are zeros (a0: row g, k 2t..; a2: row g, k 2t + 8..)
+// and a 16 x 8 B (b0: k 2t.., b1: k 2t + 8.., column g), fp32 accumulators.
+template <typename T>
+SGL_DEVICE void mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  const uint32_t zero = 0;
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(zero), "r"(a2), "r"(zero), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(zero), "r"(a2), "r"(zero), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one register of two T (the first in the low half), rounded to nearest.
+template <typename T>
+SGL_DEVICE uint32_t pack(float lo, float hi) {
+  device::AlignedVector<T, 2> v;
+  v[0] = dtype_trait<T>::from(lo);
+  v[1] = dtype_trait<T>::from(hi);
+  uint32_t bits;
+  __builtin_memcpy(&bits, &v, 4);
+  return bits;
 }
 
 // exp2(x - m) where m may be -inf (then every x is -inf too and the weight is 0, never NaN).
@@ -143,52 +183,42 @@ inline int64_t choose_splits(int64_t ctas, int64_t resident, int64_t max_splits)
   return 1;
 }
 
-// How many CTAs of `kKernel` (kThreads each) run at once on the device: asked once per device.
-template <auto kKernel>
-inline int64_t resident_blocks(int device_id) {
-  struct Tag;
-  return host::runtime::detail::per_device<Tag>(device_id, {}, [](int id) {
-    uint32_t per_sm = 0;
-    host::runtime::detail::on_device(id, {}, [&] { per_sm = host::runtime::get_blocks_per_sm(kKernel, kThreads); });
-    return static_cast<int>(std::max<uint32_t>(per_sm, 1) * host::runtime::sm_count(id));
-  });
-}
-
 }  // namespace detail
 
-// One CTA: one (sequence, KV head, split, chunk of kGroup query heads).
-template <int kHeadDim, typename T, int kGroup>
+// Ring slots per warp: as many tiles as 96 KiB per CTA holds, 2 to 4 (head dim 64: 4, 128: 3, 256: 2).
+constexpr int decode_stages(int head_dim) {
+  const int tiles = 96 * 1024 / (static_cast<int>(kWarps) * 2 * static_cast<int>(kTileKeys) * head_dim * 2);
+  return tiles < 2 ? 2 : (tiles > 4 ? 4 : tiles);
+}
+
+// Dynamic shared memory of a CTA: its warps' rings (16-bit K and V tiles).
+constexpr std::size_t decode_shared_bytes(int head_dim) {
+  return std::size_t{kWarps} * decode_stages(head_dim) * 2 * kTileKeys * head_dim * 2;
+}
+
+// One CTA: one (sequence, KV head, split, chunk of up to kMaxGroup query heads).
+template <int kHeadDim, typename T>
 __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant__ DecodeParams p) {
-  constexpr int kVec = 16 / sizeof(T);            // elements per lane: 8
-  constexpr int kLanes = kHeadDim / kVec;         // lanes per key row: 8, 16 or 32
-  constexpr int kRows = 32 / kLanes;              // key rows per warp load: 4, 2 or 1
-  constexpr int kUnroll = kGroup >= 8 ? 2 : 4;    // loads in flight per lane (of K, and of V)
-  constexpr int kWarpKeys = kRows * kUnroll;      // keys per warp step
-  constexpr int kBlockKeys = kWarpKeys * kWarps;  // keys per CTA step
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a key row
+  constexpr int kSteps = kHeadDim / 16;  // k-steps of Q K^T; n-tiles of P V: 2 per step
+  constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kTileBytes = static_cast<int>(kTileKeys) * kRowBytes;  // of K, and of V
+  constexpr int kStages = decode_stages(kHeadDim);
+  constexpr int kCopies = 2 * static_cast<int>(kTileKeys) * kChunks / 32;  // cp.async per lane and tile
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  static_assert(kHeadDim % kVec == 0 && 32 % kLanes == 0, "head_dim must be 64, 128 or 256");
-  // The ring: per step and lane kUnroll vectors of K, then kUnroll of V, stored [step][vector][thread]
-  // so that a warp's 16-byte accesses are consecutive. As many steps as 48 KiB of static shared
-  // memory holds, at most 4.
-  constexpr int kStepVectors = 2 * kUnroll;
-  constexpr int kStepBytes = static_cast<int>(kThreads) * kStepVectors * 16;
-  constexpr int kStages = std::clamp(49152 / kStepBytes, 2, 4);
-  // After the loop the ring's memory holds the warps' partial states for their combination.
+  static_assert(kChunks >= 8, "the swizzle spreads 8 rows over 8 chunks");
   struct Combine {
-    float acc[kWarps][kGroup][kHeadDim];
-    float max[kWarps][kGroup];
-    float sum[kWarps][kGroup];
+    float acc[kWarps][kMaxGroup][kHeadDim];
+    float max[kWarps][kMaxGroup];
+    float sum[kWarps][kMaxGroup];
   };
-  constexpr int kSharedBytes = std::max(kStages * kStepBytes, static_cast<int>(sizeof(Combine)));
-  static_assert(kSharedBytes <= 49152, "the ring and the combination fit 48 KiB of static shared memory");
-  __shared__ alignas(16) unsigned char shared[kSharedBytes];
-  uint4* const ring = reinterpret_cast<uint4*>(shared);
+  static_assert(sizeof(Combine) <= decode_shared_bytes(kHeadDim), "the partial states fit in the rings");
+  extern __shared__ __align__(128) unsigned char shared[];
   Combine& combine = *reinterpret_cast<Combine*>(shared);
 
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int row = lane / kLanes;  // this lane's key row within a warp load
-  const int sub = lane % kLanes;  // this lane's 8 elements of the head dim: [sub * 8, sub * 8 + 8)
+  const int g = lane / 4, t = lane % 4;  // the MMA fragments' row (head) and column pair
 
   uint32_t block = blockIdx.x;
   const int chunk = static_cast<int>(block % static_cast<uint32_t>(p.head_chunks));
@@ -197,12 +227,16 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
   block /= static_cast<uint32_t>(p.num_splits);
   const int kv_head = static_cast<int>(block % static_cast<uint32_t>(p.num_kv_heads));
   const int64_t b = static_cast<int64_t>(block / static_cast<uint32_t>(p.num_kv_heads));
-  const int first_head = kv_head * p.group + chunk * kGroup;
-  const int heads = min(kGroup, p.group - chunk * kGroup);  // the query heads this CTA writes
+  const int first_head = kv_head * p.group + chunk * static_cast<int>(kMaxGroup);
+  const int heads = min(static_cast<int>(kMaxGroup), p.group - chunk * static_cast<int>(kMaxGroup));
 
   const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + static_cast<int64_t>(first_head) * p.q_stride_h;
-  const T* k_rows = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h + sub * kVec;
-  const T* v_rows = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h + sub * kVec;
+  const char* k_base =
+      reinterpret_cast<const char*>(static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h);
+  const char* v_base =
+      reinterpret_cast<const char*>(static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h);
+  const int64_t k_row_bytes = p.k_stride_l * static_cast<int64_t>(sizeof(T));
+  const int64_t v_row_bytes = p.v_stride_l * static_cast<int64_t>(sizeof(T));
 
   device::PDLWaitPrimary();  // launched with PDL: wait for the previous kernel's writes
   device::PDLTriggerSecondary();
@@ -213,44 +247,48 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
   const int64_t stop = begin + p.split_len < length ? begin + p.split_len : length;
   const int64_t end = valid ? stop : begin;  // an invalid length reads nothing
 
-  // The lane's 8 query elements of each head, prescaled so that q . k is the base-2 score. Heads past
-  // the group's end (a group that is not a multiple of kGroup) repeat the last one; nothing writes them.
-  float q[kGroup][kVec];
+  // Q's A fragments, row g (head first_head + g; zeros past the chunk's heads): per k-step the
+  // pairs at k 2t and 2t + 8.
+  uint32_t q_frag[kSteps][2];
+  {
+    const T* q_row = q_rows + static_cast<int64_t>(min(g, heads - 1)) * p.q_stride_h;
+    const bool head = g < heads;
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    const T* q_row = q_rows + static_cast<int64_t>(min(g, heads - 1)) * p.q_stride_h + sub * kVec;
+    for (int ks = 0; ks < kSteps; ++ks) {
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) q[g][e] = dtype_trait<fp32_t>::from(q_row[e]) * p.scale_log2;
+      for (int h = 0; h < 2; ++h) {
+        const T* pair = q_row + 16 * ks + 8 * h + 2 * t;  // two loads: a head's stride may be odd
+        q_frag[ks][h] =
+            head ? detail::pack<T>(dtype_trait<fp32_t>::from(pair[0]), dtype_trait<fp32_t>::from(pair[1])) : 0u;
+      }
+    }
   }
 
-  float m[kGroup], l[kGroup], acc[kGroup][kVec];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    m[g] = kNegInf;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
-  }
-
-  // The warp's steps: keys [warp_begin + i * kBlockKeys, + kWarpKeys) for i < steps. The count
-  // depends on the warp only, so every shuffle below runs on the whole warp.
-  const int64_t warp_begin = begin + warp * kWarpKeys;
-  const int64_t steps = end > warp_begin ? (end - warp_begin + kBlockKeys - 1) / kBlockKeys : 0;
-  uint4* const lane_ring = ring + threadIdx.x;
-  // Step i's copies into ring slot `stage`, as one commit group (empty past the last step, so that
-  // the count of groups in flight stays the same every iteration).
+  // The warp's ring: kStages tiles, each K's 16 rows then V's, rows swizzled by 16-byte chunk.
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(shared)) +
+                        static_cast<uint32_t>(warp * kStages * 2 * kTileBytes);
+  const auto swizzled = [](int row, int chunk16) {
+    return static_cast<uint32_t>(row * kRowBytes + ((chunk16 ^ (row % 8)) * 16));
+  };
+  const int64_t tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
+  const int64_t warp_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
+  // Tile i of this warp (keys begin + (warp + i kWarps) 16 ..) into ring slot `stage`, as one commit
+  // group (empty past the warp's last tile, so that the count of groups in flight stays the same).
   const auto issue = [&](int64_t i, int stage) {
-    if (i < steps) {
-      const int64_t base = warp_begin + i * kBlockKeys;
-      uint4* const slot = lane_ring + stage * kStepVectors * static_cast<int>(kThreads);
+    if (i < warp_tiles) {
+      const int64_t first_key = begin + (warp + i * kWarps) * kTileKeys;
+      const uint32_t slot = ring + static_cast<uint32_t>(stage * 2 * kTileBytes);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t key = base + u * kRows + row;
+      for (int c = 0; c < kCopies; ++c) {
+        const int piece = lane + 32 * c;  // K's rows' chunks, then V's
+        const bool is_v = piece >= static_cast<int>(kTileKeys) * kChunks;
+        const int within = is_v ? piece - static_cast<int>(kTileKeys) * kChunks : piece;
+        const int row = within / kChunks, chunk16 = within % kChunks;
+        const int64_t key = first_key + row;
         const bool in_range = key < end;
         const int64_t at = in_range ? key : 0;
-        const uint32_t bytes = in_range ? 16 : 0;
-        detail::copy_row_vector(slot + u * static_cast<int>(kThreads), k_rows + at * p.k_stride_l, bytes);
-        detail::copy_row_vector(slot + (kUnroll + u) * static_cast<int>(kThreads), v_rows + at * p.v_stride_l, bytes);
+        const char* src = (is_v ? v_base + at * v_row_bytes : k_base + at * k_row_bytes) + chunk16 * 16;
+        detail::copy_16(slot + (is_v ? kTileBytes : 0) + swizzled(row, chunk16), src, in_range ? 16 : 0);
       }
     }
     detail::commit_copies();
@@ -258,100 +296,92 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
 #pragma unroll
   for (int stage = 0; stage < kStages - 1; ++stage) issue(stage, stage);
 
-  int stage = 0;  // the ring slot of step i
-  for (int64_t i = 0; i < steps; ++i) {
-    detail::wait_copies<kStages - 2>();  // step i's group has landed
-    uint4 k_bits[kUnroll], v_bits[kUnroll];
-    bool in_range[kUnroll];
-    const uint4* const slot = lane_ring + stage * kStepVectors * static_cast<int>(kThreads);
+  // Row g's state: running maximum (base 2), this lane's share of the row sum, and the output's
+  // accumulator fragments (columns 8 n + 2t, + 1 of n-tile n; its rows 8..15 stay zero).
+  float m = kNegInf, l = 0.0f;
+  float o[2 * kSteps][4];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      k_bits[u] = slot[u * static_cast<int>(kThreads)];
-      v_bits[u] = slot[(kUnroll + u) * static_cast<int>(kThreads)];
-      in_range[u] = warp_begin + i * kBlockKeys + u * kRows + row < end;
-    }
-    // The slot this lane read in the previous iteration takes step i + kStages - 1.
-    const int refill = stage == 0 ? kStages - 1 : stage - 1;
-    issue(i + kStages - 1, refill);
+  for (int n = 0; n < 2 * kSteps; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  int stage = 0;  // the ring slot of tile i
+  for (int64_t i = 0; i < warp_tiles; ++i) {
+    detail::wait_copies<kStages - 2>();  // tile i has landed for this lane's copies,
+    __syncwarp();                        // and for the warp's; every lane is done with tile i - 1
+    issue(i + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);  // into tile i - 1's slot
+    const uint32_t k_tile = ring + static_cast<uint32_t>(stage * 2 * kTileBytes);
+    const uint32_t v_tile = k_tile + kTileBytes;
     stage = stage + 1 == kStages ? 0 : stage + 1;
-    float s[kUnroll][kGroup];
+
+    // S = Q K^T: n-tile j holds keys 8 j + 2t, + 1 of row g in s[j][0..1].
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[kVec];
-      detail::vector_to_floats<T>(k_bits[u], kf);
+    for (int ks = 0; ks < kSteps; ks += 2) {
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) dot = fmaf(q[g][e], kf[e], dot);
-        s[u][g] = dot;
+      for (int j = 0; j < 2; ++j) {
+        // Matrices: (keys 8j.., k-step ks, low and high 8), then k-step ks + 1.
+        const int mi = lane / 8;
+        uint32_t bk[4];
+        detail::load_matrices<false>(bk, k_tile + swizzled(8 * j + lane % 8, 2 * (ks + mi / 2) + mi % 2));
+        detail::mma<T>(s[j], q_frag[ks][0], q_frag[ks][1], bk[0], bk[1]);
+        detail::mma<T>(s[j], q_frag[ks + 1][0], q_frag[ks + 1][1], bk[2], bk[3]);
       }
     }
+    const int64_t tile_key = begin + (warp + i * kWarps) * kTileKeys;
+    float tile_max = kNegInf;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-#pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-          s[u][g] += __shfl_xor_sync(device::kFullMask, s[u][g], offset);
-        }
-        if (!in_range[u]) s[u][g] = kNegInf;
+      for (int e = 0; e < 2; ++e) {
+        const bool in_range = tile_key + 8 * j + 2 * t + e < end;
+        s[j][e] = in_range ? s[j][e] * p.scale_log2 : kNegInf;
+        tile_max = fmaxf(tile_max, s[j][e]);
       }
     }
-    float vf[kUnroll][kVec];
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 2));
+    const float next = fmaxf(m, tile_max);
+    if (next != kNegInf) {  // the same for the row's 4 lanes; a row without keys yet adds nothing
+      const float rescale = exp2f(m - next);  // 0 when m is -inf
+      m = next;
+      float w[2][2];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) detail::vector_to_floats<T>(v_bits[u], vf[u]);
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      float next = m[g];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) next = fmaxf(next, s[u][g]);
-      if (next == kNegInf) continue;             // no key of this row yet: nothing to add
-      const float rescale = exp2f(m[g] - next);  // 0 when m[g] is -inf
-      l[g] *= rescale;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[g][e] *= rescale;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float w = exp2f(s[u][g] - next);  // 0 for keys out of range
-        l[g] += w;
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[g][e] = fmaf(w, vf[u][e], acc[g][e]);
+        for (int e = 0; e < 2; ++e) w[j][e] = exp2f(s[j][e] - next);  // 0 for keys out of range
       }
-      m[g] = next;
+      l = l * rescale + ((w[0][0] + w[0][1]) + (w[1][0] + w[1][1]));
+#pragma unroll
+      for (int n = 0; n < 2 * kSteps; ++n) {
+        o[n][0] *= rescale;
+        o[n][1] *= rescale;
+      }
+      const uint32_t p0 = detail::pack<T>(w[0][0], w[0][1]);  // keys 2t, 2t + 1
+      const uint32_t p2 = detail::pack<T>(w[1][0], w[1][1]);  // keys 8 + 2t, 8 + 2t + 1
+      // O += P V: matrices (keys 0..7, columns 16 jj..), (keys 8..15, same), then columns 16 jj + 8.
+#pragma unroll
+      for (int jj = 0; jj < kSteps; ++jj) {
+        const int mi = lane / 8;
+        uint32_t bv[4];
+        detail::load_matrices<true>(bv, v_tile + swizzled(8 * (mi % 2) + lane % 8, 2 * jj + mi / 2));
+        detail::mma<T>(o[2 * jj], p0, p2, bv[0], bv[1]);
+        detail::mma<T>(o[2 * jj + 1], p0, p2, bv[2], bv[3]);
+      }
     }
   }
 
-  // The rows of the warp: lanes holding the same elements of different rows combine.
-#pragma unroll
-  for (int offset = kLanes; offset < 32; offset *= 2) {
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const float m_other = __shfl_xor_sync(device::kFullMask, m[g], offset);
-      const float l_other = __shfl_xor_sync(device::kFullMask, l[g], offset);
-      const float next = fmaxf(m[g], m_other);
-      const float mine = detail::weight(m[g], next), theirs = detail::weight(m_other, next);
-      l[g] = l[g] * mine + l_other * theirs;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float other = __shfl_xor_sync(device::kFullMask, acc[g][e], offset);
-        acc[g][e] = acc[g][e] * mine + other * theirs;
-      }
-      m[g] = next;
-    }
-  }
+  // The row's sum over its 4 lanes; then the warps' states through shared memory (the rings' space).
+  l += __shfl_xor_sync(device::kFullMask, l, 1);
+  l += __shfl_xor_sync(device::kFullMask, l, 2);
   detail::wait_copies<0>();  // the empty trailing groups
-  __syncthreads();            // every warp is done with the ring before it holds the partial states
-  if (row == 0) {
+  __syncthreads();            // every warp is done with its ring before the space holds the states
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) combine.acc[warp][g][sub * kVec + e] = acc[g][e];
-      if (sub == 0) {
-        combine.max[warp][g] = m[g];
-        combine.sum[warp][g] = l[g];
-      }
-    }
+  for (int n = 0; n < 2 * kSteps; ++n) {
+    combine.acc[warp][g][8 * n + 2 * t] = o[n][0];
+    combine.acc[warp][g][8 * n + 2 * t + 1] = o[n][1];
+  }
+  if (t == 0) {
+    combine.max[warp][g] = m;
+    combine.sum[warp][g] = l;
   }
   __syncthreads();
 
@@ -536,33 +566,33 @@ struct DecodeAttention {
 
     const DLDevice dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
-    // The query heads per CTA, a power of two: a CTA's registers hold the state of all of them.
-    if (group > 4) {
-      launch<8>(p, ctas, max_splits, dev, pdl);
-    } else if (group > 2) {
-      launch<4>(p, ctas, max_splits, dev, pdl);
-    } else if (group == 2) {
-      launch<2>(p, ctas, max_splits, dev, pdl);
-    } else {
-      launch<1>(p, ctas, max_splits, dev, pdl);
-    }
-  }
-
-  template <int kGroup>
-  static void launch(DecodeParams& p, int64_t ctas, int64_t max_splits, DLDevice dev, bool pdl) {
-    using namespace host;
-    constexpr auto kernel = decode_kernel<kHeadDim, T, kGroup>;
-    const int64_t splits =
-        max_splits > 1 ? detail::choose_splits(ctas, detail::resident_blocks<kernel>(dev.device_id), max_splits) : 1;
+    const int64_t splits = max_splits > 1 ? detail::choose_splits(ctas, resident_blocks(dev.device_id), max_splits) : 1;
     p.num_splits = static_cast<int32_t>(splits);
     p.split_len = div_ceil(div_ceil(p.max_len, splits), kSplitAlign) * kSplitAlign;
     if (splits == 1) p.partial_out = p.partial_lse = nullptr;  // the one split writes the output
-    LaunchKernel(static_cast<uint32_t>(ctas * splits), kThreads, dev).enable_pdl(pdl)(kernel, p);
+    LaunchKernel(static_cast<uint32_t>(ctas * splits), kThreads, dev, kSharedBytes).enable_pdl(pdl)(kKernel, p);
     if (splits > 1) {
       constexpr int64_t kRowsPerBlock = kThreads / (kHeadDim / 4);
       const auto merge_grid = static_cast<uint32_t>(div_ceil(p.batch * p.num_heads, kRowsPerBlock));
       LaunchKernel(merge_grid, kThreads, dev).enable_pdl(pdl)(merge_splits_kernel<kHeadDim, T>, p);
     }
+  }
+
+  static constexpr auto kKernel = decode_kernel<kHeadDim, T>;
+  static constexpr std::size_t kSharedBytes = decode_shared_bytes(kHeadDim);
+
+  // How many CTAs of the kernel run at once on the device: asked once per device (after the
+  // dynamic shared memory opt-in, without which the answer for more than 48 KiB is 0).
+  static int64_t resident_blocks(int device_id) {
+    struct Tag;
+    return host::runtime::detail::per_device<Tag>(device_id, {}, [](int id) {
+      uint32_t per_sm = 0;
+      host::runtime::detail::on_device(id, {}, [&] {
+        host::runtime::set_max_dynamic_smem(kKernel, kSharedBytes);
+        per_sm = host::runtime::get_blocks_per_sm(kKernel, kThreads, kSharedBytes);
+      });
+      return static_cast<int>(std::max<uint32_t>(per_sm, 1) * host::runtime::sm_count(id));
+    });
   }
 };
 
