@@ -202,6 +202,20 @@ def test_fallback_rule_reads_metadata_only() -> None:
     assert not decode_linear_serves(torch.empty(32, 64, dtype=BF16, device="meta"), w)
 
 
+@pytest.mark.parametrize(
+    ("n", "k", "served"),
+    [(4096, 14336, True), (7168, 8192, True), (8192, 8192, True), (8193, 8192, False), (28672, 4096, False)],
+    ids=["Llama-3-8B down", "Llama-3-70B TP8 gate_up", "128 MiB", "above 128 MiB", "Llama-3-8B gate_up"],
+)
+def test_weights_above_the_size_bound_go_to_cublas(n: int, k: int, served: bool) -> None:
+    """Weights of more than MAX_KERNEL_WEIGHT_BYTES go to cuBLAS, which streams them as fast."""
+    from jit_kernel.ops.gemm import MAX_KERNEL_WEIGHT_BYTES
+
+    x, w = torch.empty(4, k, dtype=BF16, device="meta"), torch.empty(n, k, dtype=BF16, device="meta")
+    assert (n * k * 2 <= MAX_KERNEL_WEIGHT_BYTES) is served
+    assert decode_linear_serves(x, w) is served
+
+
 def test_nn_parameter_weights_are_served() -> None:
     layer = torch.nn.Linear(64, 32, dtype=BF16)
     assert decode_linear_serves(_t(3, 64), layer.weight, layer.bias)

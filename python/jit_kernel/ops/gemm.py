@@ -26,6 +26,9 @@ MAX_ROWS = 16
 _DTYPES = {torch.bfloat16: "bf16_t", torch.float16: "fp16_t"}
 # A row starts on 16 bytes: the kernel's vector loads. In elements of a 16-bit dtype.
 _ALIGN = 8
+#: Weights of more bytes than this go to cuBLAS: at that size cuBLAS streams them at least as fast
+#: as the kernel's column blocks (the measurements behind it: docs/design/decode-gemm.md).
+MAX_KERNEL_WEIGHT_BYTES = 128 << 20
 
 
 def _config(tile: int, dtype: torch.dtype) -> Config:
@@ -42,8 +45,9 @@ def decode_linear_serves(input: object, weight: object, bias: object = None) -> 
     """Whether :func:`decode_linear` runs its kernel for these arguments; where not, it calls
     ``torch.nn.functional.linear``. The kernel takes fp16 or bf16 ``input``, ``weight`` and
     ``bias`` of one dtype; 1 to 16 rows (``input``'s elements over K); K a multiple of 8; a
-    contiguous 2-D ``weight``; ``input`` rows with unit inner stride that start on 16 bytes (a
-    contiguous tensor, or 2-D with a row stride that is a multiple of 8); a 1-D ``bias`` or None.
+    contiguous 2-D ``weight`` of at most :data:`MAX_KERNEL_WEIGHT_BYTES`; ``input`` rows with unit
+    inner stride that start on 16 bytes (a contiguous tensor, or 2-D with a row stride that is a
+    multiple of 8); a 1-D ``bias`` or None.
     Alignment is judged by storage offsets (allocations start on 16 bytes), so the rule reads only
     metadata and holds under CUDA-graph capture; under torch.compile, which cannot read storage
     offsets, they are taken as aligned (the kernel refuses a misaligned pointer, naming the tensor).
@@ -63,7 +67,7 @@ def decode_linear_serves(input: object, weight: object, bias: object = None) -> 
     m = input.numel() // k
     if m < 1 or m > MAX_ROWS:
         return False
-    if not weight.is_contiguous():
+    if not weight.is_contiguous() or weight.numel() * weight.element_size() > MAX_KERNEL_WEIGHT_BYTES:
         return False
     # TorchDynamo cannot read storage offsets: a traced call takes them as aligned (the kernel
     # refuses a misaligned pointer, naming the tensor).
@@ -135,7 +139,8 @@ def decode_linear(
     rounding to the output dtype after the bias; a fixed reduction order, so the same inputs give
     the same bits on every call (at the same GPU). Shapes the kernel does not serve go to
     ``torch.nn.functional.linear`` (cuBLAS): more than 16 rows, K not a multiple of 8, a dtype
-    mismatch or other dtypes, a non-contiguous weight, input rows that are not 16-byte aligned
+    mismatch or other dtypes, a non-contiguous weight, a weight above :data:`MAX_KERNEL_WEIGHT_BYTES`
+    (128 MiB: a Llama-3-8B fused gate/up projection or a language-model head), input rows that are not 16-byte aligned
     (:func:`decode_linear_serves` is the rule). No host synchronisation: CUDA-graph safe, and
     traceable by ``torch.compile(fullgraph=True)`` (the rule reads metadata only).
 
