@@ -841,6 +841,13 @@ DECODE_LINEAR_LAYERS = [
     ("Llama-3-70B TP8", "qkv", 1280, 8192),
     ("Llama-3-70B TP8", "gate_up", 7168, 8192),
     ("Llama-3-70B TP8", "down", 8192, 3584),
+    ("Qwen3-8B", "gate_up", 24576, 4096),
+    ("Qwen3-8B", "down", 4096, 12288),
+    ("Qwen3-8B", "lm_head", 151936, 4096),
+    ("Qwen3-30B-A3B", "qkv", 5120, 2048),
+    ("Qwen3-30B-A3B", "o", 2048, 4096),
+    ("Qwen3-30B-A3B", "router", 128, 2048),
+    ("Qwen3-30B-A3B", "lm_head", 151936, 2048),
 ]
 
 
@@ -848,7 +855,7 @@ DECODE_LINEAR_LAYERS = [
 def test_bench_decode_linear_reports(load_bench: Callable[[str, bool], ModuleType], ci: bool) -> None:
     module = load_bench("bench_decode_linear", ci)
     rows = [1, 4, 16] if ci else [1, 2, 4, 8, 16]
-    slug = {"Llama-3-8B": "Llama-3-8B", "Llama-3-70B TP8": "Llama-3-70B-TP8"}
+    slug = {m: m.replace(" ", "-") for m, _, _, _ in DECODE_LINEAR_LAYERS}
     assert _describe(module.bench_decode_linear, ["jit", "cublas"]) == [
         (f"decode_linear-{slug[m]}-{layer}", rows, {"model": m, "layer": layer, "n": n, "k": k})
         for m, layer, n, k in DECODE_LINEAR_LAYERS
@@ -856,8 +863,8 @@ def test_bench_decode_linear_reports(load_bench: Callable[[str, bool], ModuleTyp
     assert [module.bench_decode_linear] == module.REPORTS
     assert "bench_decode_linear" in [script.name for script in run_all.SCRIPTS]
     assert run_all.grid_counts(load_bench("bench_decode_linear", True).REPORTS) == {
-        "measurements": 9 * 3 * 2,
-        "jit": 9 * 3,
+        "measurements": 16 * 3 * 2,
+        "jit": 16 * 3,
         "compiles": 0,
     }
 
@@ -867,9 +874,10 @@ def test_decode_linear_weight_copies_and_ceiling(load_bench: Callable[[str, bool
 
     module = load_bench("bench_decode_linear", False)
     assert module.weight_bytes(4096, 4096) == 4096 * 4096 * 2
-    # copies spanning 256 MB, at most 20: the 70B o (16.8 MB) 16, the 8B qkv (50.3 MB) 6, the LM head 1
-    assert [module.copies(n, k) for _, _, n, k in DECODE_LINEAR_LAYERS] == [6, 8, 2, 3, 1, 16, 13, 3, 5]
-    assert module.copies(8, 8) == module.MAX_COPIES == 20
+    # copies spanning 256 MB, at most 512: the 70B o (16.8 MB) 16, the 8B qkv (50.3 MB) 6, the LM head 1
+    copies = [module.copies(n, k) for _, _, n, k in DECODE_LINEAR_LAYERS]
+    assert copies == [6, 8, 2, 3, 1, 16, 13, 3, 5, 2, 3, 1, 13, 16, 512, 1]
+    assert module.copies(8, 8) == module.MAX_COPIES == 512
     assert all(module.copies(n, k) * module.weight_bytes(n, k) >= L2_FLUSH_BYTES for _, _, n, k in DECODE_LINEAR_LAYERS)
     # 4096 x 4096 bf16 (33.6 MB) at 4,000 GB/s: 8.39 us
     assert module.ceiling_us(4096, 4096, 4000.0) == pytest.approx(4096 * 4096 * 2 / 4e12 * 1e6)
@@ -912,7 +920,8 @@ def _run_bench_decode_linear(
     module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: list[tuple[Hashable, str]]
 ) -> dict[str, object]:
     """bench_decode_linear.main with a fake timer: the read at 4,000 GB/s; jit_kernel at 110% of
-    the ceiling's time, cuBLAS 1.2x ours, but for the 70B q/k/v, where cuBLAS is 0.9x ours."""
+    the ceiling's time, cuBLAS 1.2x ours, but for the 70B q/k/v, where cuBLAS is 0.9x ours, and
+    Qwen3-30B-A3B's router, where it is 2x ours (below 70% of the ceiling)."""
 
     def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
         calls.append((key, provider))
@@ -923,7 +932,7 @@ def _run_bench_decode_linear(
         ours = 1.1 * module.ceiling_us(n, k, 4000.0)
         if provider == "jit":
             return ours * module.copies(n, k)  # the timed call runs over every copy
-        slower = 0.9 if (model, layer) == ("Llama-3-70B TP8", "qkv") else 1.2
+        slower = {("Llama-3-70B TP8", "qkv"): 0.9, ("Qwen3-30B-A3B", "router"): 2.0}.get((model, layer), 1.2)
         return slower * ours * module.copies(n, k)
 
     return _main_with_fake_timer(module, monkeypatch, tmp_path, Measurements(timer), "bench_decode_linear")
@@ -948,24 +957,31 @@ def test_bench_decode_linear_main_checks_the_targets_on_the_same_measurements(
     command = "JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_linear --json-dir "
     assert doc["command"] == command + str(tmp_path)
     assert doc["complete"] is True and doc["notes"] == [module.bandwidth_note(4000.0)]
-    assert [t["name"] for t in doc["tables"]] == ["llama-3-8b", "llama-3-70b-tp8", "targets"]
+    names = ["llama-3-8b", "llama-3-70b-tp8", "qwen3-8b", "qwen3-30b-a3b", "targets"]
+    assert [t["name"] for t in doc["tables"]] == names
     tables = {t["name"]: t for t in doc["tables"]}
     assert tables["llama-3-8b"]["header"] == module.HEADER
     assert len(tables["llama-3-8b"]["rows"]) == 5 * 3 and len(tables["llama-3-70b-tp8"]["rows"]) == 4 * 3
     # the per-call times (each timed call ran over the weight's copies) and the ceiling's share
     o_row = tables["llama-3-8b"]["rows"][1 * 3]  # o, 1 row
     ceiling = 4096 * 4096 * 2 / 4e3 / 1e3
-    assert o_row[:4] == ["o", "4096 x 4096", "33.6", 1]
-    assert o_row[4:] == [f"{1.1 * ceiling:.2f}", f"{1.32 * ceiling:.2f}", "1.20x", f"{ceiling:.2f}", "91%"]
+    assert o_row[:5] == ["o", "4096 x 4096", "33.6", 1, "kernel"]
+    assert o_row[5:] == [f"{1.1 * ceiling:.2f}", f"{1.32 * ceiling:.2f}", "1.20x", f"{ceiling:.2f}", "91%"]
+    # what decode_linear runs: cuBLAS for the weights above its size bound (gate/up, the LM head)
+    paths = {(row[0], row[3]): row[4] for row in tables["llama-3-8b"]["rows"]}
+    assert paths[("gate_up", 16)] == paths[("lm_head", 1)] == "cuBLAS (rule)" and paths[("down", 4)] == "kernel"
 
-    # the targets: every weight of 50 MB or more at 91% of its ceiling; cuBLAS faster on the 70B q/k/v
+    # the targets: every weight at 91% of its ceiling; cuBLAS faster on the 70B q/k/v; cuBLAS below
+    # 70% of the ceiling only on the router
     by_text = {row[0]: row[1:] for row in tables["targets"]["rows"]}
-    share, versus = by_text.values()
-    assert share == ["18", "18 of 18", share[2], "91%"]  # 6 of the 9 layers are 50 MB or more
-    assert versus == ["27", "24 of 27", "Llama-3-70B TP8 qkv, rows 1", "0.90x"]
+    share, mid_share, versus, weak = by_text.values()
+    assert share == ["30", "30 of 30", share[2], "91%"]  # 10 of the 16 layers are 50 MB or more
+    assert mid_share == ["15", "15 of 15", mid_share[2], "91%"]  # 8B o; 70B o, q/k/v; 30B-A3B o, q/k/v
+    assert versus == ["48", "45 of 48", "Llama-3-70B TP8 qkv, rows 1", "0.90x"]
+    assert weak == ["3", "3 of 3", "Qwen3-30B-A3B router, rows 1", "2.00x"]  # cuBLAS at 1 / 2.2 of the ceiling
     summary = printed[printed.index("device: Fake GPU") : printed.index("results: ")]
     assert "### targets, checked on this run" in summary and "at 4000 GB/s" in summary
-    assert "| o | 4096 x 4096 | 33.6 | 1 |" in summary
+    assert "| o | 4096 x 4096 | 33.6 | 1 | kernel |" in summary
 
 
 def test_report_renders_the_decode_linear_section(
@@ -982,7 +998,7 @@ def test_report_renders_the_decode_linear_section(
     section = section[: section.index("\n## ")]
     assert "`JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_linear --json-dir DIR`" in section
     assert f"- {module.bandwidth_note(4000.0)}" in section
-    assert "| layer | N x K | weight MB | rows | jit_kernel us | cuBLAS us |" in section
+    assert "| layer | N x K | weight MB | rows | jit_kernel runs | jit_kernel us | cuBLAS us |" in section
     assert not report.has_plot(doc)  # tables of cells: no plot
 
 

@@ -86,7 +86,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_moe", (), 170.0),
     # The CI grid's medians (three tables and the targets' ceilings) and FlashInfer's sampling module.
     Script("bench_sampling"),
-    # The CI grid's medians (9 layer shapes x 3 row counts x 2 providers, each over weight copies
+    # The CI grid's medians (16 layer shapes x 3 row counts x 2 providers, each over weight copies
     # spanning 256 MB) and the read ceiling's 2 GiB sum.
     Script("bench_decode_linear"),
     # decode_attention's nine (batch, context) rows and merge_attn_states' two token counts, plus the
