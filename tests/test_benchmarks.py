@@ -1120,7 +1120,14 @@ def test_bench_decode_attention_main_adds_the_read_ceiling(
     assert doc["complete"] is True and doc["empty_kernel_us"] == 2.5
     assert doc["notes"] == [module.bandwidth_note(2000.0)] and "at 2000 GB/s" in doc["notes"][0]
     tables = {table["name"]: table for table in doc["tables"]}
-    assert list(tables) == ["decode_attention", "merge_attn_states"]
+    assert list(tables) == ["decode_attention", "merge_attn_states", "targets"]
+    # the targets: within 2x the ceiling but at batch 1 of 1,024 tokens (10 us against 4.1 us); 3x
+    # SDPA enable_gqa, 4x SDPA + repeat_kv where enable_gqa is missing; the merge's copy
+    # at 0.8 of its time
+    ceiling, over_sdpa, merge = (row[1:] for row in tables["targets"]["rows"])
+    assert ceiling[:3] == ["9", "8 of 9", "batch 1, context 1024"]
+    assert over_sdpa == ["9", "9 of 9", "batch 1, context 1024", "3.00x"]
+    assert merge == ["1", "0 of 1", "tokens 4096", "0.80x"]
     decode = tables["decode_attention"]
     assert list(decode["providers"]) == ["jit", "sdpa_repeat_kv", "sdpa_gqa", "ceiling", "copy"]
     assert [row["key"] for row in decode["rows"]][:3] == [[1, 1024], [8, 1024], [32, 1024]]

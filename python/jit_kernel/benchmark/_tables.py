@@ -465,3 +465,102 @@ def run_script(
         )
 
     run_measured_script(name, description, argv, lambda save_path: run_reports(reports, save_path), output)
+
+
+# ---------------------------------------------------------------------------------------------
+# Speed targets checked on the rows of summary tables, and the summary tables' markdown
+
+
+# The targets table: what each speed target is, where it applies, how many rows met it, the worst.
+TARGET_HEADER = ["target", "rows", "met", "worst row", "worst"]
+TARGETS_TITLE = "targets, checked on this run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A speed target checked on every row of ``tables`` that ``applies`` to: ``value(times)`` (None
+    where a time is missing) against ``bound``, met when at least it (or at most, ``at_most``)."""
+
+    text: str
+    tables: tuple[str, ...]
+    value: Callable[[Mapping[str, float]], float | None]
+    bound: float
+    at_most: bool = False
+    applies: Callable[[Sequence[Any]], bool] = lambda columns: True
+    unit: str = "x"
+
+    def met(self, value: float) -> bool:
+        return value <= self.bound if self.at_most else value >= self.bound
+
+
+def time_ratio(numerator: str, denominator: str) -> Callable[[Mapping[str, float]], float | None]:
+    def value(times: Mapping[str, float]) -> float | None:
+        a, b = times.get(numerator, math.nan), times.get(denominator, math.nan)
+        return None if math.isnan(a) or math.isnan(b) or a <= 0 or b <= 0 else a / b
+
+    return value
+
+
+def jit_us(times: Mapping[str, float]) -> float | None:
+    us = times.get("jit", math.nan)
+    return None if math.isnan(us) or us <= 0 else us
+
+
+def target_rows(results: Measurements, tables: Sequence[SummaryTable], targets: Sequence[Target]) -> list[list[str]]:
+    """Per target: the rows it applies to, how many were measured and met it, and the worst row (named
+    by its key columns, after the last word of its table's name where the target spans tables)."""
+    by_name = {table.name: table for table in tables}
+    rows = []
+    for target in targets:
+        checked: list[tuple[float, str]] = []
+        applicable = 0
+        for name in target.tables:
+            table = by_name[name]
+            prefix = [] if len(target.tables) == 1 else [name.rsplit("_", 1)[-1]]
+            for key, columns, _, _ in table.configs:
+                times = results.for_config(key)
+                if not times or not target.applies(columns):
+                    continue
+                applicable += 1
+                value = target.value(times)
+                if value is not None:
+                    cells = [f"{column} {cell}" for column, cell in zip(table.key_columns, columns, strict=True)]
+                    checked.append((value, ", ".join([*prefix, *cells])))
+        if not checked:
+            rows.append([target.text, str(applicable), "n/a", "", "n/a"])
+            continue
+        worst = max(checked) if target.at_most else min(checked)
+        met = sum(target.met(value) for value, _ in checked)
+        number = f"{worst[0]:.2f}{target.unit}"
+        rows.append([target.text, str(applicable), f"{met} of {len(checked)}", worst[1], number])
+    return rows
+
+
+def _cell(times: Mapping[str, float], provider: str, ours: float) -> str:
+    us = times.get(provider, math.nan)
+    if provider == "jit":
+        return format_us(us, 2)
+    return "n/a" if math.isnan(us) else f"{format_us(us, 2)} ({ratio_cell(us, ours)})"
+
+
+def summary_tables_markdown(results: Measurements, tables: Sequence[SummaryTable]) -> str:
+    """Each table: key columns, jit_kernel's time, then every other provider's time and its time over
+    ours (above 1.00x, jit_kernel is faster), and "vs empty" on the rows marked tiny."""
+    out = []
+    for table in tables:
+        providers = list(table.providers)
+        header = [*table.key_columns, *(f"{table.providers[p][0]} us" for p in providers), "vs empty"]
+        rows = []
+        for key, columns, _, tiny in table.configs:
+            times = results.for_config(key)
+            if not times:
+                continue
+            ours = times.get("jit", math.nan)
+            vs_empty = ratio_cell(ours, times.get(EMPTY_PROVIDER, math.nan)) if tiny else ""
+            rows.append([*columns, *(_cell(times, p, ours) for p in providers), vs_empty])
+        out.append(format_table(table.title, header, rows))
+    return "\n".join(out)
+
+
+def targets_markdown(rows: Sequence[Sequence[str]]) -> str:
+    return format_table(TARGETS_TITLE, TARGET_HEADER, rows)

@@ -23,6 +23,10 @@ merge_attn_states: two ``[N, 32, 128]`` bf16 results with their float32 LSEs int
 4096 (CI-sized grid: 16, 4096); ``jit``, ``eager`` (the formula in torch: max, exp, a weighted sum in
 float32), ``compile`` (torch.compile of it) and ``copy`` (its minimal bytes: both inputs and their
 LSEs read, the output and its LSE written). "vs empty" is shown up to 16 tokens.
+
+Targets, checked on the same run and printed after the tables: decode_attention within 2x the read
+ceiling and at least as fast as the faster SDPA form at every point, merge_attn_states at 90% of
+the copy ceiling at 4,096 tokens.
 """
 
 from __future__ import annotations
@@ -36,19 +40,26 @@ import triton.testing
 
 import jit_kernel
 from jit_kernel.benchmark import _tables
+from jit_kernel.benchmark import results as result_files
 from jit_kernel.benchmark._tables import (
     CEILING,
     CEILING_LABEL,
     READ_NOTE,
     STANDARD_PROVIDERS,
+    TARGET_HEADER,
+    TARGETS_TITLE,
     Measurements,
     SummaryTable,
+    Target,
     compile_static,
     format_us,
     provider_benchmark,
     read_gbps,
+    summary_tables_markdown,
+    target_rows,
+    targets_markdown,
+    time_ratio,
 )
-from jit_kernel.benchmark.bench_sampling import summary_markdown
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 
 DTYPE = torch.bfloat16
@@ -241,6 +252,32 @@ def summary_tables() -> list[SummaryTable]:
     ]
 
 
+def _over_best_sdpa(times: Mapping[str, float]) -> float | None:
+    """The faster SDPA form's time over jit_kernel's (None where a time is missing)."""
+    ours = times.get("jit", math.nan)
+    sdpa = [us for us in (times.get("sdpa_repeat_kv", math.nan), times.get("sdpa_gqa", math.nan)) if not math.isnan(us)]
+    return None if math.isnan(ours) or ours <= 0 or not sdpa else min(sdpa) / ours
+
+
+TARGETS = (
+    Target(
+        "decode_attention <= 2x the read ceiling (+ one empty kernel)",
+        ("decode_attention",),
+        time_ratio("jit", CEILING),
+        2.0,
+        at_most=True,
+    ),
+    Target("decode_attention >= 1.0x the faster SDPA form", ("decode_attention",), _over_best_sdpa, 1.0),
+    Target(
+        f"merge_attn_states, {MERGE_TOKENS[-1]} tokens: >= 90% of the copy ceiling",
+        ("merge_attn_states",),
+        time_ratio("copy", "jit"),
+        0.9,
+        applies=lambda columns: int(columns[0]) == MERGE_TOKENS[-1],
+    ),
+)
+
+
 def bandwidth_note(gbps: float) -> str:
     return (
         f"read ceiling: K, V, the query and the output at {format_us(gbps, 0)} GB/s ({READ_NOTE}) plus the empty "
@@ -250,7 +287,7 @@ def bandwidth_note(gbps: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The perf_reports with the bandwidth measured first, then the summary with the read ceilings
-    added (``_tables.run_measured_script``)."""
+    added and the targets table after it (``_tables.run_measured_script``)."""
     from jit_kernel.benchmark.utils import run_reports
 
     bandwidth = [math.nan]
@@ -262,11 +299,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     def output(empty: float) -> _tables.ScriptOutput:
         measured, declared = RESULTS, summary_tables()
         _tables.add_read_ceilings(measured, declared, bandwidth[0], empty, lambda _, nbytes: nbytes)
+        targets = target_rows(measured, declared, TARGETS)
         note = bandwidth_note(bandwidth[0])
+        tables = _tables.tables_json(declared, measured, empty)
+        tables.append(result_files.cells_table("targets", TARGETS_TITLE, TARGET_HEADER, targets))
         return _tables.ScriptOutput(
             f"{_tables.empty_kernel_line(empty)}; {note}",
-            summary_markdown(measured, declared),
-            _tables.tables_json(declared, measured, empty),
+            summary_tables_markdown(measured, declared) + "\n" + targets_markdown(targets),
+            tables,
             [note],
         )
 

@@ -73,14 +73,19 @@ from jit_kernel.benchmark import results as result_files
 from jit_kernel.benchmark._tables import (
     CEILING,
     CEILING_LABEL,
-    EMPTY_PROVIDER,
+    TARGET_HEADER,
+    TARGETS_TITLE,
     Measurements,
     SummaryTable,
+    Target,
     compile_static,
-    format_table,
     format_us,
+    jit_us,
     provider_benchmark,
-    ratio_cell,
+    summary_tables_markdown,
+    target_rows,
+    targets_markdown,
+    time_ratio,
 )
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range, median_time_us
 
@@ -521,52 +526,19 @@ def _ceiling_bytes(key: Hashable, nbytes: int) -> int:
     return logits_bytes(batch, vocab, what if kind == "sample" else "float32")
 
 
-TARGET_HEADER = ["target", "rows", "met", "worst row", "worst"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A speed target checked on every row of ``tables`` that ``applies`` to: ``value(times)`` (None
-    where a time is missing) against ``bound``, met when at least it (or at most, ``at_most``)."""
-
-    text: str
-    tables: tuple[str, ...]
-    value: Callable[[Mapping[str, float]], float | None]
-    bound: float
-    at_most: bool = False
-    applies: Callable[[Sequence[Any]], bool] = lambda columns: True
-    unit: str = "x"
-
-    def met(self, value: float) -> bool:
-        return value <= self.bound if self.at_most else value >= self.bound
-
-
-def _ratio(numerator: str, denominator: str) -> Callable[[Mapping[str, float]], float | None]:
-    def value(times: Mapping[str, float]) -> float | None:
-        a, b = times.get(numerator, math.nan), times.get(denominator, math.nan)
-        return None if math.isnan(a) or math.isnan(b) or a <= 0 or b <= 0 else a / b
-
-    return value
-
-
-def _jit_us(times: Mapping[str, float]) -> float | None:
-    us = times.get("jit", math.nan)
-    return None if math.isnan(us) or us <= 0 else us
-
-
 SAMPLE_TABLES = ("sample_float32", "sample_bfloat16")
 TARGETS = (
     Target(
         "sample (top-k + top-p) >= 3x FlashInfer's top_k_top_p_sampling_from_logits",
         SAMPLE_TABLES,
-        _ratio("flashinfer", "jit"),
+        time_ratio("flashinfer", "jit"),
         3.0,
     ),
-    Target("sample (top-k + top-p) >= 10x vLLM's torch sampler", SAMPLE_TABLES, _ratio("vllm_torch", "jit"), 10.0),
+    Target("sample (top-k + top-p) >= 10x vLLM's torch sampler", SAMPLE_TABLES, time_ratio("vllm_torch", "jit"), 10.0),
     Target(
         "sample (top-k + top-p), batch >= 32: <= 3x the read ceiling",
         SAMPLE_TABLES,
-        _ratio("jit", CEILING),
+        time_ratio("jit", CEILING),
         3.0,
         at_most=True,
         applies=lambda columns: int(columns[0]) >= 32,
@@ -574,7 +546,7 @@ TARGETS = (
     Target(
         "sample (top-k + top-p), batch 1: <= 5 us",
         SAMPLE_TABLES,
-        _jit_us,
+        jit_us,
         5.0,
         at_most=True,
         applies=lambda columns: int(columns[0]) == 1,
@@ -583,69 +555,10 @@ TARGETS = (
     Target(
         "each FlashInfer-compatible op >= 1.0x FlashInfer's op of the same name",
         ("compat",),
-        _ratio("flashinfer", "jit"),
+        time_ratio("flashinfer", "jit"),
         1.0,
     ),
 )
-
-
-def target_rows(results: Measurements, tables: Sequence[SummaryTable]) -> list[list[str]]:
-    """Per target: the rows it applies to, how many were measured and met it, and the worst row."""
-    by_name = {table.name: table for table in tables}
-    rows = []
-    for target in TARGETS:
-        checked: list[tuple[float, str]] = []
-        applicable = 0
-        for name in target.tables:
-            table = by_name[name]
-            prefix = [] if len(target.tables) == 1 else [name.removeprefix("sample_")]
-            for key, columns, _, _ in table.configs:
-                times = results.for_config(key)
-                if not times or not target.applies(columns):
-                    continue
-                applicable += 1
-                value = target.value(times)
-                if value is not None:
-                    cells = [f"{column} {cell}" for column, cell in zip(table.key_columns, columns, strict=True)]
-                    checked.append((value, ", ".join([*prefix, *cells])))
-        if not checked:
-            rows.append([target.text, str(applicable), "n/a", "", "n/a"])
-            continue
-        worst = max(checked) if target.at_most else min(checked)
-        met = sum(target.met(value) for value, _ in checked)
-        number = f"{worst[0]:.2f}{target.unit}"
-        rows.append([target.text, str(applicable), f"{met} of {len(checked)}", worst[1], number])
-    return rows
-
-
-def _cell(times: Mapping[str, float], provider: str, ours: float) -> str:
-    us = times.get(provider, math.nan)
-    if provider == "jit":
-        return format_us(us, 2)
-    return "n/a" if math.isnan(us) else f"{format_us(us, 2)} ({ratio_cell(us, ours)})"
-
-
-def summary_markdown(results: Measurements, tables: Sequence[SummaryTable]) -> str:
-    """Each table: key columns, jit_kernel's time, then every other provider's time and its time over
-    ours (above 1.00x, jit_kernel is faster), and "vs empty" for batch <= TINY_BATCH."""
-    out = []
-    for table in tables:
-        providers = list(table.providers)
-        header = [*table.key_columns, *(f"{table.providers[p][0]} us" for p in providers), "vs empty"]
-        rows = []
-        for key, columns, _, tiny in table.configs:
-            times = results.for_config(key)
-            if not times:
-                continue
-            ours = times.get("jit", math.nan)
-            vs_empty = ratio_cell(ours, times.get(EMPTY_PROVIDER, math.nan)) if tiny else ""
-            rows.append([*columns, *(_cell(times, p, ours) for p in providers), vs_empty])
-        out.append(format_table(table.title, header, rows))
-    return "\n".join(out)
-
-
-def targets_markdown(rows: Sequence[Sequence[str]]) -> str:
-    return format_table("targets, checked on this run", TARGET_HEADER, rows)
 
 
 def bandwidth_note(gbps: float) -> str:
@@ -669,13 +582,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     def output(empty: float) -> _tables.ScriptOutput:
         measured, declared = RESULTS, summary_tables()
         _tables.add_read_ceilings(measured, declared, bandwidth[0], empty, _ceiling_bytes)
-        targets = target_rows(measured, declared)
+        targets = target_rows(measured, declared, TARGETS)
         note = bandwidth_note(bandwidth[0])
         tables = _tables.tables_json(declared, measured, empty)
-        tables.append(result_files.cells_table("targets", "targets, checked on this run", TARGET_HEADER, targets))
+        tables.append(result_files.cells_table("targets", TARGETS_TITLE, TARGET_HEADER, targets))
         return _tables.ScriptOutput(
             f"{_tables.empty_kernel_line(empty)}; {note}",
-            summary_markdown(measured, declared) + "\n" + targets_markdown(targets),
+            summary_tables_markdown(measured, declared) + "\n" + targets_markdown(targets),
             tables,
             [note],
         )
