@@ -48,6 +48,8 @@ from jit_kernel.benchmark import _tables
 from jit_kernel.benchmark import results as result_files
 from jit_kernel.benchmark._tables import (
     READ_NOTE,
+    TARGET_HEADER,
+    TARGETS_TITLE,
     Measurements,
     format_table,
     format_us,
@@ -255,9 +257,6 @@ def measured_rows(results: Measurements, gbps: float) -> list[Row]:
     return out
 
 
-TARGET_HEADER = ["target", "rows", "met", "worst row", "worst"]
-
-
 def target_rows(rows: Sequence[Row]) -> list[list[str]]:
     """Per target: the rows it applies to, how many were measured and met it, and the worst row."""
     targets: list[tuple[str, Callable[[Row], bool], Callable[[Row], float], float]] = [
@@ -338,12 +337,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         targets = target_rows(rows)
         note = bandwidth_note(bandwidth[0])
         json_tables = [result_files.cells_table(name, title, HEADER, cells) for name, title, cells in declared]
-        json_tables.append(result_files.cells_table("targets", "targets, checked on this run", TARGET_HEADER, targets))
+        json_tables.append(result_files.cells_table("targets", TARGETS_TITLE, TARGET_HEADER, targets))
         return _tables.ScriptOutput(
             note,
             "\n".join(format_table(title, HEADER, cells) for _, title, cells in declared)
             + "\n"
-            + format_table("targets, checked on this run", TARGET_HEADER, targets),
+            + format_table(TARGETS_TITLE, TARGET_HEADER, targets),
             json_tables,
             [note],
         )
