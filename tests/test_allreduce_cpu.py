@@ -122,6 +122,9 @@ def _two_rank_stub(max_bytes: int = 1 << 20) -> CustomAllReduce:
     comm.peers = torch.zeros(2, 2, dtype=torch.int64)
     comm.error_address, comm._error, comm._failed, comm._capturing = 0, None, None, False
     comm._regions = []
+    comm.graph_inputs, comm.max_graph_calls = "copy", 32768
+    comm._graph_table, comm._graph_table_address, comm._graph_slots, comm._graph_calls = None, 0, 0, []
+    comm._opened, comm.registered_graph_calls, comm.copied_graph_calls = {}, 0, 0
     comm.handle = 10**6 + id(comm) % 1000
     ops.COMMUNICATORS[comm.handle] = comm
     return comm

@@ -3,17 +3,18 @@
 // fused with the residual add and RMSNorm (and an fp8 quantisation of its output: a static
 // per-tensor scale, or dynamic scales per group of 64 or 128 elements of a token).
 //
-//   all_reduce                  (out, x, peers, rank, algo, error, timeout_ns, half_bytes)
+//   all_reduce                  (out, x, peers, rank, algo, error, timeout_ns, half_bytes, inputs)
 //   fused_add_rmsnorm           (x, residual, weight, eps, peers, rank, kper, error, timeout_ns, half_bytes)
 //   fused_add_rmsnorm_quant_fp8 (q, x, residual, weight, scale, eps, peers, rank, kper, error, ...)
 //   fused_add_rmsnorm_per_token_group_quant_fp8
 //                               (q, s, x, residual, weight, group_size, eps, quant_eps, scale_ue8m0,
 //                                peers, rank, kper, error, ...)
 //   ipc_alloc, ipc_free, ipc_handle, ipc_open, ipc_close, signal_bytes: the regions (host only)
+//   ipc_input_handle: the IPC handle of the allocation holding a captured input (host only)
 //
 // Every rank owns two regions that the others map:
 // - data: two halves of `half_bytes` each. A call copies its input into the half of its epoch's
-//   parity (the copy is the kernel's first phase, so no input address is ever registered, and a
+//   parity (the copy-in: the kernel's first phase, so no input address needs registering, and a
 //   CUDA graph replays with whatever its captured input holds);
 // - signal (kSignalWords uint32 words): the epoch (the number of calls made), the count of blocks
 //   done with the current call, a sticky error word, and the arrival flags
@@ -22,6 +23,21 @@
 // `peers` is a CPU int64 tensor [2, W]: row 0 the data regions' device addresses, row 1 the signal
 // regions'. The call's epoch e lives in device memory (read by every block at the start, advanced
 // by the last block to finish), so a CUDA graph replay advances it as an eager call does.
+//
+// Registered inputs (all_reduce only; python/jit_kernel/distributed.py, graph_inputs="register"):
+// `inputs` is 0 (copy-in) or the device address of a slot of a table, one slot per captured call,
+// holding kMaxRanks addresses: where this process reads each rank's input of that call (its own
+// input, and the peers' inputs through the IPC mappings of their allocations), filled by the host
+// after capture. A call whose slot is filled on this rank skips the copy-in and reads every rank's
+// input in place (the host fills a slot on every rank or on none, so the ranks agree); the
+// protocol is the same code either way, only the address each rank's data is read from (BlockState::src)
+// differs. Reading a peer's input in place adds one rule: no rank may leave the call, after which
+// its stream may overwrite its input, before every peer has finished reading it. Two-shot reads
+// the inputs only before its second barrier, which gives that; one-shot adds a barrier at its end
+// (phase 1). The host registers no one-shot call whose output overlaps its input (the rank would
+// overwrite its input while the peers read it) and no two-shot call whose output overlaps its input
+// other than exactly (in place, each rank writes only its own slice before the second barrier);
+// those calls copy in.
 //
 // A barrier (phase p): every block stores e into flags[p][block][rank] of every rank (release,
 // system scope, after the block's writes), then thread i < W polls its own flags[p][block][i] until
@@ -32,9 +48,10 @@
 // the call before the previous one (its calls run in stream order).
 //
 // Algorithms (the same choice on every rank: python/jit_kernel/ops/allreduce.py):
-// - one-shot: copy, barrier, then every rank reads every rank's data and sums it;
-// - two-shot: copy, barrier, rank r reduces slice r of the data (in place, in its own region),
-//   barrier, then every rank gathers slice s from rank s.
+// - one-shot: copy, barrier, then every rank reads every rank's data and sums it (registered:
+//   barrier, read and sum every rank's input, barrier);
+// - two-shot: copy, barrier, rank r reduces slice r of the data into its own region (registered:
+//   of the inputs), barrier, then every rank gathers slice s from rank s's region.
 // Every element is summed in fp32 in rank order 0 .. W-1 and rounded once to T, whichever the
 // algorithm and the rank: every rank gets the same bits, the bits of a float32 rank-order sum.
 //
@@ -62,6 +79,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 namespace jit_kernel::allreduce {
@@ -79,6 +97,13 @@ inline constexpr int64_t kSignalWords = kFlagsWord + kPhases * kMaxBlocks * kMax
 
 enum Algo : int32_t { kOneShot = 0, kTwoShot = 1 };
 
+// One slot of the registered-inputs table: rank r's input of one captured call, as this process
+// addresses it (nullptr: not registered, the call copies in).
+struct RankInputs {
+  const char* ptr[kMaxRanks];
+};
+static_assert(sizeof(RankInputs) == 8 * kMaxRanks, "python/jit_kernel/distributed.py writes int64 rows");
+
 struct Peers {
   char* data[kMaxRanks];
   uint32_t* signal[kMaxRanks];
@@ -87,6 +112,7 @@ struct Peers {
   int32_t* host_error;  // pinned host memory, one word per rank (the same address on the device: unified addressing)
   uint64_t timeout_ns;
   int64_t half_bytes;
+  const RankInputs* inputs;  // this call's slot, or nullptr (copy-in)
 };
 
 SGL_DEVICE uint32_t load_acquire(const uint32_t* p) {
@@ -109,18 +135,28 @@ SGL_DEVICE uint32_t* flag(uint32_t* signal, int phase, int block, int from) {
   return signal + kFlagsWord + (phase * kMaxBlocks + block) * kMaxRanks + from;
 }
 
-// What a block shares: the call's epoch and whether the call failed.
+// What a block shares: the call's epoch, whether the call failed, whether it reads the inputs in
+// place, and where it reads rank r's data.
 struct BlockState {
   uint32_t epoch;
   int failed;
+  int registered;
+  const char* src[kMaxRanks];  // rank r's registered input, or its data half of this epoch
 };
 
-// Reads the epoch and the sticky error word (thread 0), for the whole block.
+// Reads the epoch, the sticky error word and the call's slot (thread 0), for the whole block.
 SGL_DEVICE void begin(const Peers& p, BlockState& s) {
   if (threadIdx.x == 0) {
     const uint32_t* mine = p.signal[p.rank];
     s.epoch = static_cast<const volatile uint32_t*>(mine)[kEpochWord] + 1;
     s.failed = static_cast<const volatile uint32_t*>(mine)[kErrorWord] != 0;
+    const bool registered = p.inputs != nullptr && p.inputs->ptr[p.rank] != nullptr;
+    s.registered = registered;
+    const int64_t offset = static_cast<int64_t>(s.epoch & 1) * p.half_bytes;
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r < p.world) s.src[r] = registered ? p.inputs->ptr[r] : p.data[r] + offset;
+    }
   }
   __syncthreads();
 }
@@ -194,17 +230,18 @@ SGL_DEVICE Vec<T, kN> load_cg(const char* base, int64_t unit) {
   return v;
 }
 
-// The sum of unit `unit` over every rank's data half, in fp32 in rank order, rounded once.
+// The sum of unit `unit` over every rank's data (s.src[r] + offset: its registered input or its
+// data half), in fp32 in rank order, rounded once.
 template <typename T, int kN>
-SGL_DEVICE Vec<T, kN> sum_ranks(const Peers& p, int64_t offset, int64_t unit) {
+SGL_DEVICE Vec<T, kN> sum_ranks(const Peers& p, const BlockState& s, int64_t offset, int64_t unit) {
   float acc[kN];
   {
-    const Vec<T, kN> v = load_cg<T, kN>(p.data[0] + offset, unit);
+    const Vec<T, kN> v = load_cg<T, kN>(s.src[0] + offset, unit);
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[j] = dtype_trait<fp32_t>::from(v[j]);
   }
   for (int r = 1; r < p.world; ++r) {
-    const Vec<T, kN> v = load_cg<T, kN>(p.data[r] + offset, unit);
+    const Vec<T, kN> v = load_cg<T, kN>(s.src[r] + offset, unit);
 #pragma unroll
     for (int j = 0; j < kN; ++j) acc[j] = acc[j] + dtype_trait<fp32_t>::from(v[j]);
   }
@@ -234,9 +271,11 @@ __global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Peers p, T* 
   if constexpr (kAlgo == kOneShot) {
     const int64_t chunk = (units + blocks - 1) / blocks;
     const int64_t lo = std::min(units, blockIdx.x * chunk), hi = std::min(units, lo + chunk);
-    copy_units<T, kN>(mine, in, lo, hi);
+    if (!s.registered) copy_units<T, kN>(mine, in, lo, hi);
     if (barrier(p, s, 0)) {
-      for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) sum_ranks<T, kN>(p, offset, u).store(out, u);
+      for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) sum_ranks<T, kN>(p, s, 0, u).store(out, u);
+      // Registered: the peers read this rank's input in place; no rank leaves before they are done.
+      if (s.registered) barrier(p, s, 1);
     }
   } else {
     // Slice r = [r * slice, (r + 1) * slice) of the units, reduced by rank r; block b owns part b
@@ -248,18 +287,20 @@ __global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Peers p, T* 
       lo = std::min(slice_hi, slice_lo + blockIdx.x * chunk);
       hi = std::min(slice_hi, lo + chunk);
     };
-    for (int r = 0; r < p.world; ++r) {
-      int64_t lo, hi;
-      part(r, lo, hi);
-      copy_units<T, kN>(mine, in, lo, hi);
+    if (!s.registered) {
+      for (int r = 0; r < p.world; ++r) {
+        int64_t lo, hi;
+        part(r, lo, hi);
+        copy_units<T, kN>(mine, in, lo, hi);
+      }
     }
     int64_t lo, hi;
     part(p.rank, lo, hi);
     if (barrier(p, s, 0)) {
       for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
-        const Vec<T, kN> v = sum_ranks<T, kN>(p, offset, u);
+        const Vec<T, kN> v = sum_ranks<T, kN>(p, s, 0, u);
         v.store(mine, u);  // no peer reads this rank's slice before the next barrier
-        v.store(out, u);
+        v.store(out, u);   // registered and in place: this rank's slice, which no peer reads
       }
       if (barrier(p, s, 1)) {
         for (int r = 0; r < p.world; ++r) {
@@ -330,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) fused_add_rmsnorm_kernel(
       for (int k = 0; k < kPer; ++k) {
         const int64_t v = threadIdx.x + k * blockDim.x;
         // The same thread reads these vectors back in normalize_row: no barrier needed.
-        if (v < nvec) sum_ranks<T, kN>(p, offset + row * nvec * 16, v).store(x_row, v);
+        if (v < nvec) sum_ranks<T, kN>(p, s, row * nvec * 16, v).store(x_row, v);
       }
       constexpr auto kOptions = norm::RowOptions{.fused = true, .early_weight = true};
       const auto normalize = [&](auto&& epilogue) {
@@ -403,7 +444,8 @@ inline uint32_t grid_for(int64_t work) {
 template <typename T>
 struct CustomAllReduce {
   // out = the sum of every rank's x (contiguous, the same shape and dtype on every rank; out may be
-  // x). algo: 0 one-shot, 1 two-shot.
+  // x). algo: 0 one-shot, 1 two-shot. inputs: 0 (copy-in), or the device address of this call's
+  // slot of the registered-inputs table (a RankInputs; see the top of the file).
   static void all_reduce(
       tvm::ffi::TensorView out,
       tvm::ffi::TensorView x,
@@ -412,12 +454,18 @@ struct CustomAllReduce {
       int64_t algo,
       int64_t error,
       int64_t timeout_ns,
-      int64_t half_bytes) {
+      int64_t half_bytes,
+      int64_t inputs) {
     using namespace host;
     auto device = SymbolicDevice{};
     TensorMatcher::same_shape_as(x).with_device<kDLCUDA>(device).with_dtype<T>().verify(x, "x").verify(out, "out");
-    const Peers p = make_peers(peers, rank, error, timeout_ns, half_bytes);
+    Peers p = make_peers(peers, rank, error, timeout_ns, half_bytes);
     RuntimeCheck(algo == kOneShot || algo == kTwoShot, "custom_all_reduce: unknown algorithm ", algo);
+    RuntimeCheck(
+        inputs >= 0 && inputs % static_cast<int64_t>(alignof(RankInputs)) == 0,
+        "custom_all_reduce: bad registered-inputs slot address ",
+        inputs);
+    p.inputs = reinterpret_cast<const RankInputs*>(inputs);
     const int64_t n = x.numel();
     const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
     RuntimeCheck(bytes <= half_bytes, "custom_all_reduce: ", bytes, " bytes exceed the buffer's ", half_bytes);
@@ -658,6 +706,55 @@ inline int64_t ipc_open(int64_t device, tvm::ffi::TensorView handle) {
 inline void ipc_close(int64_t device, int64_t address) {
   OnDevice on(device);
   host::RuntimeDeviceCheck(cudaIpcCloseMemHandle(reinterpret_cast<void*>(address)));
+}
+
+// cuMemGetAddressRange, looked up once through the runtime (no link to libcuda).
+inline auto address_range_function() -> decltype(&::cuMemGetAddressRange) {
+  static const auto fn = [] {
+    void* address = nullptr;
+    cudaDriverEntryPointQueryResult result{};
+    decltype(&::cuMemGetAddressRange) found = nullptr;
+    // Version 12000: the _v2 form (size_t sizes).
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &address, 12000, cudaEnableDefault, &result) ==
+            cudaSuccess &&
+        result == cudaDriverEntryPointSuccess) {
+      found = reinterpret_cast<decltype(&::cuMemGetAddressRange)>(address);
+    }
+    cudaGetLastError();  // a missing symbol is not an error of the caller's next CUDA call
+    return found;
+  }();
+  return fn;
+}
+
+// A captured input of the registered variant: [address, address + bytes) on `device`, a piece of
+// a larger allocation when torch's caching allocator made it. Writes the IPC handle of that
+// allocation (found from its base, cuMemGetAddressRange) into `handle` (CPU uint8 [64]) and
+// returns the offset of `address` in it; returns -1, leaving no CUDA error behind, where the
+// memory cannot be shared by cudaIpcGetMemHandle (e.g. the virtual-memory allocations of
+// expandable segments, or memory of no allocation): the caller copies that call's input in.
+inline int64_t ipc_input_handle(int64_t device, int64_t address, int64_t bytes, tvm::ffi::TensorView handle) {
+  using namespace host;
+  TensorMatcher({static_cast<int64_t>(sizeof(cudaIpcMemHandle_t))})
+      .with_dtype<uint8_t>()
+      .with_device<kDLCPU>()
+      .verify(handle, "handle");
+  RuntimeCheck(address > 0 && bytes > 0, "custom_all_reduce: bad input range ", address, " + ", bytes);
+  OnDevice on(device);
+  RuntimeDeviceCheck(cudaFree(nullptr));  // the device's primary context current for the driver call
+  const auto range = address_range_function();
+  if (range == nullptr) return -1;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range(&base, &size, static_cast<CUdeviceptr>(address)) != CUDA_SUCCESS) return -1;
+  const auto offset = static_cast<int64_t>(static_cast<CUdeviceptr>(address) - base);
+  if (offset < 0 || offset + bytes > static_cast<int64_t>(size)) return -1;
+  cudaIpcMemHandle_t h{};
+  if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  __builtin_memcpy(handle.data_ptr(), &h, sizeof(h));
+  return offset;
 }
 
 // The signal region's size in bytes (Python allocates it).

@@ -24,17 +24,32 @@ graph capture (so an eager call raises for a failure of an earlier call), and in
 which synchronises the stream first. The error is a :class:`PeerTimeoutError` naming the ranks;
 after it the communicator refuses every call. ``debug=True`` checks after every eager call (a
 sync each) and checks before each call that every rank passes the same shape and dtype.
+
+CUDA graphs (:meth:`CustomAllReduce.capture`), two variants, chosen by ``graph_inputs``:
+
+- ``"copy"`` (the default): a captured call is the eager call, copy-in included; nothing is
+  registered, and a replay reads whatever the captured input holds then;
+- ``"register"``: each ``all_reduce`` captured inside ``capture()`` takes a slot of a device table
+  (one address per rank) and is launched with that slot's address; at the end of ``capture()`` the
+  ranks exchange the CUDA IPC handles of the allocations holding their captured inputs (the
+  allocation's base and the input's offset in it: torch's caching allocator hands out pieces of
+  larger ``cudaMalloc`` segments), open the peers', and fill the slots, so that replays read
+  every rank's input in place with no copy-in. Eager calls copy in as before. A slot that cannot
+  be filled on every rank (memory ``cudaIpcGetMemHandle`` cannot share, such as expandable
+  segments) is left empty, and that call copies in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from jit_kernel.ops import allreduce as _ops
 
@@ -53,6 +68,72 @@ def _log_once(reason: str) -> None:
     if reason not in _LOGGED:
         _LOGGED.add(reason)
         logger.warning("custom all-reduce falls back to torch.distributed.all_reduce: %s", reason)
+
+
+def _log_copy_once(reason: str) -> None:
+    key = "copy: " + reason
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        logger.warning("custom all-reduce: captured calls copy their inputs in: %s", reason)
+
+
+GRAPH_INPUTS = ("copy", "register")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphCall:
+    """One ``all_reduce`` captured inside :meth:`CustomAllReduce.capture` (``graph_inputs="register"``):
+    its shape, dtype and algorithm, its slot of the registered-inputs table (-1: it copies in), and
+    the input's address and size in this process."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    algo: int
+    slot: int
+    address: int
+    nbytes: int
+
+    def key(self) -> tuple[tuple[int, ...], str, int, int]:
+        """What every rank's call at this position must agree on."""
+        return self.shape, self.dtype, self.algo, self.slot
+
+
+# What a rank contributes to the exchange at the end of capture(): whether its capture raised, its
+# calls' keys, its allocations' IPC handles (each once), and per call (handle index, offset), or
+# None where its input is not shared (it copies in, or its memory cannot be shared).
+Contribution = tuple[bool, list[Any], list[bytes], list[tuple[int, int] | None]]
+
+
+def compare_captures(contributions: Sequence[Contribution]) -> str | None:
+    """Why the ranks' captures cannot be registered (a rank raised inside capture(), or the ranks
+    captured different calls), or None when they agree. Reads gathered data only: every rank gets
+    the same answer."""
+    raised = [r for r, (failed, *_) in enumerate(contributions) if failed]
+    if raised:
+        return f"rank(s) {raised} raised inside capture()"
+    first = contributions[0][1]
+    for rank, (_, keys, _, _) in enumerate(contributions):
+        if len(keys) != len(first):
+            return f"rank 0 captured {len(first)} all_reduce calls, rank {rank} captured {len(keys)}"
+        for index, (a, b) in enumerate(zip(first, keys, strict=True)):
+            if tuple(a) != tuple(b):
+                return (
+                    f"captured all_reduce call {index} differs: rank 0 (shape, dtype, algorithm, slot) {tuple(a)}, "
+                    f"rank {rank} {tuple(b)}"
+                )
+    return None
+
+
+def shared_inputs(contributions: Sequence[Contribution], index: int) -> list[tuple[bytes, int]] | None:
+    """Every rank's (IPC handle, offset) of captured call ``index``, or None where some rank does
+    not share its input (the call then copies in on every rank)."""
+    out = []
+    for _, _, handles, where in contributions:
+        placed = where[index]
+        if placed is None:
+            return None
+        out.append((handles[placed[0]], placed[1]))
+    return out
 
 
 def _function(export: str) -> Any:
@@ -76,10 +157,14 @@ class CustomAllReduce:
     ``device``: this rank's GPU (default: the current CUDA device). ``max_bytes``: the largest input
     the kernels take (a multiple of 16; larger inputs go to ``torch.distributed.all_reduce``); each
     rank allocates ``2 * max_bytes`` (two halves, alternating between calls). ``timeout_s``: how long
-    a rank waits for its peers in a call before it gives up and reports them.
+    a rank waits for its peers in a call before it gives up and reports them. ``graph_inputs``:
+    ``"copy"`` or ``"register"``, how ``all_reduce`` calls captured in :meth:`capture` get their
+    inputs (see the module's text); ``max_graph_calls``: with ``"register"``, the slots of the
+    registered-inputs table (``max_graph_calls * 64`` bytes on the device; captured calls beyond it
+    copy in).
 
     Construction is collective: every rank of ``group`` must make it, in the same order as any other
-    collective on the group.
+    collective on the group, with the same ``max_bytes``, ``graph_inputs`` and ``max_graph_calls``.
     """
 
     def __init__(
@@ -90,6 +175,8 @@ class CustomAllReduce:
         max_bytes: int = 8 << 20,
         timeout_s: float = 30.0,
         debug: bool = False,
+        graph_inputs: str = "copy",
+        max_graph_calls: int = 32768,
     ) -> None:
         import torch.distributed as dist
 
@@ -97,6 +184,10 @@ class CustomAllReduce:
             raise ValueError(f"CustomAllReduce: max_bytes must be a positive multiple of 16, got {max_bytes!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
             raise ValueError(f"CustomAllReduce: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not isinstance(graph_inputs, str) or graph_inputs not in GRAPH_INPUTS:
+            raise ValueError(f"CustomAllReduce: graph_inputs must be 'copy' or 'register', got {graph_inputs!r}")
+        if type(max_graph_calls) is not int or max_graph_calls <= 0:
+            raise ValueError(f"CustomAllReduce: max_graph_calls must be a positive int, got {max_graph_calls!r}")
         self.group = group
         self.world_size: int = dist.get_world_size(group)
         self.rank: int = dist.get_rank(group)
@@ -113,6 +204,17 @@ class CustomAllReduce:
         self._capturing = False
         self._regions: list[tuple[int, int]] = []  # (address, owned) to free or close
         self.device: torch.device | None = None
+        self.graph_inputs = graph_inputs
+        self.max_graph_calls = max_graph_calls
+        self._graph_table: torch.Tensor | None = None  # [max_graph_calls, MAX_RANKS] int64 on the device
+        self._graph_table_address = 0  # its address (0: no table, every captured call copies in)
+        self._graph_slots = 0  # slots handed out so far (never reused: an older graph may replay)
+        self._graph_calls: list[GraphCall] = []  # captured since the last registration
+        self._opened: dict[bytes, int] = {}  # a peer allocation's IPC handle -> its mapping here
+        #: Captured all_reduce calls whose slots were filled (they read the inputs in place), and
+        #: those that copy in, over every capture() so far (graph_inputs="register").
+        self.registered_graph_calls = 0
+        self.copied_graph_calls = 0
         self.handle = _NEXT_HANDLE[0]
         _NEXT_HANDLE[0] += 1
         _ops.COMMUNICATORS[self.handle] = self
@@ -142,20 +244,29 @@ class CustomAllReduce:
                 device = torch.device("cuda", torch.cuda.current_device())
             self.device = device
             uuid = _device_uuid(device)
+        settings = (self.max_bytes, self.graph_inputs, self.max_graph_calls)
         facts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(facts, (socket.gethostname(), uuid), group=self.group)
-        if len({host for host, _ in facts}) > 1:
-            return "the group spans hosts (" + ", ".join(sorted({host for host, _ in facts})) + ")"
-        missing = [r for r, (_, u) in enumerate(facts) if u is None]
+        dist.all_gather_object(facts, (socket.gethostname(), uuid, settings), group=self.group)
+        if any(theirs != settings for _, _, theirs in facts):
+            raise ValueError(
+                "CustomAllReduce: the ranks pass different (max_bytes, graph_inputs, max_graph_calls): "
+                + str([theirs for _, _, theirs in facts])
+            )
+        if len({host for host, _, _ in facts}) > 1:
+            return "the group spans hosts (" + ", ".join(sorted({host for host, _, _ in facts})) + ")"
+        missing = [r for r, (_, u, _) in enumerate(facts) if u is None]
         if missing:
             return f"rank(s) {missing} have no CUDA device"
-        reachable = self._peer_access([u for _, u in facts])
+        reachable = self._peer_access([u for _, u, _ in facts])
         verdicts: list[Any] = [None] * self.world_size
         dist.all_gather_object(verdicts, reachable, group=self.group)
         for rank, unreachable in enumerate(verdicts):
             if unreachable:
                 return f"no peer access (P2P) from rank {rank}'s GPU to rank(s) {unreachable}"
         self._map_regions(dist)
+        if self.graph_inputs == "register":
+            self._graph_table = torch.zeros(self.max_graph_calls, _ops.MAX_RANKS, dtype=torch.int64, device=self.device)
+            self._graph_table_address = self._graph_table.data_ptr()
         return None
 
     def _peer_access(self, uuids: list[str]) -> list[int]:
@@ -387,35 +498,177 @@ class CustomAllReduce:
             self.check()
         return output_q, output_s
 
+    # -- CUDA graphs ---------------------------------------------------------------------------
+
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
-        """Wrap CUDA graph capture of calls on this communicator::
+        """Wrap CUDA graph capture of calls on this communicator, outside ``torch.cuda.graph``::
 
             with comm.capture(), torch.cuda.graph(graph):
                 comm.all_reduce(x, out=y)
 
-        Nothing is registered: each call copies its input into the communicator's own region
-        inside the kernel, so a replay reads whatever the captured input tensor holds then, and
-        the epoch lives in device memory, so replays advance it. On entry it raises for an earlier
-        failure; inside, a call that would fall back to ``torch.distributed.all_reduce`` raises
-        (it cannot be captured). Replays do not sync: call :meth:`check` after them to learn of a
-        peer that did not arrive."""
+        One context may hold several graphs' captures. On entry it raises for an earlier failure;
+        inside, a call that would fall back to ``torch.distributed.all_reduce`` raises (it cannot be
+        captured). Replays do not sync: call :meth:`check` after them to learn of a peer that did
+        not arrive. The epoch lives in device memory, so replays and eager calls interleave freely.
+
+        ``graph_inputs="copy"``: nothing is registered; each captured call copies its input into
+        the communicator's region inside the kernel, as an eager call does.
+
+        ``graph_inputs="register"``: each ``all_reduce`` captured here takes a slot of the
+        registered-inputs table; on exit (collective: every rank leaves its ``capture()`` in step,
+        after its graphs' capture ended) the ranks check that they captured the same calls (shape,
+        dtype, algorithm, slot, in order; a ``ValueError`` names the first difference, and no input
+        is registered), exchange the IPC handles of the allocations holding their inputs, open the
+        peers' and fill the slots: replays then read every rank's input in place. Every rank must
+        capture the same sequence of calls, as it must call in the same order eagerly. A captured
+        call whose output overlaps its input, other than a two-shot call exactly in place, copies
+        in (see :func:`jit_kernel.ops.allreduce.reads_input_in_place`), and so does one whose slot
+        could not be filled on every rank. The captured inputs must stay allocated, at their
+        addresses, while the graph may replay (as any graph's tensors must), and :meth:`close` may
+        only follow the last replay."""
+        if self._capturing:
+            raise RuntimeError("CustomAllReduce: capture() contexts do not nest")
         self.check()
         self._capturing = True
+        raised = False
         try:
             yield
+        except BaseException:
+            raised = True
+            raise
         finally:
             self._capturing = False
+            if self._graph_table is not None:
+                self._end_capture(raised)
+
+    def graph_input_slot(self, x: torch.Tensor, out: torch.Tensor, algo: int) -> int:
+        """The device address of the registered-inputs slot an ``all_reduce`` of ``x`` into ``out``
+        is launched with, or 0 (it copies in): a slot only for a call captured inside
+        :meth:`capture` on a ``graph_inputs="register"`` communicator, recorded for the exchange at
+        its end."""
+        if not self._capturing or self._graph_table is None or isinstance(x, FakeTensor):
+            return 0
+        if not torch.cuda.is_current_stream_capturing():
+            return 0  # an eager call inside capture() (a warm-up): the copy-in
+        nbytes = x.numel() * x.element_size()
+        readable = _ops.reads_input_in_place(algo, x.data_ptr(), out.data_ptr(), nbytes)
+        return self._record_captured(tuple(x.shape), x.dtype, algo, x.data_ptr(), nbytes, readable)
+
+    def _record_captured(
+        self, shape: tuple[int, ...], dtype: torch.dtype, algo: int, address: int, nbytes: int, readable: bool
+    ) -> int:
+        """Record a captured call; its slot's device address, or 0 where it copies in (its input
+        cannot be read in place, ``readable`` False, or the table is full)."""
+        slot = -1
+        if readable and self._graph_slots < self.max_graph_calls:
+            slot = self._graph_slots
+            self._graph_slots += 1
+        elif readable:
+            _log_copy_once(f"more than max_graph_calls={self.max_graph_calls} calls captured")
+        self._graph_calls.append(GraphCall(shape, str(dtype).removeprefix("torch."), algo, slot, address, nbytes))
+        return 0 if slot < 0 else self._graph_table_address + slot * _ops.GRAPH_SLOT_BYTES
+
+    def _end_capture(self, raised: bool) -> None:
+        """Register the calls captured since the last registration (see :meth:`capture`)."""
+        import torch.distributed as dist
+
+        calls, self._graph_calls = self._graph_calls, []
+        if torch.cuda.is_current_stream_capturing():
+            # Registration copies into the table and synchronises, which would end the capture.
+            self.copied_graph_calls += len(calls)
+            if not raised:
+                raise RuntimeError(
+                    "CustomAllReduce: capture() must enclose the graph's capture (`with comm.capture(), "
+                    "torch.cuda.graph(g):`); it ended while the stream still captures, and no input was registered"
+                )
+            return
+        mine = self._contribution(raised, calls)
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.group)
+        problem = compare_captures(gathered)
+        if problem is not None:
+            self.copied_graph_calls += len(calls)
+            if raised:
+                return  # this rank's own exception propagates
+            raise ValueError(
+                f"CustomAllReduce (rank {self.rank}): no captured input was registered: {problem}; every rank must "
+                "capture the same all_reduce calls in the same order, and these graphs must not be replayed"
+            )
+        # Open the peers' allocations; a slot is filled only where every rank opened every peer's.
+        rows: dict[int, list[int]] = {}
+        for index, call in enumerate(calls):
+            shared = shared_inputs(gathered, index) if call.slot >= 0 else None
+            if shared is None:
+                continue
+            try:
+                rows[call.slot] = [
+                    call.address if rank == self.rank else self._open_input(handle) + offset
+                    for rank, (handle, offset) in enumerate(shared)
+                ]
+            except Exception as error:
+                _log_copy_once(f"a peer's captured input could not be opened ({type(error).__name__}: {error})")
+        opened: list[Any] = [None] * self.world_size
+        dist.all_gather_object(opened, sorted(rows), group=self.group)
+        agreed = sorted(set.intersection(*(set(theirs) for theirs in opened)))
+        if len(agreed) < sum(call.slot >= 0 for call in calls):
+            _log_copy_once("some captured inputs are in memory CUDA IPC cannot share (e.g. expandable segments)")
+        if agreed:
+            table = torch.zeros(len(agreed), _ops.MAX_RANKS, dtype=torch.int64)
+            for row, slot in enumerate(agreed):
+                table[row, : self.world_size] = torch.tensor(rows[slot], dtype=torch.int64)
+            assert self._graph_table is not None and self.device is not None
+            index = torch.tensor(agreed, dtype=torch.int64, device=self.device)
+            self._graph_table.index_copy_(0, index, table.to(self.device))
+            torch.cuda.synchronize(self.device)  # filled before any replay, on any stream
+        self.registered_graph_calls += len(agreed)
+        self.copied_graph_calls += len(calls) - len(agreed)
+
+    def _contribution(self, raised: bool, calls: list[GraphCall]) -> Contribution:
+        """This rank's part of the exchange at the end of capture() (see :data:`Contribution`)."""
+        handles: list[bytes] = []
+        known: dict[bytes, int] = {}
+        where: list[tuple[int, int] | None] = []
+        handle = torch.zeros(64, dtype=torch.uint8)
+        for call in calls:
+            offset = -1
+            if call.slot >= 0 and not raised:
+                assert self.device is not None
+                offset = int(_function("ipc_input_handle")(self.device.index, call.address, call.nbytes, handle))
+            if offset < 0:
+                where.append(None)
+                continue
+            key = bytes(handle.tolist())
+            where.append((known.setdefault(key, len(handles)), offset))
+            if len(handles) < len(known):
+                handles.append(key)
+        return raised, [call.key() for call in calls], handles, where
+
+    def _open_input(self, handle: bytes) -> int:
+        """This process's mapping of a peer's allocation (opened once; closed by :meth:`close`)."""
+        address = self._opened.get(handle)
+        if address is None:
+            assert self.device is not None
+            tensor = torch.tensor(list(handle), dtype=torch.uint8)
+            address = int(_function("ipc_open")(self.device.index, tensor))
+            self._opened[handle] = address
+        return address
 
     def close(self) -> None:
-        """Unmap the peers' regions and free this rank's (no collective; the other ranks must not
-        call after any rank closed)."""
+        """Unmap the peers' regions and captured inputs and free this rank's regions and table (no
+        collective; the other ranks must not call, nor replay a graph of this communicator, after
+        any rank closed)."""
         if self.device is not None:
             free, close = _function("ipc_free"), _function("ipc_close")
+            for address in self._opened.values():
+                with contextlib.suppress(Exception):
+                    close(self.device.index, address)
             for address, owned in reversed(self._regions):
                 with contextlib.suppress(Exception):
                     (free if owned else close)(self.device.index, address)
+        self._opened.clear()
         self._regions.clear()
+        self._graph_table, self._graph_table_address = None, 0
         self.disabled_reason = self.disabled_reason or "closed"
         _ops.COMMUNICATORS.pop(self.handle, None)
 

@@ -471,6 +471,7 @@ CUSTOM_ALL_REDUCE = KernelSpec(
         "ipc_handle": "jit_kernel::allreduce::ipc_handle",
         "ipc_open": "jit_kernel::allreduce::ipc_open",
         "ipc_close": "jit_kernel::allreduce::ipc_close",
+        "ipc_input_handle": "jit_kernel::allreduce::ipc_input_handle",
         "signal_bytes": "jit_kernel::allreduce::signal_bytes",
     },
     # bf16, what serving runs (the IPC helpers are loaded from it too); fp16 and fp32 compile on first use.

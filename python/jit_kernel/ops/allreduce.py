@@ -14,7 +14,10 @@ every op of the package.
 
 The algorithm, the unit and the block split of a call depend only on what every rank shares (the
 shape, the dtype, the world size), never on an address: every rank makes the same choice, as the
-kernels' barriers need (csrc/allreduce/allreduce.cuh).
+kernels' barriers need (csrc/allreduce/allreduce.cuh). A call captured in a CUDA graph by a
+communicator made with ``graph_inputs="register"`` passes the device address of its slot in the
+registered-inputs table (:meth:`Communicator.graph_input_slot`); every other call passes 0 and
+copies its input in.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ ONE_SHOT, TWO_SHOT = 0, 1
 ONE_SHOT_MAX_BYTES = 512 * 1024
 #: The most ranks the kernels take (csrc/allreduce/allreduce.cuh, kMaxRanks).
 MAX_RANKS = 8
+#: The bytes of one slot of the registered-inputs table: one address per rank (RankInputs).
+GRAPH_SLOT_BYTES = 8 * MAX_RANKS
 #: The widest row of the fused form: 4 vectors of 16 bytes a thread over 512 threads (the bounded
 #: row kernel of fused_add_rmsnorm, csrc/norm/common.cuh).
 MAX_FUSED_VECTORS = 4 * 512
@@ -67,6 +72,17 @@ def choose_algorithm(nbytes: int, world_size: int) -> int:
     if world_size <= 2 or nbytes <= ONE_SHOT_MAX_BYTES:
         return ONE_SHOT
     return TWO_SHOT
+
+
+def reads_input_in_place(algo: int, x_address: int, out_address: int, nbytes: int) -> bool:
+    """Whether a captured ``all_reduce`` of ``nbytes`` from ``x_address`` into ``out_address`` may
+    read the ranks' inputs in place (registered; csrc/allreduce/allreduce.cuh): where the output
+    does not overlap the input, and for two-shot also where it is the input itself (each rank then
+    writes only its own slice while the peers read the inputs). A one-shot call in place, or any
+    partial overlap, copies its input in: the rank would overwrite what its peers still read."""
+    if out_address + nbytes <= x_address or x_address + nbytes <= out_address:
+        return True
+    return algo == TWO_SHOT and out_address == x_address
 
 
 def fused_vectors_per_thread(dim: int, dtype: torch.dtype) -> int:
@@ -103,6 +119,8 @@ class Communicator(Protocol):
     def before_call(self) -> None: ...
 
     def torch_all_reduce(self, x: torch.Tensor, out: torch.Tensor) -> None: ...
+
+    def graph_input_slot(self, x: torch.Tensor, out: torch.Tensor, algo: int) -> int: ...
 
 
 #: Communicators by handle, in this process.
@@ -155,7 +173,8 @@ def custom_all_reduce(x: torch.Tensor, handle: int, out: torch.Tensor | None = N
     elif _misaligned(x):  # the kernel's 16-byte units need an aligned copy (a local choice)
         x = x.clone()
     algo = choose_algorithm(x.numel() * x.element_size(), comm.world_size)
-    args = (out, x, comm.peers, comm.rank, algo, comm.error_address, comm.timeout_ns, comm.max_bytes)
+    inputs = comm.graph_input_slot(x, out, algo)  # 0 (copy-in) but for a registered captured call
+    args = (out, x, comm.peers, comm.rank, algo, comm.error_address, comm.timeout_ns, comm.max_bytes, inputs)
     return _ALL_REDUCE, x.dtype, args, out
 
 
