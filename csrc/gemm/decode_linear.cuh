@@ -156,6 +156,58 @@ constexpr uint32_t split_log2(int64_t groups, int64_t steps, int64_t wave) {
   return log2;
 }
 
+// The fixed-order reduction of a kernel whose warps each hold fp32 accumulators `acc` for the
+// block's 16 x 32 values (the mma C fragments of its kTiles n-tiles): the block's sum over its warps
+// in warp order, then, with a cluster of `split` blocks, the sum over the blocks in rank order
+// through distributed shared memory. `store(v, first, second)` finishes values v and v + 1 (v even;
+// see store_pair) once, in the thread that holds their total. Every thread of the block calls it.
+template <typename Store>
+SGL_DEVICE void reduce_and_store(const float (&acc)[kTiles][4], uint32_t split, uint32_t rank, Store&& store) {
+  __shared__ alignas(16) float partial[kWarps][kValues];
+  __shared__ alignas(16) float reduced[kValues];
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const uint32_t warp = threadIdx.x / device::kWarpThreads;
+  // The block's sum over its warps, in warp order: thread i finishes values 2i and 2i + 1.
+#pragma unroll
+  for (uint32_t c = 0; c < kTiles; ++c) {
+    *reinterpret_cast<float4*>(&partial[warp][c * 128 + lane * 4]) =
+        make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+  }
+  __syncthreads();
+  const uint32_t v = 2 * threadIdx.x;
+  float2 sum = *reinterpret_cast<const float2*>(&partial[0][v]);
+#pragma unroll
+  for (uint32_t i = 1; i < kWarps; ++i) {
+    const float2 part = *reinterpret_cast<const float2*>(&partial[i][v]);
+    sum.x += part.x;
+    sum.y += part.y;
+  }
+  if (split == 1) {
+    store(v, sum.x, sum.y);
+    return;
+  }
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  // The cluster's sum over its blocks, in rank order: block `rank` finishes its share of the values.
+  auto cluster = cooperative_groups::this_cluster();
+  *reinterpret_cast<float2*>(&reduced[v]) = sum;
+  cluster.sync();
+  const uint32_t pairs = kValues / 2 / split;
+  if (threadIdx.x < pairs) {
+    const uint32_t pair = rank * pairs + threadIdx.x;
+    float2 total = *reinterpret_cast<const float2*>(cluster.map_shared_rank(&reduced[2 * pair], 0u));
+    for (uint32_t q = 1; q < split; ++q) {
+      const float2 part = *reinterpret_cast<const float2*>(cluster.map_shared_rank(&reduced[2 * pair], q));
+      total.x += part.x;
+      total.y += part.y;
+    }
+    store(2 * pair, total.x, total.y);
+  }
+  cluster.sync();  // no block exits while another still reads its shared memory
+#else
+  __trap();  // the launchers split k over a cluster on sm_90+ only
+#endif
+}
+
 }  // namespace detail
 
 template <uint32_t kRows, typename T>
@@ -163,8 +215,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_linear_kernel(c
   constexpr uint32_t kU = kUnroll;
   constexpr uint32_t kGroups = kRows / 8;  // input rows a thread loads: g, and g + 8 for 16 rows
   constexpr int64_t kStepBytes = kStep * sizeof(T);
-  __shared__ alignas(16) float partial[kWarps][kValues];
-  __shared__ alignas(16) float reduced[kValues];
 
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const uint32_t warp = threadIdx.x / device::kWarpThreads;
@@ -253,45 +303,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_linear_kernel(c
     load_inputs(first);
   }
 
-  // The block's sum over its warps, in warp order: thread i finishes values 2i and 2i + 1.
-#pragma unroll
-  for (uint32_t c = 0; c < kTiles; ++c) {
-    *reinterpret_cast<float4*>(&partial[warp][c * 128 + lane * 4]) =
-        make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
-  }
-  __syncthreads();
-  const uint32_t v = 2 * threadIdx.x;
-  float2 sum = *reinterpret_cast<const float2*>(&partial[0][v]);
-#pragma unroll
-  for (uint32_t i = 1; i < kWarps; ++i) {
-    const float2 part = *reinterpret_cast<const float2*>(&partial[i][v]);
-    sum.x += part.x;
-    sum.y += part.y;
-  }
-  if (split == 1) {
-    detail::store_pair<T>(p, n0, v, sum.x, sum.y);
-    return;
-  }
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  // The cluster's sum over its blocks, in rank order: block `rank` finishes its share of the values.
-  auto cluster = cooperative_groups::this_cluster();
-  *reinterpret_cast<float2*>(&reduced[v]) = sum;
-  cluster.sync();
-  const uint32_t pairs = kValues / 2 / split;
-  if (threadIdx.x < pairs) {
-    const uint32_t pair = rank * pairs + threadIdx.x;
-    float2 total = *reinterpret_cast<const float2*>(cluster.map_shared_rank(&reduced[2 * pair], 0u));
-    for (uint32_t q = 1; q < split; ++q) {
-      const float2 part = *reinterpret_cast<const float2*>(cluster.map_shared_rank(&reduced[2 * pair], q));
-      total.x += part.x;
-      total.y += part.y;
-    }
-    detail::store_pair<T>(p, n0, 2 * pair, total.x, total.y);
-  }
-  cluster.sync();  // no block exits while another still reads its shared memory
-#else
-  __trap();  // the launcher splits k over a cluster on sm_90+ only
-#endif
+  detail::reduce_and_store(
+      acc, split, rank, [&](uint32_t v, float first, float second) { detail::store_pair<T>(p, n0, v, first, second); });
 }
 
 // The launcher. `input` [M, K] (rows at any stride that keeps them on 16 bytes, unit inner stride),

@@ -426,6 +426,19 @@ DECODE_LINEAR = KernelSpec(
     prebuilt=tuple((rows, t) for rows in DECODE_LINEAR_ROWS for t in ("bf16_t", "fp16_t")),
 )
 
+# decode_linear_fp8 (csrc/gemm/decode_linear_fp8.cuh): the fp8 block-scaled decode GEMM (1 x 128 input
+# groups, 128 x 128 weight blocks, float32 scales). Config = (row tile 8 or 16, output dtype); N, K,
+# the scale strides and the bias dtype are run-time. Prebuilt for bf16 output, what fp8 checkpoints
+# serve in; fp16 compiles on first use.
+DECODE_LINEAR_FP8 = KernelSpec(
+    family="decode_linear_fp8",
+    sources=("gemm/decode_linear_fp8.cuh",),
+    params=("rows", "out_dtype"),
+    domains={"rows": OneOf(DECODE_LINEAR_ROWS), "out_dtype": OneOf(("bf16_t", "fp16_t"))},
+    exports={"run": "jit_kernel::gemm::fp8::DecodeLinearFp8<{args}>::run"},
+    prebuilt=tuple((rows, "bf16_t") for rows in DECODE_LINEAR_ROWS),
+)
+
 # Decode attention (csrc/attention/decode.cuh): one query token per sequence over a StaticCache-layout
 # KV cache [B, Hkv, max_len, D], grouped-query heads, flash-decoding splits merged by a second kernel.
 # Config = (head_dim, dtype): the head dim sizes each lane's registers; batch, heads, group size,
@@ -506,6 +519,7 @@ ALL_FAMILIES: tuple[KernelSpec, ...] = (
     SAMPLING,
     SPECULATIVE,
     DECODE_LINEAR,
+    DECODE_LINEAR_FP8,
     DECODE_ATTENTION,
     MERGE_ATTN_STATES,
     CUSTOM_ALL_REDUCE,
