@@ -69,7 +69,7 @@ if importlib.util.find_spec("torch") is not None:
     from jit_kernel.ops.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
     from jit_kernel.ops.add_constant import add_constant
     from jit_kernel.ops.attention import decode_attention, merge_attn_states
-    from jit_kernel.ops.gemm import decode_linear
+    from jit_kernel.ops.gemm import decode_linear, decode_linear_fp8
     from jit_kernel.ops.gemma_norm import gemma_fused_add_rmsnorm, gemma_rmsnorm
     from jit_kernel.ops.hicache import (
         can_use_hicache_jit_kernel,
@@ -136,6 +136,7 @@ __all__ = [
     "chain_speculative_sampling",
     "decode_attention",
     "decode_linear",
+    "decode_linear_fp8",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_per_token_group_quant_fp8",
     "fused_add_rmsnorm_per_token_quant_fp8",

@@ -8,6 +8,12 @@ accumulation on tensor cores, reading the weight once; its reduction runs in a f
 gives the same bits every time (no atomics, no split-k with atomics). Every other call goes to
 ``torch.nn.functional.linear`` (cuBLAS): :func:`decode_linear_serves` is the rule, the one place it
 is written.
+
+``decode_linear_fp8(input_q, input_scale, weight, weight_scale, out_dtype, bias=None, out=None)`` is
+the fp8 block-scaled form (csrc/gemm/decode_linear_fp8.cuh): ``float8_e4m3fn`` activations with one
+float32 scale per 1 x 128 group of a row and weights with one per 128 x 128 block, fp32 accumulation,
+one rounding to ``out_dtype``; 1 to 16 rows run the kernel, everything else a float32 dequantised
+reference (:func:`decode_linear_fp8_serves` is the rule).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from jit_kernel.engine.dispatch import Dispatcher
-from jit_kernel.engine.families import DECODE_LINEAR
+from jit_kernel.engine.families import DECODE_LINEAR, DECODE_LINEAR_FP8
 from jit_kernel.engine.spec import Config
 from jit_kernel.ops._common import KernelTable, Launch, is_compiling, kernel_op, not_a_tensor, rows
 
@@ -155,3 +161,228 @@ def decode_linear(
     if not isinstance(weight, torch.Tensor):
         not_a_tensor(_OP, "weight", weight)
     return _linear(input, weight, bias, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_linear_fp8: the fp8 block-scaled GEMM of a decode step (csrc/gemm/decode_linear_fp8.cuh)
+
+_FP8_OP = "decode_linear_fp8"
+FP8 = torch.float8_e4m3fn
+#: The scale blocks: 1 x 128 groups of an input row, 128 x 128 blocks of the weight.
+FP8_BLOCK = 128
+# K is a multiple of 16 (a thread's 16-byte loads; a last k-block may be short); rows start on 16 bytes.
+_FP8_ALIGN = 16
+
+
+def _fp8_config(tile: int, out_dtype: torch.dtype) -> Config:
+    cpp = _DTYPES.get(out_dtype)
+    if cpp is None:
+        raise TypeError(
+            f"{_FP8_OP}: out_dtype must be float16 or bfloat16, got {str(out_dtype).removeprefix('torch.')}"
+        )
+    return (tile, cpp)
+
+
+_FP8_KERNELS = KernelTable(Dispatcher(DECODE_LINEAR_FP8), "run", _fp8_config)
+
+
+def _collapses(t: torch.Tensor) -> bool:
+    """Whether ``t``'s leading dimensions view as one (its rows have one stride)."""
+    sizes, strides = t.shape[:-1], t.stride()[:-1]
+    return all(sizes[i + 1] == 1 or strides[i] == strides[i + 1] * sizes[i + 1] for i in range(len(sizes) - 1))
+
+
+def decode_linear_fp8_serves(
+    input_q: object,
+    input_scale: object,
+    weight: object,
+    weight_scale: object,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: object = None,
+) -> bool:
+    """Whether :func:`decode_linear_fp8` runs its kernel for these arguments; where not, it runs the
+    reference (dequantise in float32, ``torch.nn.functional.linear``). The kernel takes
+    ``float8_e4m3fn`` ``input_q [..., K]`` of 1 to 16 rows and ``weight [N, K]`` (contiguous), K a
+    multiple of 16; float32 ``input_scale [..., ceil(K / 128)]`` (rows that view as 2-D, any
+    strides) and ``weight_scale [ceil(N / 128), ceil(K / 128)]`` (any strides); ``out_dtype``
+    bfloat16 or float16; a 1-D ``bias`` of ``out_dtype`` or float32, or None; ``input_q`` rows with
+    unit inner stride that start on 16 bytes. Metadata only (CUDA-graph safe; under torch.compile
+    storage offsets count as aligned and the kernel refuses a misaligned pointer, naming it). A
+    CPU ``input_q`` takes the reference; the kernel refuses other tensors off ``input_q``'s GPU,
+    naming them, and GPUs below sm_89."""
+    if not all(isinstance(t, torch.Tensor) for t in (input_q, input_scale, weight, weight_scale)):
+        return False
+    assert isinstance(input_q, torch.Tensor) and isinstance(input_scale, torch.Tensor)
+    assert isinstance(weight, torch.Tensor) and isinstance(weight_scale, torch.Tensor)
+    if input_q.dtype != FP8 or weight.dtype != FP8 or input_q.device.type != "cuda":
+        return False
+    if input_scale.dtype != torch.float32 or weight_scale.dtype != torch.float32:
+        return False
+    if out_dtype != torch.bfloat16 and out_dtype != torch.float16:
+        return False
+    if bias is not None and (
+        not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.dtype not in (out_dtype, torch.float32)
+    ):
+        return False
+    if weight.dim() != 2 or input_q.dim() == 0 or not weight.is_contiguous():
+        return False
+    n, k = weight.shape
+    if k == 0 or k % _FP8_ALIGN or input_q.shape[-1] != k:
+        return False
+    m = input_q.numel() // k
+    if m < 1 or m > MAX_ROWS:
+        return False
+    blocks = -(-k // FP8_BLOCK)
+    if tuple(weight_scale.shape) != (-(-n // FP8_BLOCK), blocks):
+        return False
+    if input_scale.shape[:-1] != input_q.shape[:-1] or input_scale.shape[-1] != blocks or not _collapses(input_scale):
+        return False
+    if not is_compiling() and (weight.storage_offset() % _FP8_ALIGN or input_q.storage_offset() % _FP8_ALIGN):
+        return False
+    if input_q.dim() == 2:
+        row_stride, inner = input_q.stride()
+        return inner == 1 and (m == 1 or row_stride % _FP8_ALIGN == 0)
+    return input_q.is_contiguous()
+
+
+@kernel_op(_FP8_OP, out="out")
+def _decode_linear_fp8(
+    input_q: torch.Tensor,
+    input_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> Launch:
+    """The kernel of :func:`decode_linear_fp8` without the reference path: what
+    :func:`decode_linear_fp8_serves` accepts; anything else raises, naming the argument."""
+    n = weight.shape[0] if weight.ndim else 0
+    if input_q.ndim == 2:  # rows as the kernel takes them; C++ checks every shape
+        m = input_q.shape[0]
+        if out is None:
+            out = input_q.new_empty((m, n), dtype=out_dtype)
+        args = (out, input_q, input_scale, weight, weight_scale, bias, enable_pdl)
+        return _FP8_KERNELS, (8 if m <= 8 else 16, out_dtype), args, out
+    x = rows(_FP8_OP, "input_q", input_q)
+    if input_scale.dim() != input_q.dim():
+        raise ValueError(
+            f"{_FP8_OP}: input_scale must have input_q's leading dimensions {tuple(input_q.shape[:-1])}, "
+            f"got shape {tuple(input_scale.shape)}"
+        )
+    scales = rows(_FP8_OP, "input_scale", input_scale)
+    shape = (*input_q.shape[:-1], n)
+    if out is None:
+        out = input_q.new_empty(shape, dtype=out_dtype)
+    elif tuple(out.shape) != shape:
+        raise ValueError(f"{_FP8_OP}: out must have shape {shape}, got {tuple(out.shape)}")
+    m = x.shape[0]
+    args = (rows(_FP8_OP, "out", out), x, scales, weight, weight_scale, bias, enable_pdl)
+    return _FP8_KERNELS, (8 if m <= 8 else 16, out_dtype), args, out
+
+
+def _fp8_reference(
+    input_q: torch.Tensor,
+    input_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """The reference path: both operands dequantised to float32 by their blocks, then
+    ``torch.nn.functional.linear`` in float32 (plus the bias in float32), one rounding to
+    ``out_dtype``. Checks what it reads, naming the argument."""
+    for name, t in (
+        ("input_q", input_q),
+        ("input_scale", input_scale),
+        ("weight", weight),
+        ("weight_scale", weight_scale),
+    ):
+        if not isinstance(t, torch.Tensor):
+            not_a_tensor(_FP8_OP, name, t)
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        not_a_tensor(_FP8_OP, "bias", bias)
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point or out_dtype.itemsize < 2:
+        raise TypeError(
+            f"{_FP8_OP}: out_dtype must be a floating-point torch.dtype of 16 bits or more, got {out_dtype}"
+        )
+    for name, t, dtype in (("input_q", input_q, FP8), ("weight", weight, FP8)):
+        if t.dtype != dtype:
+            raise TypeError(f"{_FP8_OP}: {name} must be float8_e4m3fn, got {str(t.dtype).removeprefix('torch.')}")
+    for name, t in (("input_scale", input_scale), ("weight_scale", weight_scale)):
+        if t.dtype != torch.float32:
+            raise TypeError(
+                f"{_FP8_OP}: {name} must be float32 (one scale per 128-wide block; packed UE8M0 and other "
+                f"scale dtypes are not supported), got {str(t.dtype).removeprefix('torch.')}"
+            )
+    if weight.dim() != 2:
+        raise ValueError(f"{_FP8_OP}: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if input_q.dim() == 0 or input_q.shape[-1] != k:
+        raise ValueError(f"{_FP8_OP}: input_q must be [..., {k}] (weight's K), got shape {tuple(input_q.shape)}")
+    blocks = -(-k // FP8_BLOCK)
+    if tuple(weight_scale.shape) != (-(-n // FP8_BLOCK), blocks):
+        raise ValueError(
+            f"{_FP8_OP}: weight_scale must be [ceil(N / 128), ceil(K / 128)] = {(-(-n // FP8_BLOCK), blocks)}, "
+            f"got {tuple(weight_scale.shape)}"
+        )
+    if tuple(input_scale.shape) != (*input_q.shape[:-1], blocks):
+        raise ValueError(
+            f"{_FP8_OP}: input_scale must be [..., ceil(K / 128)] = {(*input_q.shape[:-1], blocks)}, "
+            f"got {tuple(input_scale.shape)}"
+        )
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"{_FP8_OP}: bias must be [{n}], got shape {tuple(bias.shape)}")
+    x = input_q.to(torch.float32) * input_scale.repeat_interleave(FP8_BLOCK, dim=-1)[..., :k]
+    w = (
+        weight.to(torch.float32)
+        * weight_scale.repeat_interleave(FP8_BLOCK, dim=0)[:n].repeat_interleave(FP8_BLOCK, dim=1)[:, :k]
+    )
+    y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(torch.float32))
+    return y.to(out_dtype)
+
+
+def decode_linear_fp8(
+    input_q: torch.Tensor,
+    input_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
+    """The fp8 block-scaled linear layer of a decode step (DeepSeek-V3's and transformers'
+    ``FP8Linear`` with 128 x 128 weight blocks and dynamic 1 x 128 activation groups):
+
+    ``out[m, n] = sum_b (sum_{k in block b} q[m, k] w[n, k]) * input_scale[m, b] * weight_scale[n // 128, b]
+    (+ bias[n])``,
+
+    accumulated in float32 and rounded once to ``out_dtype``. ``input_q [..., K]`` and ``input_scale
+    [..., ceil(K / 128)]`` are what :func:`jit_kernel.per_token_group_quant_fp8` (``group_size=128``)
+    and the fused RMSNorm + group-quant ops return, row-major or column-major (a TMA-padded buffer
+    too: any strides); ``weight [N, K]`` ``float8_e4m3fn`` and ``weight_scale [ceil(N / 128),
+    ceil(K / 128)]`` float32 (``FP8Linear.weight_scale_inv``); ``bias [N]`` of ``out_dtype`` or
+    float32, or None. Returns ``[..., N]`` of ``out_dtype``, or writes ``out`` (of that shape and
+    ``out_dtype``, rows with unit inner stride) and returns it.
+
+    1 to 16 rows run the kernel (fp8 tensor cores, sm_89+; the weight read once; a fixed reduction
+    order, so the same inputs give the same bits on every call). Everything else
+    (:func:`decode_linear_fp8_serves` is the rule) runs the reference: both operands dequantised to
+    float32 and ``torch.nn.functional.linear`` in float32, correct but not fast (prefill-sized
+    calls belong to a prefill GEMM). Packed UE8M0 (int32) or ``float8_e8m0fnu`` scales raise
+    ``TypeError`` naming the argument. ``enable_pdl`` as in :func:`decode_linear`."""
+    if decode_linear_fp8_serves(input_q, input_scale, weight, weight_scale, out_dtype, bias):
+        return _decode_linear_fp8(input_q, input_scale, weight, weight_scale, out_dtype, bias, out, enable_pdl)
+    result = _fp8_reference(input_q, input_scale, weight, weight_scale, out_dtype, bias)
+    if out is None:
+        return result
+    if not isinstance(out, torch.Tensor):
+        not_a_tensor(_FP8_OP, "out", out)
+    if out.shape != result.shape or out.dtype != result.dtype:
+        raise ValueError(
+            f"{_FP8_OP}: out must have shape {tuple(result.shape)} and dtype {result.dtype}, "
+            f"got {tuple(out.shape)} and {out.dtype}"
+        )
+    return out.copy_(result)
