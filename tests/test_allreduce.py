@@ -343,6 +343,147 @@ def _case_graph(comm, rank: int, world: int) -> None:
     _equal(comm.all_reduce(inputs[rank].cuda()), _rank_order_sum(inputs), "eager after replays")
 
 
+def _case_graph_registered(comm, rank: int, world: int) -> None:
+    """graph_inputs="register": calls of several sizes, dtypes and both algorithms captured in two
+    graphs (two capture() contexts), their inputs static tensors, a temporary made inside the graph
+    and a contiguous copy of a strided view; replayed many times with new inputs (outputs poisoned
+    first), bit for bit against the rank-order sum; eager calls on both communicators in between.
+    A one-shot call in place and the fused form copy in; a two-shot call in place (4 ranks) reads in
+    place. Then the ranks capture different calls: every rank gets the ValueError, and eager calls
+    still work. close() last."""
+    import torch.distributed as dist
+
+    import jit_kernel
+    from jit_kernel.distributed import CustomAllReduce
+    from jit_kernel.ops import allreduce as ops
+
+    reg = CustomAllReduce(
+        dist.group.WORLD, device=0, max_bytes=MAX_BYTES, timeout_s=comm.timeout_s, graph_inputs="register"
+    )
+    assert reg.disabled_reason is None, reg.disabled_reason
+    two_shot_numel = ops.ONE_SHOT_MAX_BYTES // 4 + 4096  # fp32: two-shot from 3 ranks
+    # (numel, dtype, how): "out" a separate output, "in_place" out=x, "temp" the input made in the
+    # graph (x * 1), "strided" a strided view (copied to a contiguous temporary by the op).
+    calls = [
+        (3000, torch.bfloat16, "out"),
+        (1001, torch.float16, "out"),  # not whole 16-byte vectors: element units
+        (4096, torch.float32, "in_place"),  # one-shot in place: copies in
+        (two_shot_numel, torch.float32, "out"),
+        (two_shot_numel, torch.float32, "in_place"),  # two-shot in place at 4 ranks: reads in place
+        (8192, torch.bfloat16, "temp"),
+        (64 * 96, torch.bfloat16, "strided"),
+        (16, torch.float16, "out"),
+    ]
+    statics = [torch.zeros(n, dtype=dtype, device="cuda") for n, dtype, _ in calls]
+    strided_base = torch.zeros(96, 2, 64, dtype=torch.bfloat16, device="cuda")  # [:, 0, :].t(): [64, 96] strided
+    outs: list[torch.Tensor | None] = [
+        torch.zeros_like(t) if how == "out" else None for t, (_, _, how) in zip(statics, calls, strict=True)
+    ]
+    rows, dim = 4, 4096
+    fx = torch.zeros(rows, dim, dtype=torch.bfloat16, device="cuda")
+    fres = torch.zeros_like(fx)
+    weight = _inputs(7, 1, (dim,), torch.bfloat16)[0].cuda()
+
+    def step(first: int, last: int) -> list[torch.Tensor]:
+        results = []
+        for i in range(first, last):
+            _, _, how = calls[i]
+            if how == "out":
+                results.append(reg.all_reduce(statics[i], out=outs[i]))
+            elif how == "in_place":
+                results.append(reg.all_reduce(statics[i], out=statics[i]))
+            elif how == "temp":
+                results.append(reg.all_reduce(statics[i] * 1))
+            else:
+                results.append(reg.all_reduce(strided_base[:, 0, :].t()))
+        return results
+
+    # Load every kernel before capture (eager calls: the copy-in).
+    step(0, len(calls))
+    reg.all_reduce_fused_add_rmsnorm(fx, fres, weight, 1e-6)
+    torch.cuda.synchronize()
+    half = 5
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    with reg.capture(), torch.cuda.graph(graphs[0]):
+        results = step(0, half)
+        reg.all_reduce_fused_add_rmsnorm(fx, fres, weight, 1e-6)
+    in_place_two_shot = ops.choose_algorithm(two_shot_numel * 4, world) == ops.TWO_SHOT
+    assert reg.registered_graph_calls == (4 if in_place_two_shot else 3), reg.registered_graph_calls
+    assert reg.copied_graph_calls == (1 if in_place_two_shot else 2), reg.copied_graph_calls
+    with reg.capture(), torch.cuda.graph(graphs[1]):
+        results += step(half, len(calls))
+    assert reg.registered_graph_calls == (7 if in_place_two_shot else 6)  # the rest are registered
+
+    def fill(seed: int) -> list[list[torch.Tensor]]:
+        everyone = []
+        for i, (n, dtype, how) in enumerate(calls):
+            xs = _inputs(seed * 100 + i, world, (n,), dtype)
+            everyone.append(xs)
+            if how == "strided":
+                strided_base[:, 0, :].t().copy_(xs[rank].view(64, 96))
+                strided_base[:, 1, :] = float("nan")  # the other half of the base: not part of the input
+            else:
+                statics[i].copy_(xs[rank])
+            if outs[i] is not None:
+                outs[i].fill_(float("nan"))
+        return everyone
+
+    for replay in range(20):
+        everyone = fill(1000 + replay)
+        fxs = _inputs(5000 + replay, world, (rows, dim), torch.bfloat16)
+        res0 = _inputs(6000 + replay, 1, (rows, dim), torch.bfloat16)[0]
+        fx.copy_(fxs[rank])
+        fres.copy_(res0)
+        graphs[replay % 2].replay()
+        graphs[1 - replay % 2].replay()
+        torch.cuda.synchronize()
+        for i, (n, dtype, how) in enumerate(calls):
+            expected = _rank_order_sum(everyone[i])
+            if how == "strided":
+                expected = expected.view(64, 96)
+            _equal(results[i], expected, f"replay {replay} call {i} ({n} {dtype} {how})")
+        ref_x, ref_res = _rank_order_sum(fxs).cuda(), res0.cuda()
+        jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
+        _equal(fres, ref_res.cpu(), f"replay {replay} fused residual")
+        _equal(fx, ref_x.cpu(), f"replay {replay} fused x")
+        if replay % 5 == 4:  # eager calls on both communicators between replays
+            for c in (reg, comm):
+                xs = _inputs(7000 + replay, world, (3000,), torch.bfloat16)
+                _equal(c.all_reduce(xs[rank].cuda()), _rank_order_sum(xs), f"eager after replay {replay}")
+    reg.check()
+    # The ranks capture different calls: no input is registered, every rank raises, nothing replays.
+    x = torch.zeros(1024, dtype=torch.bfloat16, device="cuda")
+    y = torch.zeros_like(x)
+    before = reg.registered_graph_calls
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with reg.capture(), torch.cuda.graph(graph):
+            for _ in range(1 + (rank == world - 1)):
+                reg.all_reduce(x, out=y)
+    except ValueError as error:
+        assert "rank 0 captured 1 all_reduce calls" in str(error), str(error)
+    else:
+        raise AssertionError("different captures were registered")
+    assert reg.registered_graph_calls == before
+    xs = _inputs(8000, world, (1024,), torch.bfloat16)
+    _equal(reg.all_reduce(xs[rank].cuda()), _rank_order_sum(xs), "eager after a refused capture")
+    # The ranks' next slots agree again: a later capture registers.
+    graph = torch.cuda.CUDAGraph()
+    with reg.capture(), torch.cuda.graph(graph):
+        reg.all_reduce(x, out=y)
+    assert reg.registered_graph_calls == before + 1
+    for replay in range(3):
+        xs = _inputs(8100 + replay, world, (1024,), torch.bfloat16)
+        x.copy_(xs[rank])
+        graph.replay()
+        torch.cuda.synchronize()
+        _equal(y, _rank_order_sum(xs), f"capture after a refused one, replay {replay}")
+    reg.check()
+    torch.cuda.synchronize()
+    dist.barrier()
+    reg.close()
+
+
 def _case_rank_exits(comm, rank: int, world: int) -> None:
     """The last rank leaves after the set-up; the others get PeerTimeoutError naming it."""
     from jit_kernel.distributed import PeerTimeoutError
@@ -392,6 +533,7 @@ CASES = {
     "fused_fp8": _case_fused_fp8,
     "fused_group_fp8": _case_fused_group_fp8,
     "graph": _case_graph,
+    "graph_registered": _case_graph_registered,
     "rank_exits": _case_rank_exits,
     "rank_stalls": _case_rank_stalls,
 }
@@ -445,6 +587,12 @@ def test_fused_add_rmsnorm_per_token_group_quant_fp8_bit_for_bit(world: int) -> 
 @pytest.mark.parametrize("world", [2, 4])
 def test_cuda_graph_capture_and_replay(world: int) -> None:
     _run("graph", world)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_graph_registered_inputs(world: int) -> None:
+    _run("graph_registered", world, limit_s=600)
 
 
 @pytest.mark.gpu

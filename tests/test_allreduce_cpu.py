@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy
 import pytest
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from _norm_helpers import fake_cuda
+from jit_kernel import distributed
 from jit_kernel.distributed import CustomAllReduce, PeerTimeoutError
 from jit_kernel.engine import families
 from jit_kernel.engine.dispatch import jit_module
@@ -116,7 +118,7 @@ def _two_rank_stub(max_bytes: int = 1 << 20) -> CustomAllReduce:
     """Rank 0 of a would-be two-rank communicator whose kernels serve (no process group, no
     regions): for the per-call decisions and the fake implementations, which touch neither."""
     comm = object.__new__(CustomAllReduce)
-    comm.world_size, comm.rank, comm.max_bytes = 2, 0, max_bytes
+    comm.world_size, comm.rank, comm.max_bytes, comm.group = 2, 0, max_bytes, None
     comm.disabled_reason, comm.debug, comm.device = None, False, None
     comm.timeout_s, comm.timeout_ns = 1.0, 10**9
     comm.peers = torch.zeros(2, 2, dtype=torch.int64)
@@ -480,4 +482,222 @@ def test_group_form_under_torch_compile() -> None:
             assert s.shape == (8, 32) and s.dtype == torch.float32 and s.stride() == (1, 8)
     finally:
         torch._dynamo.reset()
+        comm.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs: graph_inputs="register" (the bookkeeping; the GPU tests run the kernels)
+
+
+def test_graph_inputs_arguments_are_checked(single_rank_group: None) -> None:
+    for bad in ("copy-in", "", None, 1):
+        with pytest.raises(ValueError, match="graph_inputs must be 'copy' or 'register'"):
+            CustomAllReduce(dist.group.WORLD, graph_inputs=bad)  # type: ignore[arg-type]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_graph_calls must be a positive int"):
+            CustomAllReduce(dist.group.WORLD, graph_inputs="register", max_graph_calls=bad)  # type: ignore[arg-type]
+    comm = CustomAllReduce(dist.group.WORLD, graph_inputs="register", max_graph_calls=4)
+    assert comm.graph_inputs == "register" and comm.max_graph_calls == 4
+    with comm.capture():  # world size 1: no table, nothing exchanged
+        assert comm.graph_input_slot(torch.zeros(4), torch.zeros(4), ops.ONE_SHOT) == 0
+    comm.close()
+
+
+def test_which_captured_calls_read_their_input_in_place() -> None:
+    one, two = ops.ONE_SHOT, ops.TWO_SHOT
+    assert ops.reads_input_in_place(one, 0x1000, 0x2000, 0x1000)  # adjacent: no overlap
+    assert ops.reads_input_in_place(one, 0x2000, 0x1000, 0x1000)
+    assert not ops.reads_input_in_place(one, 0x1000, 0x1000, 64)  # one-shot in place: copies in
+    assert ops.reads_input_in_place(two, 0x1000, 0x1000, 64)  # two-shot in place: each rank its own slice
+    assert not ops.reads_input_in_place(two, 0x1000, 0x1010, 64)  # a partial overlap: copies in
+    assert not ops.reads_input_in_place(one, 0x1010, 0x1000, 64)
+
+
+def _register_stub(slots: int = 3) -> CustomAllReduce:
+    comm = _two_rank_stub()
+    comm.graph_inputs, comm.max_graph_calls = "register", slots
+    comm._graph_table = torch.zeros(slots, ops.MAX_RANKS, dtype=torch.int64)  # stands in for the device table
+    comm._graph_table_address = 1 << 32
+    return comm
+
+
+def test_captured_calls_take_slots_in_order_until_the_table_is_full(caplog: pytest.LogCaptureFixture) -> None:
+    comm = _register_stub(slots=3)
+    try:
+        base, row = comm._graph_table_address, ops.GRAPH_SLOT_BYTES
+        record = comm._record_captured
+        assert record((8,), torch.bfloat16, ops.ONE_SHOT, 0x1000, 16, True) == base
+        assert record((8,), torch.bfloat16, ops.ONE_SHOT, 0x2000, 16, False) == 0  # copies in, takes no slot
+        assert record((4, 8), torch.float32, ops.TWO_SHOT, 0x3000, 128, True) == base + row
+        assert record((8,), torch.float16, ops.ONE_SHOT, 0x4000, 16, True) == base + 2 * row
+        with caplog.at_level(logging.WARNING, logger="jit_kernel.distributed"):
+            assert record((8,), torch.float16, ops.ONE_SHOT, 0x5000, 16, True) == 0  # full: copies in
+        assert "more than max_graph_calls=3 calls captured" in caplog.text
+        assert [c.slot for c in comm._graph_calls] == [0, -1, 1, 2, -1]
+        assert comm._graph_calls[2].key() == ((4, 8), "float32", ops.TWO_SHOT, 1)
+        assert comm._graph_calls[2].address == 0x3000 and comm._graph_calls[2].nbytes == 128
+    finally:
+        comm.close()
+
+
+def test_only_calls_captured_inside_capture_take_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = _register_stub()
+    try:
+        x, out = torch.zeros(8), torch.zeros(8)
+        assert comm.graph_input_slot(x, out, ops.ONE_SHOT) == 0  # not inside capture()
+        comm._capturing = True
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        assert comm.graph_input_slot(x, out, ops.ONE_SHOT) == 0  # an eager call inside capture()
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        assert comm.graph_input_slot(x, out, ops.ONE_SHOT) == comm._graph_table_address
+        assert comm.graph_input_slot(x, x, ops.ONE_SHOT) == 0  # one-shot in place
+        assert comm.graph_input_slot(x, x, ops.TWO_SHOT) == comm._graph_table_address + ops.GRAPH_SLOT_BYTES
+        with fake_cuda():
+            fake = torch.empty(8, device="cuda")
+            assert comm.graph_input_slot(fake, fake, ops.TWO_SHOT) == 0  # a fake call records nothing
+        assert [c.slot for c in comm._graph_calls] == [0, -1, 1]
+        comm._graph_table, comm._graph_table_address = None, 0
+        assert comm.graph_input_slot(x, out, ops.ONE_SHOT) == 0  # copy mode: no table
+    finally:
+        comm._capturing = False
+        comm.close()
+
+
+def _contribution(keys: list[object], handles: list[bytes], where: list[object], next_slot: int = 0) -> tuple:
+    return False, keys, handles, where, next_slot
+
+
+def test_captures_are_compared_across_ranks() -> None:
+    a = ((8,), "bfloat16", 0, 0)
+    b = ((8,), "float16", 0, 1)
+    same = _contribution([a, b], [], [None, None])
+    assert distributed.compare_captures([same, same]) is None
+    raised = (True, [], [], [], 0)
+    assert distributed.compare_captures([same, raised]) == "rank(s) [1] raised inside capture()"
+    shorter = _contribution([a], [], [None])
+    assert distributed.compare_captures([same, shorter]) == "rank 0 captured 2 all_reduce calls, rank 1 captured 1"
+    other = _contribution([a, ((8,), "float16", 0, -1)], [], [None, None])
+    problem = distributed.compare_captures([same, same, other])
+    assert problem is not None and problem.startswith("captured all_reduce call 1 differs") and "rank 2" in problem
+
+
+def test_a_call_is_shared_only_where_every_rank_shares_its_input() -> None:
+    h0, h1 = b"a" * 64, b"b" * 64
+    r0 = _contribution([], [h0], [(0, 256), (0, 512)])
+    r1 = _contribution([], [h1], [(0, 0), None])
+    assert distributed.shared_inputs([r0, r1], 0) == [(h0, 256), (h1, 0)]
+    assert distributed.shared_inputs([r0, r1], 1) is None
+
+
+class _FakeRanks:
+    """Rank 0 of two: all_gather_object answers with this rank's object and rank 1's next answer
+    (``peer`` maps this rank's object to rank 1's); ipc_input_handle and ipc_open are fakes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, peers: list[Any]) -> None:
+        self.peers = list(peers)
+        self.opened: list[bytes] = []
+        monkeypatch.setattr(dist, "all_gather_object", self.gather)
+        monkeypatch.setattr(distributed, "_function", self.function)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def gather(self, out: list[Any], obj: Any, group: Any = None) -> None:
+        out[0], out[1] = obj, self.peers.pop(0)(obj)
+
+    def function(self, name: str) -> Any:
+        def input_handle(device: int, address: int, nbytes: int, handle: torch.Tensor) -> int:
+            if address >= 0x9000:
+                return -1  # memory CUDA IPC cannot share
+            handle.fill_(address >> 12)  # one allocation per 4 KiB
+            return address & 0xFFF
+
+        def open_handle(device: int, handle: torch.Tensor) -> int:
+            self.opened.append(bytes(handle.tolist()))
+            return 0x7000_0000 + int(handle[0]) * 0x10000
+
+        return {"ipc_input_handle": input_handle, "ipc_open": open_handle}.get(name, lambda *a: None)
+
+
+def _peer_of(contribution: Any) -> Any:
+    """Rank 1's contribution: the same calls, its own allocations (handles of 0xFF + rank 0's)."""
+    raised, keys, handles, where, next_slot = contribution
+    return raised, keys, [bytes([255 - h[0]]) * 64 for h in handles], where, next_slot
+
+
+def test_end_of_capture_fills_the_slots_every_rank_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = _register_stub(slots=8)
+    comm.device = torch.device("cuda", 0)
+    written: list[tuple[list[int], torch.Tensor]] = []
+    monkeypatch.setattr(comm, "_write_slots", lambda slots, rows: written.append((slots, rows)))
+    ranks = _FakeRanks(monkeypatch, [_peer_of, lambda opened: opened])
+    try:
+        with comm.capture():
+            comm._record_captured((8,), torch.bfloat16, 0, 0x1100, 16, True)  # allocation 1, offset 0x100
+            comm._record_captured((8,), torch.bfloat16, 0, 0x1200, 16, True)  # the same allocation
+            comm._record_captured((8,), torch.bfloat16, 0, 0x2000, 16, False)  # copies in
+            comm._record_captured((8,), torch.bfloat16, 0, 0x9000, 16, True)  # not shareable: copies in
+        ((slots, rows),) = written
+        assert slots == [0, 1]
+        peer_base = 0x7000_0000 + (255 - 1) * 0x10000  # rank 1's allocation, as mapped here
+        assert rows[0, :2].tolist() == [0x1100, peer_base + 0x100]
+        assert rows[1, :2].tolist() == [0x1200, peer_base + 0x200]
+        assert rows[:, 2:].eq(0).all()
+        assert ranks.opened == [bytes([254]) * 64]  # each peer allocation opened once
+        assert (comm.registered_graph_calls, comm.copied_graph_calls) == (2, 2)
+        assert comm._graph_calls == [] and comm._graph_slots == 3
+    finally:
+        comm._opened.clear()
+        comm.device = None
+        comm.close()
+
+
+def test_end_of_capture_refuses_different_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = _register_stub(slots=8)
+    comm.device = torch.device("cuda", 0)
+    monkeypatch.setattr(comm, "_write_slots", lambda slots, rows: pytest.fail("no slot may be filled"))
+
+    def one_more_call(mine: Any) -> Any:
+        raised, keys, handles, where, next_slot = _peer_of(mine)
+        return raised, [*keys, ((8,), "bfloat16", 0, next_slot)], handles, [*where, None], next_slot + 1
+
+    _FakeRanks(monkeypatch, [one_more_call])
+    try:
+        with pytest.raises(ValueError, match="rank 0 captured 1 all_reduce calls, rank 1 captured 2"), comm.capture():
+            comm._record_captured((8,), torch.bfloat16, 0, 0x1100, 16, True)
+        assert comm._graph_slots == 2  # realigned with rank 1's next slot
+        assert (comm.registered_graph_calls, comm.copied_graph_calls) == (0, 1)
+        assert not comm._capturing
+    finally:
+        comm.device = None
+        comm.close()
+
+
+def test_an_exception_inside_capture_is_kept_and_registers_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = _register_stub()
+    comm.device = torch.device("cuda", 0)
+    monkeypatch.setattr(comm, "_write_slots", lambda slots, rows: pytest.fail("no slot may be filled"))
+    _FakeRanks(monkeypatch, [lambda mine: (False, *mine[1:])])  # rank 1 captured without error
+    try:
+        with pytest.raises(KeyError, match="inside"), comm.capture():
+            comm._record_captured((8,), torch.bfloat16, 0, 0x1100, 16, True)
+            raise KeyError("inside")
+        assert comm.copied_graph_calls == 1 and comm.registered_graph_calls == 0
+    finally:
+        comm.device = None
+        comm.close()
+
+
+def test_capture_must_enclose_the_graph_and_does_not_nest(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = _register_stub()
+    comm.device = torch.device("cuda", 0)
+    _FakeRanks(monkeypatch, [lambda mine: mine])  # the outer context still takes part in the exchange
+    try:
+        with pytest.raises(RuntimeError, match="do not nest"), comm.capture(), comm.capture():
+            pass
+        assert not comm._capturing
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        with pytest.raises(RuntimeError, match=r"capture\(\) must enclose the graph's capture"), comm.capture():
+            comm._record_captured((8,), torch.bfloat16, 0, 0x1100, 16, True)
+        assert comm.copied_graph_calls == 1
+    finally:
+        comm.device = None
         comm.close()

@@ -99,9 +99,10 @@ class GraphCall:
 
 
 # What a rank contributes to the exchange at the end of capture(): whether its capture raised, its
-# calls' keys, its allocations' IPC handles (each once), and per call (handle index, offset), or
-# None where its input is not shared (it copies in, or its memory cannot be shared).
-Contribution = tuple[bool, list[Any], list[bytes], list[tuple[int, int] | None]]
+# calls' keys, its allocations' IPC handles (each once), per call (handle index, offset) or None
+# where its input is not shared (it copies in, or its memory cannot be shared), and the next slot
+# it would hand out.
+Contribution = tuple[bool, list[Any], list[bytes], list[tuple[int, int] | None], int]
 
 
 def compare_captures(contributions: Sequence[Contribution]) -> str | None:
@@ -112,7 +113,7 @@ def compare_captures(contributions: Sequence[Contribution]) -> str | None:
     if raised:
         return f"rank(s) {raised} raised inside capture()"
     first = contributions[0][1]
-    for rank, (_, keys, _, _) in enumerate(contributions):
+    for rank, (_, keys, *_) in enumerate(contributions):
         if len(keys) != len(first):
             return f"rank 0 captured {len(first)} all_reduce calls, rank {rank} captured {len(keys)}"
         for index, (a, b) in enumerate(zip(first, keys, strict=True)):
@@ -128,7 +129,7 @@ def shared_inputs(contributions: Sequence[Contribution], index: int) -> list[tup
     """Every rank's (IPC handle, offset) of captured call ``index``, or None where some rank does
     not share its input (the call then copies in on every rank)."""
     out = []
-    for _, _, handles, where in contributions:
+    for _, _, handles, where, _ in contributions:
         placed = where[index]
         if placed is None:
             return None
@@ -588,6 +589,8 @@ class CustomAllReduce:
         dist.all_gather_object(gathered, mine, group=self.group)
         problem = compare_captures(gathered)
         if problem is not None:
+            # The refused calls' slots stay empty; the ranks go on from the same next slot.
+            self._graph_slots = max(theirs[4] for theirs in gathered)
             self.copied_graph_calls += len(calls)
             if raised:
                 return  # this rank's own exception propagates
@@ -617,12 +620,17 @@ class CustomAllReduce:
             table = torch.zeros(len(agreed), _ops.MAX_RANKS, dtype=torch.int64)
             for row, slot in enumerate(agreed):
                 table[row, : self.world_size] = torch.tensor(rows[slot], dtype=torch.int64)
-            assert self._graph_table is not None and self.device is not None
-            index = torch.tensor(agreed, dtype=torch.int64, device=self.device)
-            self._graph_table.index_copy_(0, index, table.to(self.device))
-            torch.cuda.synchronize(self.device)  # filled before any replay, on any stream
+            self._write_slots(agreed, table)
         self.registered_graph_calls += len(agreed)
         self.copied_graph_calls += len(calls) - len(agreed)
+
+    def _write_slots(self, slots: list[int], rows: torch.Tensor) -> None:
+        """Fill the table's ``slots`` with ``rows`` (CPU int64 [len(slots), MAX_RANKS]), done before
+        any replay on any stream."""
+        assert self._graph_table is not None and self.device is not None
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self._graph_table.index_copy_(0, index, rows.to(self.device))
+        torch.cuda.synchronize(self.device)
 
     def _contribution(self, raised: bool, calls: list[GraphCall]) -> Contribution:
         """This rank's part of the exchange at the end of capture() (see :data:`Contribution`)."""
@@ -642,7 +650,7 @@ class CustomAllReduce:
             where.append((known.setdefault(key, len(handles)), offset))
             if len(handles) < len(known):
                 handles.append(key)
-        return raised, [call.key() for call in calls], handles, where
+        return raised, [call.key() for call in calls], handles, where, self._graph_slots
 
     def _open_input(self, handle: bytes) -> int:
         """This process's mapping of a peer's allocation (opened once; closed by :meth:`close`)."""
