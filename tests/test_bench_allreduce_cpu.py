@@ -156,11 +156,13 @@ def fake_results() -> dict[tuple[str, int, str], Timing]:
     small, _, big = SIZES
     return {
         ("all_reduce", small.numel, "jit"): Timing(4.0, 5.0, check="bits"),
+        ("all_reduce", small.numel, "jit_registered"): Timing(5.0, 5.5, check="bits"),
         ("all_reduce", small.numel, "nccl"): Timing(16.0, 17.0, check="close"),
         ("all_reduce", small.numel, "symm_mem"): Timing.missing("rank 1: RuntimeError: no"),
         ("all_reduce", small.numel, "empty"): Timing(2.0, 2.5),
         ("all_reduce", big.numel, "jit"): Timing(100.0, 110.0, check="WRONG: 3 of 16777216 elements"),
         ("all_reduce", big.numel, "nccl"): Timing(150.0, 150.0, check="close"),
+        ("all_reduce", big.numel, "jit_registered"): Timing.missing("rank 0: ValueError: differ"),
         ("rmsnorm", FUSED[0].numel, "fused"): Timing(5.0, 6.0, check="bits = unfused"),
         ("rmsnorm", FUSED[0].numel, "unfused"): Timing(8.0, 8.0),
         ("rmsnorm", FUSED[0].numel, "nccl_unfused"): Timing.missing(SHARED),
@@ -183,20 +185,23 @@ def test_all_reduce_rows_from_fake_measurements() -> None:
         "512 B",
         512,
         "4.00 (5.00)",
+        "5.00 (5.50)",
         "16.00 (17.00)",
         "n/a",
+        "0.80x",  # copy-in / registered
         "4.00x",
         "n/a",
         "0.1",
         "0.1",
         "2.00x",
-        "jit: bits; nccl: close",
+        "jit: bits; jit_registered: bits; nccl: close",
     ]
     big = rows[1]
     assert big[:2] == ["2048 x 8192", 32 << 20]
-    assert big[7] == f"{(32 << 20) / 100e-6 / 1e9:.1f}" and big[7] == big[8]  # busbw = algbw at 2 ranks
-    assert big[9] == ""  # no "vs empty" above decode sizes
-    assert "jit: WRONG" in big[10]
+    assert big[3] == "n/a" and big[6] == "n/a"  # the registered variant not measured
+    assert big[9] == f"{(32 << 20) / 100e-6 / 1e9:.1f}" and big[9] == big[10]  # busbw = algbw at 2 ranks
+    assert big[11] == ""  # no "vs empty" above decode sizes
+    assert "jit: WRONG" in big[12]
 
 
 def test_fused_rows_from_fake_measurements() -> None:
@@ -210,7 +215,8 @@ def test_output_markdown_json_and_notes() -> None:
     info = RunInfo(world=2, gpus=1, shared=True, calls=5, reps=10, custom_path="custom kernels")
     markdown, tables, notes = bench.output(fake_results(), info, SIZES, FUSED)
     assert markdown.count("### ") == 3
-    assert "| size | bytes | jit_kernel us | NCCL us | symm_mem one-shot us |" in markdown
+    assert "| size | bytes | jit_kernel us | jit_kernel registered us | NCCL us | symm_mem one-shot us |" in markdown
+    assert "all_reduce, jit_kernel registered: not measured: rank 0: ValueError: differ" in notes
     assert "| tokens | bytes | fused us | unfused us | NCCL + norm us |" in markdown
     assert notes[0] == bench.SHARED_NOTE
     assert f"rmsnorm, NCCL + norm: not measured: {SHARED}" in notes
@@ -302,7 +308,9 @@ def test_two_ranks_on_one_gpu(tmp_path: Path) -> None:
     assert doc["complete"] is True
     rows = {t["name"]: t["rows"] for t in doc["tables"]}
     assert len(rows["all_reduce"]) == 4 and len(rows["rmsnorm"]) == 2 and len(rows["rmsnorm_fp8"]) == 2
-    assert all(row[2] != "n/a" and row[3] == "n/a" for row in rows["all_reduce"]), rows  # ours timed, NCCL not
-    assert all("jit: bits" in row[-1] for row in rows["all_reduce"])
+    # Both variants of ours timed, NCCL not; the registered one checked on its replays.
+    assert all(row[2] != "n/a" and row[3] != "n/a" and row[4] == "n/a" for row in rows["all_reduce"]), rows
+    assert all("jit: bits" in row[-1] and "jit_registered: bits" in row[-1] for row in rows["all_reduce"]), rows
+    assert not any("copied in" in row[-1] for row in rows["all_reduce"]), rows
     assert all(row[2] != "n/a" and "fused: bits = unfused" in row[-1] for row in rows["rmsnorm"] + rows["rmsnorm_fp8"])
     assert any("share a GPU" in note for note in doc["notes"])

@@ -25,6 +25,10 @@ Sizes: 512 B, then ``[tokens, 8192]`` bf16 for 1, 8, 32, 128, 512 and 2048 token
 
 - jit_kernel: ``comm.all_reduce(x, out=out)`` (one launch; the input is copied into the shared
   buffer inside the kernel);
+- jit_kernel registered: the same call on a communicator made with ``graph_inputs="register"``:
+  the captured calls' inputs are registered at the end of ``capture()`` and the replays read every
+  rank's input in place, no copy-in (its check is made on the replays' output, as its eager call
+  copies in);
 - NCCL: ``torch.distributed.all_reduce(x)`` in place on an NCCL group, captured in the graph too,
   where every rank has a GPU of its own;
 - symm_mem one-shot: the input copied into a ``torch.distributed._symmetric_memory`` buffer (made
@@ -42,7 +46,8 @@ warm-up and ``--reps`` times between CUDA events, after a barrier of all ranks. 
 0's median per call and, in parentheses, the largest median over the ranks. "algbw" is the input's
 bytes over jit_kernel's time, "busbw" that times 2 (W - 1) / W (the bytes each link carries in a
 ring all-reduce, as nccl-tests counts them); "vs empty" is jit_kernel's time over an empty kernel's
-(a 1-element ``add_``) replayed the same way.
+(a 1-element ``add_``) replayed the same way; "copy-in / registered" is jit_kernel's time over
+jit_kernel registered's (above 1: reading the inputs in place is faster).
 """
 
 from __future__ import annotations
@@ -85,7 +90,12 @@ DECODE_TOKENS = 128  # rows up to this many tokens are decode-sized: "vs empty" 
 SPAWNED_ENV = "_JIT_KERNEL_BENCH_ALLREDUCE_RANK"
 
 # provider -> column label
-ALL_REDUCE_PROVIDERS = {"jit": "jit_kernel", "nccl": "NCCL", "symm_mem": "symm_mem one-shot"}
+ALL_REDUCE_PROVIDERS = {
+    "jit": "jit_kernel",
+    "jit_registered": "jit_kernel registered",
+    "nccl": "NCCL",
+    "symm_mem": "symm_mem one-shot",
+}
 FUSED_PROVIDERS = {"fused": "fused", "unfused": "unfused", "nccl_unfused": "NCCL + norm"}
 FUSED_FORMS = {
     "rmsnorm": "all-reduce + fused_add_rmsnorm",
@@ -252,8 +262,10 @@ ALL_REDUCE_HEADER = [
     "size",
     "bytes",
     "jit_kernel us",
+    "jit_kernel registered us",
     "NCCL us",
     "symm_mem one-shot us",
+    "copy-in / registered",
     "NCCL / ours",
     "symm_mem / ours",
     "algbw GB/s",
@@ -289,15 +301,17 @@ def all_reduce_rows(results: Results, sizes: Sequence[Size], world: int) -> list
         cells = {p: results.get(("all_reduce", size.numel, p)) for p in ALL_REDUCE_PROVIDERS}
         if not any(cells.values()):
             continue
-        ours, nccl, symm = (cells[p] or Timing() for p in ALL_REDUCE_PROVIDERS)
+        ours, registered, nccl, symm = (cells[p] or Timing() for p in ALL_REDUCE_PROVIDERS)
         empty = results.get(("all_reduce", size.numel, EMPTY)) or Timing()
         rows.append(
             [
                 size.label,
                 size.nbytes,
                 time_cell(ours),
+                time_cell(registered),
                 time_cell(nccl),
                 time_cell(symm),
+                ratio_cell(ours.us, registered.us),
                 ratio_cell(nccl.us, ours.us),
                 ratio_cell(symm.us, ours.us),
                 _bw_cell(algbw(size.nbytes, ours.us)),
@@ -377,7 +391,7 @@ def output(
         (
             "all_reduce",
             f"all_reduce, {str(DTYPE).removeprefix('torch.')} over {info.world} ranks: "
-            "jit_kernel against NCCL and symm_mem",
+            "jit_kernel (copy-in and registered) against NCCL and symm_mem",
             ALL_REDUCE_HEADER,
             all_reduce_rows(results, sizes, info.world),
         )
@@ -420,11 +434,21 @@ class Rank:
         self.comm = CustomAllReduce(
             dist.group.WORLD, device=self.device, max_bytes=max_bytes(self.sizes), timeout_s=args.peer_timeout
         )
+        # The registered variant: its own regions and table (graph_inputs is a communicator's choice).
+        self.comm_registered = CustomAllReduce(
+            dist.group.WORLD,
+            device=self.device,
+            max_bytes=max_bytes(self.sizes),
+            timeout_s=args.peer_timeout,
+            graph_inputs="register",
+        )
         self.nccl: Any = None
         self.symm: tuple[torch.Tensor, str] | None = None
         self.results: dict[tuple[str, int, str], Timing] = {}
         # This rank's verdict on a provider's eager call, gathered with its times by measure().
         self.checks: dict[tuple[str, int, str], str] = {}
+        # A provider's check of its replays' output (made after the timed replays, into checks).
+        self.replay_checks: dict[tuple[str, int, str], Callable[[], None]] = {}
 
     # -- in step with the other ranks ----------------------------------------------------------
 
@@ -457,6 +481,8 @@ class Rank:
         if self.comm.disabled_reason is not None:
             why = f"CustomAllReduce falls back to torch.distributed ({self.comm.disabled_reason})"
             self.skip.update({"jit": why, "fused": why, "unfused": why})
+        if self.comm_registered.disabled_reason is not None:
+            self.skip["jit_registered"] = f"CustomAllReduce falls back ({self.comm_registered.disabled_reason})"
         if "nccl" not in self.skip:
 
             def nccl() -> None:
@@ -515,7 +541,8 @@ class Rank:
 
             def capture() -> None:
                 # thread_local: the NCCL watchdog's event queries on its own thread stay legal during capture.
-                with self.comm.capture(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                comm = self.comm_registered if provider == "jit_registered" else self.comm
+                with comm.capture(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     for _ in range(self.calls):
                         steps[0]()
 
@@ -530,6 +557,9 @@ class Rank:
                 if result_files.stop_requested():
                     raise KeyboardInterrupt from e
                 error = f"{type(e).__name__}: {e}"
+        replay_check = self.replay_checks.pop(key, None)
+        if error is None and replay_check is not None:
+            replay_check()  # the last replay's output (the timed replays synchronised)
         check = self.checks.pop(key, "")
         gathered = self.gather((median, error, check))
         first_error = next((f"rank {r}: {e}" for r, (_, e, _) in enumerate(gathered) if e), None)
@@ -573,6 +603,19 @@ class Rank:
                 self.comm.all_reduce(x, out=out)
                 self._compare_sum(key, out, seed, numel, exact=True)
                 return lambda: self.comm.all_reduce(x, out=out)
+            if provider == "jit_registered":
+                comm = self.comm_registered
+                comm.all_reduce(x, out=out)  # eager: loads the kernel (copy-in)
+                before = comm.registered_graph_calls
+
+                def replayed() -> None:
+                    self._compare_sum(key, out, seed, numel, exact=True)
+                    if comm.registered_graph_calls - before < self.calls and self.checks[key] == "bits":
+                        self.checks[key] = "bits (copied in: inputs not registered)"
+
+                self.replay_checks[key] = replayed
+                out.fill_(float("nan"))  # the replays must write it
+                return lambda: comm.all_reduce(x, out=out)
             if provider == "nccl":
                 out.copy_(x)
                 self.dist.all_reduce(out, group=self.nccl)
@@ -662,6 +705,7 @@ class Rank:
         torch.cuda.synchronize(self.device)
         self.dist.barrier()
         self.comm.close()
+        self.comm_registered.close()
         self.dist.destroy_process_group()
 
 
