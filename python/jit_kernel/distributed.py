@@ -615,7 +615,10 @@ class CustomAllReduce:
         dist.all_gather_object(opened, sorted(rows), group=self.group)
         agreed = sorted(set.intersection(*(set(theirs) for theirs in opened)))
         if len(agreed) < sum(call.slot >= 0 for call in calls):
-            _log_copy_once("some captured inputs are in memory CUDA IPC cannot share (e.g. expandable segments)")
+            _log_copy_once(
+                "some captured inputs could not be shared (memory cudaIpcGetMemHandle cannot share, such as "
+                "expandable segments, or a peer's allocation that did not open)"
+            )
         if agreed:
             table = torch.zeros(len(agreed), _ops.MAX_RANKS, dtype=torch.int64)
             for row, slot in enumerate(agreed):
