@@ -701,3 +701,26 @@ def test_capture_must_enclose_the_graph_and_does_not_nest(monkeypatch: pytest.Mo
     finally:
         comm.device = None
         comm.close()
+
+
+def test_the_plan_launches_with_the_calls_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """custom_all_reduce passes graph_input_slot's answer (the slot's address, 0 for copy-in) as the
+    launcher's last argument, asked about the tensors the kernel reads and writes."""
+    comm = _two_rank_stub()
+    seen: list[tuple[int, int]] = []
+
+    def slot(x: torch.Tensor, out: torch.Tensor, algo: int) -> int:
+        seen.append((algo, int(x.is_contiguous())))
+        return 4096
+
+    monkeypatch.setattr(comm, "graph_input_slot", slot)
+    try:
+        with fake_cuda():
+            x = torch.empty(64, 4096, dtype=torch.bfloat16, device="cuda")
+            kernels, _, args, out = ops.custom_all_reduce.op.plan(x, comm.handle, None)
+            assert kernels is ops._ALL_REDUCE and args[-1] == 4096 and args[0] is out and args[1] is x
+            big = torch.empty(1024, 4096, dtype=torch.float32, device="cuda")  # 16 MiB, over max_bytes
+            assert ops.custom_all_reduce.op.plan(big, comm.handle, None)[0] is ops._TORCH  # no slot asked
+        assert seen == [(ops.ONE_SHOT, 1)]
+    finally:
+        comm.close()
