@@ -4,7 +4,12 @@ count 1 to 16, column counts that are not a multiple of the kernel's 32-column b
 16384, shapes that split k over a cluster of 2, 4 and 8 blocks, bias on and off, fp16 and bf16, rows
 at a stride, the output poisoned with NaN first so that an element never written fails. Also: the
 shapes that go to ``torch.nn.functional.linear`` give its result, two calls give the same bits, PDL
-chains match the same chain without PDL, CUDA-graph capture and replay, torch.compile(fullgraph=True)."""
+chains match the same chain without PDL, CUDA-graph capture and replay, torch.compile(fullgraph=True).
+
+decode_linear_fp8 likewise, against its float64 definition block by block (``(q . w)`` per 128-wide
+k-block times the input's and the weight's block scales): every row count, partial column, weight and
+k blocks, every scale layout the package's quantisers emit, the reference path, torch._scaled_mm's
+blockwise GEMM where it runs."""
 
 from __future__ import annotations
 
@@ -322,5 +327,287 @@ def test_torch_compile_fullgraph_matches_eager() -> None:
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
     torch.testing.assert_close(got[1], want[1])  # inductor may pick another GEMM for F.linear
     explanation = torch._dynamo.explain(step)(x, w, b, many)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_linear_fp8 against the float64 definition, block by block
+
+FP8 = torch.float8_e4m3fn
+FP32 = torch.float32
+FP8_BLOCK = 128
+
+
+def _blocks(size: int) -> int:
+    return -(-size // FP8_BLOCK)
+
+
+def _fp8_inputs(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh random fp8 operands and scales: ``q [m, k]`` and ``w [n, k]`` e4m3 of N(0, 1),
+    ``input_scale [m, ceil(k / 128)]`` in [0.5, 1.5), ``weight_scale [ceil(n / 128), ceil(k / 128)]``
+    in [0.5, 1.5) / sqrt(k) (outputs of unit scale at every K)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(m, k, device="cuda", generator=g).to(FP8)
+    xs = torch.rand(m, _blocks(k), device="cuda", generator=g) + 0.5
+    w = torch.randn(n, k, device="cuda", generator=g).to(FP8)
+    ws = (torch.rand(_blocks(n), _blocks(k), device="cuda", generator=g) + 0.5) / math.sqrt(k)
+    return q, xs, w, ws
+
+
+def _fp8_float64(
+    q: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, b: torch.Tensor | None
+) -> torch.Tensor:
+    """out[m, n] = sum_b (q[m, block b] . w[n, block b]) * xs[m, b] * ws[n // 128, b] (+ b[n]), in float64."""
+    k, n = q.shape[-1], w.shape[0]
+    x2, s2 = q.reshape(-1, k).double(), xs.reshape(-1, xs.shape[-1]).double()
+    out = torch.zeros(x2.shape[0], n, dtype=torch.float64, device=q.device)
+    wscale = ws.double()[torch.arange(n, device=q.device) // FP8_BLOCK]
+    for blk in range(_blocks(k)):
+        cols = slice(blk * FP8_BLOCK, min(k, (blk + 1) * FP8_BLOCK))
+        out += (x2[:, cols] @ w[:, cols].double().T) * s2[:, blk : blk + 1] * wscale[:, blk]
+    if b is not None:
+        out += b.double()
+    return out.reshape(*q.shape[:-1], n)
+
+
+def assert_fp8_matches(out, q, xs, w, ws, b) -> None:
+    """Within the output's rounding (half an ulp) and an fp32-accumulation allowance growing as
+    sqrt(K); NaN (an element never written) fails."""
+    k = q.shape[-1]
+    eps = EPS[out.dtype]
+    ref = _fp8_float64(q, xs, w, ws, b).reshape(out.shape)
+    torch.testing.assert_close(out.double(), ref, rtol=eps, atol=eps * math.sqrt(k) / 64 + 2.0**-14)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [None, BF16, FP32], ids=["no-bias", "bias-bf16", "bias-fp32"])
+@pytest.mark.parametrize("m", range(1, 17))
+def test_fp8_every_row_count(m: int, bias: torch.dtype | None) -> None:
+    """M = 1 to 16, N = 4097 (a last column block of one column, a last weight block of one row), K = 1024."""
+    from jit_kernel.ops.gemm import decode_linear_fp8_serves
+
+    n, k = 4097, 1024
+    q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-rows", m, bias))
+    b = torch.randn(n, device="cuda").to(bias) if bias is not None else None
+    assert decode_linear_fp8_serves(q, xs, w, ws, BF16, b)
+    out = _poisoned(m, n, BF16)
+    assert jit_kernel.decode_linear_fp8(q, xs, w, ws, BF16, b, out=out) is out
+    assert_fp8_matches(out, q, xs, w, ws, b)
+
+
+# (N, K): one column, seven, partial blocks; K of one 16-byte chunk, of a short last k-block, of one
+# k-block, DeepSeek-V3's 7168 and 18432; shapes that fill the GPU and shapes split over 2, 4 and 8
+# blocks of a cluster.
+FP8_SHAPES = [
+    (1, 16),
+    (7, 144),
+    (4097, 128),
+    (33, 272),
+    (300, 1040),
+    (1, 7168),
+    (129, 7168),
+    (7168, 18432 // 8),
+    (4096, 7168),  # 128 column blocks: a cluster of 2
+    (1280, 8192),  # 40 column blocks: a cluster of 4
+    (100, 4096),  # 4 column blocks: a cluster of 4 (32 k-blocks, 8 a block)
+    (6144, 4096),  # 192 column blocks: no cluster
+    (24576, 1536),  # DeepSeek-V3 q_b_proj
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [BF16, FP16], ids=str)
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize(("n", "k"), FP8_SHAPES, ids=[f"N{n}-K{k}" for n, k in FP8_SHAPES])
+def test_fp8_shapes(n: int, k: int, m: int, out_dtype: torch.dtype) -> None:
+    q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-shapes", n, k, m))
+    b = torch.randn(n, device="cuda").to(out_dtype) if (m + n) % 2 else None
+    out = _poisoned(m, n, out_dtype)
+    jit_kernel.decode_linear_fp8(q, xs, w, ws, out_dtype, b, out=out)
+    assert_fp8_matches(out, q, xs, w, ws, b)
+
+
+@pytest.mark.gpu
+def test_fp8_scale_layouts() -> None:
+    """Column-major input scales, a TMA-padded column-major buffer, a strided weight-scale view,
+    [..., K] inputs, a strided bias, input and output rows at a stride: the same bits as row-major."""
+    from jit_kernel.ops.gemm import decode_linear_fp8_serves
+
+    m, n, k = 6, 1000, 2048
+    q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-layouts"))
+    want = jit_kernel.decode_linear_fp8(q, xs, w, ws)
+    assert_fp8_matches(want, q, xs, w, ws, None)
+    column = torch.empty(_blocks(k), m, device="cuda").t().copy_(xs)
+    padded = torch.empty(_blocks(k), 8, device="cuda").t()[:m].copy_(xs)
+    ws_view = torch.empty(_blocks(k), _blocks(n), device="cuda").t().copy_(ws)
+    for scales in (column, padded):
+        assert decode_linear_fp8_serves(q, scales, w, ws)
+        assert torch.equal(jit_kernel.decode_linear_fp8(q, scales, w, ws), want)
+    assert torch.equal(jit_kernel.decode_linear_fp8(q, xs, w, ws_view), want)
+    assert torch.equal(jit_kernel.decode_linear_fp8(q.view(2, 3, k), xs.view(2, 3, -1), w, ws), want.view(2, 3, n))
+    wide = torch.empty(m, k + 48, device="cuda").to(FP8)
+    wide[:, 16 : 16 + k].copy_(q)
+    assert torch.equal(jit_kernel.decode_linear_fp8(wide[:, 16 : 16 + k], xs, w, ws), want)
+    out_buffer = torch.full((m, n + 9), float("nan"), device="cuda", dtype=BF16)
+    jit_kernel.decode_linear_fp8(q, xs, w, ws, out=out_buffer[:, :n])
+    assert torch.equal(out_buffer[:, :n], want) and torch.isnan(out_buffer[:, n:]).all()
+    b = torch.randn(2 * n, device="cuda")[::2]
+    assert_fp8_matches(jit_kernel.decode_linear_fp8(q, xs, w, ws, bias=b), q, xs, w, ws, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_fp8_after_the_package_quantisers(m: int) -> None:
+    """Activations quantised by per_token_group_quant_fp8 (both scale layouts) and by the fused
+    add + RMSNorm + group quant (TMA-padded column-major scales): served, and within the output's
+    rounding of the definition on the quantised operands."""
+    k, n = 7168, 1536
+    g = torch.Generator(device="cuda").manual_seed(_seed("fp8-producers", m))
+    h = torch.randn(m, k, device="cuda", generator=g).to(BF16)
+    _, _, w, ws = _fp8_inputs(1, n, k, _seed("fp8-producers-w", m))
+    for column_major in (False, True):
+        q, s = jit_kernel.per_token_group_quant_fp8(h, 128, column_major_scales=column_major)
+        assert_fp8_matches(jit_kernel.decode_linear_fp8(q, s, w, ws), q, s, w, ws, None)
+    residual, norm_w = torch.randn_like(h), torch.ones(k, device="cuda", dtype=BF16)
+    padded = torch.empty(_blocks(k), (m + 3) // 4 * 4, device="cuda").t()[:m]
+    q = torch.empty(m, k, device="cuda", dtype=FP8)
+    jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(h, residual, norm_w, 128, output_q=q, output_s=padded)
+    assert_fp8_matches(jit_kernel.decode_linear_fp8(q, padded, w, ws), q, padded, w, ws, None)
+
+
+@pytest.mark.gpu
+def test_fp8_matches_scaled_mm() -> None:
+    """Against torch._scaled_mm with 1 x 128 and 128 x 128 block scales, where this torch and
+    cuBLAS run it (skipped otherwise): the same sums in another order, a unit in the last place apart."""
+    m, n, k = 16, 4096, 7168
+    q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-scaled-mm"))
+    try:
+        expected = torch._scaled_mm(
+            q, w.t(), scale_a=xs.t().contiguous().t(), scale_b=ws.t(), out_dtype=BF16
+        )  # scale_a [M, K/128] column-major, scale_b [K/128, N/128]
+    except (RuntimeError, NotImplementedError, ValueError) as error:
+        pytest.skip(f"torch._scaled_mm has no 1x128 x 128x128 blockwise GEMM here: {error}")
+    got = jit_kernel.decode_linear_fp8(q, xs, w, ws)
+    assert_fp8_matches(got, q, xs, w, ws, None)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2 * EPS[BF16], atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), [(17, 1000, 1024), (64, 257, 144), (4, 100, 24)])
+def test_fp8_reference_path(m: int, n: int, k: int) -> None:
+    """What the kernel does not serve (more than 16 rows, K not a multiple of 16) takes the float32
+    dequantised reference: within the output's rounding of the definition."""
+    from jit_kernel.ops.gemm import decode_linear_fp8_serves
+
+    q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-reference", m, n, k))
+    b = torch.randn(n, device="cuda")
+    assert not decode_linear_fp8_serves(q, xs, w, ws, BF16, b)
+    out = _poisoned(m, n, BF16)
+    assert jit_kernel.decode_linear_fp8(q, xs, w, ws, BF16, b, out=out) is out
+    assert_fp8_matches(out, q, xs, w, ws, b)
+
+
+@pytest.mark.gpu
+def test_fp8_kernel_refuses_a_misaligned_input() -> None:
+    q = torch.zeros(2 * 256 + 8, device="cuda").to(FP8)[8:].view(2, 256)
+    w, ws, xs = (
+        torch.zeros(100, 256, device="cuda").to(FP8),
+        torch.ones(1, 2, device="cuda"),
+        torch.ones(2, 2, device="cuda"),
+    )
+    with pytest.raises(ValueError, match="decode_linear_fp8: input_q's rows must start on 16-byte boundaries"):
+        torch.ops.jit_kernel.decode_linear_fp8(q, xs, w, ws)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 7168), (16, 4096, 7168), (9, 1280, 8192), (4, 24576, 1536)])
+def test_fp8_two_calls_give_the_same_bits(m: int, n: int, k: int) -> None:
+    q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-bits", m, n, k))
+    b = torch.randn(n, device="cuda").to(BF16)
+    first = jit_kernel.decode_linear_fp8(q, xs, w, ws, BF16, b)
+    for _ in range(3):
+        assert torch.equal(jit_kernel.decode_linear_fp8(q, xs, w, ws, BF16, b), first)
+    assert torch.equal(jit_kernel.decode_linear_fp8(q, xs, w, ws, BF16, b, enable_pdl=False), first)
+
+
+@pytest.mark.gpu
+def test_fp8_pdl_after_the_quantiser() -> None:
+    """With PDL the kernel reads its input and input scales only after the quantiser before it has
+    written them (a chain of quantise, then GEMM, rewritten in place): the same bits as without PDL."""
+    m, n, k = 4, 4096, 7168
+    _, _, w, ws = _fp8_inputs(1, n, k, _seed("fp8-pdl"))
+    h0 = torch.randn(m, k, device="cuda").to(BF16)
+    h = torch.empty_like(h0)
+    q = torch.empty(m, k, device="cuda", dtype=FP8)
+    s = torch.empty(m, _blocks(k), device="cuda")
+    results = {}
+    for pdl in (False, True):
+        h.copy_(h0)
+        outs = []
+        for i in range(3):
+            h.mul_(1.5 if i % 2 else 0.5)  # each step's input differs from the last one's
+            jit_kernel.per_token_group_quant_fp8(h, 128, output_q=q, output_s=s, enable_pdl=pdl)
+            outs.append(jit_kernel.decode_linear_fp8(q, s, w, ws, enable_pdl=pdl))
+        results[pdl] = outs
+    for a, b in zip(results[False], results[True], strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_fp8_cuda_graph_capture_and_replay() -> None:
+    """A served call, a cluster-split call and a reference call captured; each replay reads the
+    inputs as they are then and matches the eager calls."""
+    q, xs, w, ws = _fp8_inputs(4, 4096, 7168, 31)
+    _, _, small_w, small_ws = _fp8_inputs(1, 7, 7168, 32)
+    many_q, many_xs, _, _ = _fp8_inputs(32, 1, 7168, 33)
+
+    def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (
+            jit_kernel.decode_linear_fp8(q, xs, w, ws),
+            jit_kernel.decode_linear_fp8(q[:1], xs[:1], small_w, small_ws),
+            jit_kernel.decode_linear_fp8(many_q, many_xs, w, ws),
+        )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for i in range(3):
+        q.copy_(torch.randn(q.shape, device="cuda").to(FP8))
+        xs.copy_(torch.rand_like(xs) + 0.5)
+        many_q.copy_(torch.randn(many_q.shape, device="cuda").to(FP8))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+        assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1]), f"replay {i}"
+        torch.testing.assert_close(captured[2], eager[2])
+    assert_fp8_matches(captured[0], q, xs, w, ws, None)
+
+
+@pytest.mark.gpu
+def test_fp8_torch_compile_fullgraph_matches_eager() -> None:
+    torch._dynamo.reset()
+    q, xs, w, ws = _fp8_inputs(8, 3000, 2048, 41)
+    many_q, many_xs, _, _ = _fp8_inputs(40, 1, 2048, 42)
+    b = torch.randn(3000, device="cuda")
+
+    def step(q, xs, w, ws, b, many_q, many_xs):
+        y = jit_kernel.decode_linear_fp8(q, xs, w, ws, BF16, b)
+        z = jit_kernel.decode_linear_fp8(many_q, many_xs, w, ws)  # the reference, in the graph
+        h = jit_kernel.decode_linear_fp8(q.view(2, 4, -1), xs.view(2, 4, -1), w, ws, FP16)
+        return y * 2, z, h
+
+    compiled = torch.compile(step, fullgraph=True)
+    want = step(q, xs, w, ws, b, many_q, many_xs)
+    got = compiled(q, xs, w, ws, b, many_q, many_xs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[1], want[1])
+    explanation = torch._dynamo.explain(step)(q, xs, w, ws, b, many_q, many_xs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     torch._dynamo.reset()

@@ -19,7 +19,13 @@ from _norm_helpers import fake_cuda
 from jit_helpers import assert_builds_for_arch
 from jit_kernel.engine import families
 from jit_kernel.ops import gemm
-from jit_kernel.ops.gemm import decode_linear, decode_linear_serves
+from jit_kernel.ops.gemm import (
+    FP8_BLOCK,
+    decode_linear,
+    decode_linear_fp8,
+    decode_linear_fp8_serves,
+    decode_linear_serves,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -389,3 +395,390 @@ def test_torch_compile_traces_without_graph_break(reset_dynamo: None) -> None:
 def test_public_names() -> None:
     assert jit_kernel.decode_linear is decode_linear
     assert "decode_linear" in jit_kernel.__all__
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_linear_fp8: the spec and builds, the rule, the reference path (CPU tensors, for real), the
+# launcher's checks on fake CUDA tensors, every scale layout the producers emit, the fakes
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _blocks(size: int) -> int:
+    return -(-size // FP8_BLOCK)
+
+
+def test_fp8_family_spec() -> None:
+    spec = families.DECODE_LINEAR_FP8
+    assert spec in families.ALL_FAMILIES
+    assert spec.sources == ("gemm/decode_linear_fp8.cuh",)
+    assert spec.params == ("rows", "out_dtype")
+    assert spec.prebuilt == ((8, "bf16_t"), (16, "bf16_t"))
+
+
+@pytest.mark.parametrize("config", families.DECODE_LINEAR_FP8.prebuilt, ids=lambda c: "-".join(map(str, c)))
+def test_fp8_prebuilt_configs_compile_for_sm90a_without_a_gpu(config: tuple[int, str]) -> None:
+    assert_builds_for_arch(families.DECODE_LINEAR_FP8, config, "9.0a")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["8.9", "8.0"])
+def test_fp8_compiles_for_sm89_and_sm80(arch: str) -> None:
+    """sm_89 has the e4m3 mma (no clusters: the launcher never splits there); on sm_80 the kernel
+    compiles to a trap the launcher never reaches (it refuses devices below sm_89)."""
+    assert_builds_for_arch(families.DECODE_LINEAR_FP8, (16, "fp16_t"), arch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [(8, "bf16_t"), (16, "bf16_t"), (8, "fp16_t"), (16, "fp16_t")])
+def test_fp8_kernel_does_not_spill_on_sm90a(config: tuple[int, str], tmp_path: Path) -> None:
+    import tvm_ffi.libinfo
+
+    from jit_kernel.engine import toolchain
+    from jit_kernel.engine.unit import TranslationUnit
+
+    unit = TranslationUnit.for_config(families.DECODE_LINEAR_FP8, config)
+    source = tmp_path / "unit.cu"
+    source.write_text(unit.text())
+    includes = [f"-I{tvm_ffi.libinfo.find_include_path()}", f"-I{tvm_ffi.libinfo.find_dlpack_include_path()}"]
+    command = [str(toolchain.nvcc_path()), "-cubin", "-arch=sm_90a", "-Xptxas", "-v", *unit.compile_args(), *includes]
+    result = subprocess.run([*command, str(source), "-o", str(tmp_path / "unit.cubin")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = result.stderr
+    properties = re.findall(
+        r"Function properties for (\S+)\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+        report,
+    )
+    kernels = [p for p in properties if "decode_linear_fp8_kernel" in p[0]]
+    assert len(kernels) == 1, report[-4000:]
+    assert kernels[0][1:] == ("0", "0", "0"), kernels
+    registers = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
+    assert registers and max(registers) <= 128, report[-4000:]
+
+
+def _q(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, dtype=E4M3)
+
+
+def _s(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, dtype=FP32)
+
+
+FP8_SERVES: list[tuple[str, Callable[[], tuple[object, ...]], bool]] = [
+    ("1 row", lambda: (_q(1, 256), _s(1, 2), _q(300, 256), _s(3, 2)), True),
+    ("16 rows, K 7168", lambda: (_q(16, 7168), _s(16, 56), _q(128, 7168), _s(1, 56)), True),
+    ("column-major scales", lambda: (_q(4, 256), _s(2, 4).t(), _q(300, 256), _s(3, 2)), True),
+    ("TMA-padded column-major scales", lambda: (_q(3, 256), _s(2, 4).t()[:3], _q(300, 256), _s(3, 2)), True),
+    ("weight scales transposed view", lambda: (_q(4, 256), _s(4, 2), _q(300, 256), _s(2, 3).t()), True),
+    ("K 144 (a short last block)", lambda: (_q(2, 144), _s(2, 2), _q(7, 144), _s(1, 2)), True),
+    ("3-D input", lambda: (_q(2, 8, 256), _s(2, 8, 2), _q(300, 256), _s(3, 2)), True),
+    ("1-D input", lambda: (_q(256), _s(2), _q(300, 256), _s(3, 2)), True),
+    ("fp16 out, fp32 bias", lambda: (_q(2, 256), _s(2, 2), _q(300, 256), _s(3, 2), FP16, _s(300)), True),
+    ("bf16 out, bf16 bias", lambda: (_q(2, 256), _s(2, 2), _q(300, 256), _s(3, 2), BF16, _t(300)), True),
+    ("rows at a stride of 16", lambda: (_q(4, 272)[:, :256], _s(4, 2), _q(300, 256), _s(3, 2)), True),
+    ("17 rows", lambda: (_q(17, 256), _s(17, 2), _q(300, 256), _s(3, 2)), False),
+    ("no rows", lambda: (_q(0, 256), _s(0, 2), _q(300, 256), _s(3, 2)), False),
+    ("K 24", lambda: (_q(2, 24), _s(2, 1), _q(8, 24), _s(1, 1)), False),
+    ("fp32 out", lambda: (_q(2, 256), _s(2, 2), _q(300, 256), _s(3, 2), FP32), False),
+    ("bias fp16 with bf16 out", lambda: (_q(2, 256), _s(2, 2), _q(300, 256), _s(3, 2), BF16, _t(300, dtype=FP16)),
+     False),
+    ("int32 (packed UE8M0) input scales", lambda: (_q(2, 256), torch.empty(2, 1, dtype=torch.int32), _q(300, 256),
+                                                   _s(3, 2)), False),
+    ("e8m0 weight scales", lambda: (_q(2, 256), _s(2, 2), _q(300, 256),
+                                    torch.empty(3, 2, dtype=torch.float8_e8m0fnu)), False),
+    ("bf16 input", lambda: (_t(2, 256), _s(2, 2), _q(300, 256), _s(3, 2)), False),
+    ("weight scales per tensor", lambda: (_q(2, 256), _s(2, 2), _q(300, 256), _s(1, 1)), False),
+    ("input scales per token", lambda: (_q(2, 256), _s(2, 1), _q(300, 256), _s(3, 2)), False),
+    ("weight transposed", lambda: (_q(2, 256), _s(2, 2), _q(256, 300).t(), _s(3, 2)), False),
+    ("rows at a stride of 264", lambda: (_q(4, 264)[:, :256], _s(4, 2), _q(300, 256), _s(3, 2)), False),
+    ("input at an odd offset", lambda: (_q(2 * 256 + 8)[8:].view(2, 256), _s(2, 2), _q(300, 256), _s(3, 2)), False),
+    ("input a list", lambda: ([0.0], _s(2, 2), _q(300, 256), _s(3, 2)), False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "make", "served"), FP8_SERVES, ids=[case for case, _, _ in FP8_SERVES])
+def test_fp8_rule(case: str, make: Callable[[], tuple[object, ...]], served: bool) -> None:
+    args = make()
+    with fake_cuda():
+        cuda = tuple(
+            torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cuda")
+            if isinstance(a, torch.Tensor) and a.storage_offset() == 0
+            else a
+            for a in args
+        )
+    assert decode_linear_fp8_serves(*args) is False  # CPU tensors: the reference
+    if all(not isinstance(a, torch.Tensor) or a.storage_offset() == 0 for a in args):
+        assert decode_linear_fp8_serves(*cuda) is served
+    else:  # an offset view: the rule reads the offset (fake tensors cannot be built at one without a GPU)
+        assert not served
+
+
+def _fp8_inputs(
+    m: int, n: int, k: int, seed: int, lead: tuple[int, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    rows = lead or (m,)
+    q = torch.randn(*rows, k, generator=g).to(E4M3)
+    xs = torch.rand(*rows, _blocks(k), generator=g) + 0.5
+    w = torch.randn(n, k, generator=g).to(E4M3)
+    ws = (torch.rand(_blocks(n), _blocks(k), generator=g) + 0.5) / k**0.5
+    return q, xs, w, ws
+
+
+def _fp8_float64(q: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, b: torch.Tensor | None):
+    """The definition, block by block in float64."""
+    k, n = q.shape[-1], w.shape[0]
+    x2, s2 = q.reshape(-1, k).double(), xs.reshape(-1, xs.shape[-1]).double()
+    out = torch.zeros(x2.shape[0], n, dtype=torch.float64)
+    wscale = ws.double()[torch.arange(n) // FP8_BLOCK]
+    for blk in range(_blocks(k)):
+        cols = slice(blk * FP8_BLOCK, min(k, (blk + 1) * FP8_BLOCK))
+        out += (x2[:, cols] @ w[:, cols].double().T) * s2[:, blk : blk + 1] * wscale[:, blk]
+    if b is not None:
+        out += b.double()
+    return out.reshape(*q.shape[:-1], n)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "out_dtype", "bias"),
+    [(4, 300, 1024, BF16, None), (17, 129, 144, FP16, FP32), (1, 7, 16, BF16, BF16), (40, 256, 7168, FP32, None)],
+)
+def test_fp8_reference_path_matches_the_definition(
+    m: int, n: int, k: int, out_dtype: torch.dtype, bias: torch.dtype | None
+) -> None:
+    """The path every call the kernel does not serve takes (CPU tensors here): float32 dequantised
+    operands and F.linear, within the output's rounding of the float64 definition."""
+    q, xs, w, ws = _fp8_inputs(m, n, k, m + n + k)
+    b = torch.randn(n).to(bias) if bias is not None else None
+    got = decode_linear_fp8(q, xs, w, ws, out_dtype, b)
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    eps = {BF16: 2.0**-8, FP16: 2.0**-11, FP32: 2.0**-20}[out_dtype]
+    torch.testing.assert_close(got.double(), _fp8_float64(q, xs, w, ws, b), rtol=eps, atol=eps * 4)
+    out = torch.full((m, n), float("nan"), dtype=out_dtype)
+    assert decode_linear_fp8(q, xs, w, ws, out_dtype, b, out=out) is out
+    assert torch.equal(out, got)
+
+
+def test_fp8_reference_takes_every_scale_layout() -> None:
+    q, xs, w, ws = _fp8_inputs(5, 200, 512, 3)
+    want = decode_linear_fp8(q, xs, w, ws)
+    column = torch.empty(4, 8).t()[:5].copy_(xs)  # TMA-padded column-major
+    assert torch.equal(decode_linear_fp8(q, column, w, ws), want)
+    assert torch.equal(decode_linear_fp8(q, xs, w, ws.t().contiguous().t()), want)
+    q3, xs3 = q[:4].view(2, 2, 512), xs[:4].view(2, 2, 4)
+    assert torch.equal(decode_linear_fp8(q3, xs3, w, ws), want[:4].view(2, 2, 200))
+
+
+def test_fp8_reference_serves_transformers_fp8linear_parameters() -> None:
+    """FP8Linear's own tensors (weight [N, K] e4m3, weight_scale_inv [ceil(N / 128), ceil(K / 128)]
+    float32, block_size (128, 128)) are this op's weight and weight_scale, as they are."""
+    finegrained = pytest.importorskip("transformers.integrations.finegrained_fp8")
+    layer = finegrained.FP8Linear(384, 300, block_size=(128, 128))
+    assert layer.weight.dtype == E4M3 and layer.weight_scale_inv.dtype == FP32
+    assert tuple(layer.weight_scale_inv.shape) == (_blocks(300), _blocks(384))
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(300, 384).to(E4M3))
+        layer.weight_scale_inv.copy_(torch.rand(3, 3) + 0.5)
+    q, xs = torch.randn(2, 384).to(E4M3), torch.rand(2, 3) + 0.5
+    got = decode_linear_fp8(q, xs, layer.weight, layer.weight_scale_inv)
+    torch.testing.assert_close(
+        got.double(), _fp8_float64(q, xs, layer.weight, layer.weight_scale_inv, None), rtol=2.0**-8, atol=2.0**-6
+    )
+
+
+FP8_REFERENCE_BAD = [
+    (lambda: (_q(2, 256), torch.zeros(2, 1, dtype=torch.int32), _q(8, 256), _s(1, 2)), TypeError,
+     r"^decode_linear_fp8: input_scale must be float32 .*got int32$"),
+    (lambda: (_q(2, 256), _s(2, 2), _q(8, 256), torch.ones(1, 2, dtype=torch.float8_e8m0fnu)), TypeError,
+     r"^decode_linear_fp8: weight_scale must be float32 .*got float8_e8m0fnu$"),
+    (lambda: (_t(2, 256), _s(2, 2), _q(8, 256), _s(1, 2)), TypeError,
+     r"^decode_linear_fp8: input_q must be float8_e4m3fn, got bfloat16$"),
+    (lambda: (_q(2, 256), _s(2, 2), _q(8, 256), _s(2, 2)), ValueError,
+     r"^decode_linear_fp8: weight_scale must be \[ceil\(N / 128\), ceil\(K / 128\)\] = \(1, 2\), got \(2, 2\)$"),
+    (lambda: (_q(2, 256), _s(2, 1), _q(8, 256), _s(1, 2)), ValueError,
+     r"^decode_linear_fp8: input_scale must be \[\.\.\., ceil\(K / 128\)\] = \(2, 2\), got \(2, 1\)$"),
+    (lambda: (_q(2, 128), _s(2, 1), _q(8, 256), _s(1, 2)), ValueError,
+     r"^decode_linear_fp8: input_q must be \[\.\.\., 256\]"),
+    (lambda: (_q(2, 256), [1.0], _q(8, 256), _s(1, 2)), TypeError,
+     r"^decode_linear_fp8: input_scale must be a torch\.Tensor, got list$"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "error", "match"), FP8_REFERENCE_BAD)
+def test_fp8_reference_names_the_bad_argument(make: Callable[[], tuple], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        decode_linear_fp8(*make())
+
+
+def test_fp8_reference_checks_bias_and_out() -> None:
+    q, xs, w, ws = _fp8_inputs(20, 64, 256, 5)
+    with pytest.raises(ValueError, match=r"^decode_linear_fp8: bias must be \[64\], got shape \(65,\)$"):
+        decode_linear_fp8(q, xs, w, ws, bias=torch.zeros(65))
+    with pytest.raises(ValueError, match=r"decode_linear_fp8: out must have shape \(20, 64\) and dtype torch.bfloat16"):
+        decode_linear_fp8(q, xs, w, ws, out=torch.empty(20, 64))
+    with pytest.raises(TypeError, match=r"^decode_linear_fp8: out must be a torch\.Tensor, got list$"):
+        decode_linear_fp8(q, xs, w, ws, out=[0.0])
+
+
+# The kernel path on fake CUDA tensors
+
+
+def _fe(*shape: int, dtype: torch.dtype = E4M3, device: str = "cuda") -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _fp8_args(m: int = M, n: int = N, k: int = K) -> dict[str, object]:
+    return {
+        "input_q": _fe(m, k),
+        "input_scale": _fe(m, _blocks(k), dtype=FP32),
+        "weight": _fe(n, k),
+        "weight_scale": _fe(_blocks(n), _blocks(k), dtype=FP32),
+    }
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, FP16])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16])
+def test_fp8_shapes_and_dtypes(out_dtype: torch.dtype, rows: int) -> None:
+    with fake_cuda():
+        y = decode_linear_fp8(**_fp8_args(m=rows), out_dtype=out_dtype, bias=_fe(N, dtype=FP32))
+        assert y.shape == (rows, N) and y.dtype == out_dtype and y.device.type == "cuda"
+
+
+@pytest.mark.parametrize("column_major", [False, True], ids=["row-major", "column-major"])
+@pytest.mark.parametrize("lead", [(4,), (2, 3)], ids=["2-D", "3-D"])
+def test_fp8_takes_the_scales_per_token_group_quant_fp8_returns(column_major: bool, lead: tuple[int, ...]) -> None:
+    with fake_cuda():
+        h = _fe(*lead, K, dtype=BF16)
+        q, s = jit_kernel.per_token_group_quant_fp8(h, 128, column_major_scales=column_major)
+        w, ws = _fe(N, K), _fe(_blocks(N), _blocks(K), dtype=FP32)
+        assert decode_linear_fp8_serves(q, s, w, ws)
+        assert decode_linear_fp8(q, s, w, ws).shape == (*lead, N)
+
+
+@pytest.mark.parametrize("column_major", [False, True], ids=["row-major", "column-major"])
+def test_fp8_takes_the_scales_the_fused_norm_quant_returns(column_major: bool) -> None:
+    with fake_cuda():
+        x, residual, weight = _fe(M, K, dtype=BF16), _fe(M, K, dtype=BF16), _fe(K, dtype=BF16)
+        q, s = jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+            x, residual, weight, 128, column_major_scales=column_major
+        )
+        w, ws = _fe(N, K), _fe(_blocks(N), _blocks(K), dtype=FP32)
+        assert decode_linear_fp8_serves(q, s, w, ws)
+        assert decode_linear_fp8(q, s, w, ws).shape == (M, N)
+        # A TMA-padded column-major buffer (tokens padded to 4), as FlashInfer's block quant takes it.
+        padded = torch.empty_strided((M, _blocks(K)), (1, 8), dtype=FP32, device="cuda")
+        assert decode_linear_fp8_serves(q, padded, w, ws)
+        assert decode_linear_fp8(q, padded, w, ws).shape == (M, N)
+
+
+def test_fp8_output_forms() -> None:
+    with fake_cuda():
+        args = _fp8_args()
+        out = _fe(M, N, dtype=BF16)
+        assert decode_linear_fp8(**args, out=out) is out
+        wide = torch.empty_strided((M, N), (N + 24, 1), dtype=BF16, device="cuda")
+        assert decode_linear_fp8(**args, out=wide, enable_pdl=False) is wide
+        assert decode_linear_fp8(_fe(K), _fe(_blocks(K), dtype=FP32), args["weight"], args["weight_scale"]).shape == (
+            N,
+        )
+        out3 = _fe(2, 2, N, dtype=FP16)
+        q3, s3 = _fe(2, 2, K), _fe(2, 2, _blocks(K), dtype=FP32)
+        assert decode_linear_fp8(q3, s3, args["weight"], args["weight_scale"], FP16, out=out3) is out3
+        with pytest.raises(ValueError, match=r"decode_linear_fp8: out must have shape \(2, 2, 1000\), got \(4, 1000\)"):
+            decode_linear_fp8(q3, s3, args["weight"], args["weight_scale"], out=_fe(4, N, dtype=BF16))
+
+
+FP8_KERNEL_BAD = [
+    ({"input_q": lambda: _fe(17, K)}, ValueError, r"(?s)'input_scale'.*Size mismatch for shape#0\('rows'\)"),
+    ({"weight_scale": lambda: _fe(_blocks(N) + 1, _blocks(K), dtype=FP32)}, ValueError,
+     r"(?s)'weight_scale'.*Size mismatch for shape#0\('n_blocks'\): expected 8 but got 9"),
+    ({"weight_scale": lambda: _fe(_blocks(N), _blocks(K), dtype=BF16)}, TypeError,
+     r"(?s)'weight_scale'.*Dtype mismatch: expected float32 but got bfloat16"),
+    ({"input_scale": lambda: _fe(M, 1, dtype=FP32)}, ValueError,
+     r"(?s)'input_scale'.*Size mismatch for shape#1\('k_blocks'\): expected 32 but got 1"),
+    ({"input_scale": lambda: _fe(M, _blocks(K), dtype=torch.int32)}, TypeError,
+     r"(?s)'input_scale'.*Dtype mismatch: expected float32 but got int32"),
+    ({"input_scale": lambda: _fe(M, _blocks(K), dtype=FP32, device="cpu")}, ValueError, r"(?s)'input_scale'.*Device"),
+    ({"weight": lambda: _fe(K, N).t()}, ValueError, r"(?s)'weight'.*not contiguous"),
+    ({"weight": lambda: _fe(N, K, dtype=BF16)}, TypeError, r"(?s)'weight'.*Dtype mismatch: expected float8_e4m3fn"),
+    ({"input_q": lambda: _fe(M, K, dtype=BF16)}, TypeError, r"(?s)'input_q'.*Dtype mismatch: expected float8_e4m3fn"),
+    ({"input_q": lambda: torch.empty_strided((M, K), (K + 8, 1), dtype=E4M3, device="cuda")}, ValueError,
+     r"decode_linear_fp8: input_q's rows must start on 16-byte boundaries"),
+    ({"bias": lambda: _fe(N, dtype=FP16)}, TypeError,
+     r"(?s)'bias'.*Dtype mismatch: expected one of \[bfloat16, float32\]"),
+    ({"bias": lambda: _fe(N + 1, dtype=FP32)}, ValueError, r"(?s)'bias'.*Size mismatch for shape#0\('out_features'\)"),
+    ({"out": lambda: _fe(M, N, dtype=FP16)}, TypeError,
+     r"(?s)'out'.*Dtype mismatch: expected bfloat16 but got float16"),
+    ({"out_dtype": FP32}, TypeError, r"^decode_linear_fp8: out_dtype must be float16 or bfloat16, got float32$"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "error", "match"), FP8_KERNEL_BAD)
+def test_fp8_kernel_alone_names_the_bad_argument(
+    overrides: dict[str, object], error: type[Exception], match: str
+) -> None:
+    """``torch.ops.jit_kernel.decode_linear_fp8`` is the kernel alone: what it does not take, it
+    refuses, naming the argument (its fake as well)."""
+    with fake_cuda():
+        args = _fp8_args() | {"out_dtype": BF16, "bias": None} | {k: _value(v) for k, v in overrides.items()}
+        out = args.pop("out", None)
+        with pytest.raises(error, match=match):
+            if out is None:
+                torch.ops.jit_kernel.decode_linear_fp8(**args)
+            else:
+                torch.ops.jit_kernel.decode_linear_fp8_out(out, **args)
+
+
+def test_fp8_enable_pdl_must_be_a_bool() -> None:
+    message = r"^decode_linear_fp8: enable_pdl must be a bool or None, got str$"
+    with fake_cuda(), pytest.raises(TypeError, match=message):
+        decode_linear_fp8(**_fp8_args(), enable_pdl="yes")
+
+
+def test_fp8_kernel_alone_refuses_k_not_a_multiple_of_16() -> None:
+    with fake_cuda():
+        args = _fp8_args(k=24) | {"out_dtype": BF16, "bias": None}
+        with pytest.raises(ValueError, match=r"must be a positive multiple of 16, got 24"):
+            torch.ops.jit_kernel.decode_linear_fp8(**args)
+
+
+def test_fp8_registered_ops_declare_what_they_write() -> None:
+    functional = torch.ops.jit_kernel.decode_linear_fp8.default._schema
+    with_out = torch.ops.jit_kernel.decode_linear_fp8_out.default._schema
+    assert [a.name for a in functional.arguments] == [
+        "input_q", "input_scale", "weight", "weight_scale", "out_dtype", "bias", "enable_pdl"
+    ]  # fmt: skip
+    assert not any(a.alias_info is not None and a.alias_info.is_write for a in functional.arguments)
+    assert [a.name for a in with_out.arguments if a.alias_info and a.alias_info.is_write] == ["out"]
+
+
+def test_fp8_torch_compile_traces_without_graph_break(reset_dynamo: None) -> None:
+    """fullgraph on fake CUDA tensors: served calls are the registered op, 32 rows the reference."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    backend = EagerAndRecordGraphs()
+
+    def step(q, s, w, ws, b, many_q, many_s, cpu_w, cpu_ws, out):
+        y = decode_linear_fp8(q, s, w, ws, torch.bfloat16, b)
+        decode_linear_fp8(q, s, w, ws, out=out)
+        z = decode_linear_fp8(many_q, many_s, cpu_w, cpu_ws)  # 32 rows (CPU here): the reference
+        return y * 2, z, out + 1
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = _fp8_args()
+        y, z, o = torch.compile(step, backend=backend, fullgraph=True)(
+            args["input_q"], args["input_scale"], args["weight"], args["weight_scale"], _fe(N, dtype=FP32),
+            _fe(32, K, device="cpu"), _fe(32, _blocks(K), dtype=FP32, device="cpu"), _fe(N, K, device="cpu"),
+            _fe(_blocks(N), _blocks(K), dtype=FP32, device="cpu"), _fe(M, N, dtype=BF16),
+        )  # fmt: skip
+    assert (y.shape, z.shape, o.shape) == ((M, N), (32, N), (M, N))
+    [graph] = backend.graphs
+    assert graph.code.count("torch.ops.jit_kernel.decode_linear_fp8(") == 1
+    assert graph.code.count("torch.ops.jit_kernel.decode_linear_fp8_out(") == 1
+    assert graph.code.count("torch._C._nn.linear(") == 1
+
+
+def test_fp8_public_names() -> None:
+    assert jit_kernel.decode_linear_fp8 is decode_linear_fp8
+    assert "decode_linear_fp8" in jit_kernel.__all__

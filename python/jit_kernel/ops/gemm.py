@@ -188,8 +188,8 @@ _FP8_KERNELS = KernelTable(Dispatcher(DECODE_LINEAR_FP8), "run", _fp8_config)
 
 def _collapses(t: torch.Tensor) -> bool:
     """Whether ``t``'s leading dimensions view as one (its rows have one stride)."""
-    sizes, strides = t.shape[:-1], t.stride()[:-1]
-    return all(sizes[i + 1] == 1 or strides[i] == strides[i + 1] * sizes[i + 1] for i in range(len(sizes) - 1))
+    dims = [(size, stride) for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True) if size != 1]
+    return all(dims[i][1] == dims[i + 1][1] * dims[i + 1][0] for i in range(len(dims) - 1))
 
 
 def decode_linear_fp8_serves(
