@@ -7,7 +7,9 @@ the sum in rank order 0 .. W-1 in float32, rounded once to the dtype. The kernel
 that order in fp32 (both algorithms, every rank), so the results are compared bit for bit. The fused
 forms are compared bit for bit with ``all_reduce`` followed by the norm op they equal
 (``jit_kernel.fused_add_rmsnorm``, ``fused_add_rmsnorm_quant_fp8``,
-``fused_add_rmsnorm_per_token_group_quant_fp8``).
+``fused_add_rmsnorm_per_token_group_quant_fp8``). CUDA graphs are replayed in both variants of
+``graph_inputs``: ``"copy"`` (every call copies in) and ``"register"`` (replays read the ranks'
+captured inputs in place).
 
 Each test runs its ranks (``torch.multiprocessing.spawn``) in a subprocess under a hard timeout,
 killed with its whole process group when it runs out: a hang fails the test.

@@ -30,14 +30,14 @@
 // input, and the peers' inputs through the IPC mappings of their allocations), filled by the host
 // after capture. A call whose slot is filled on this rank skips the copy-in and reads every rank's
 // input in place (the host fills a slot on every rank or on none, so the ranks agree); the
-// protocol is the same code either way, only the address each rank's data is read from (BlockState::src)
-// differs. Reading a peer's input in place adds one rule: no rank may leave the call, after which
-// its stream may overwrite its input, before every peer has finished reading it. Two-shot reads
-// the inputs only before its second barrier, which gives that; one-shot adds a barrier at its end
-// (phase 1). The host registers no one-shot call whose output overlaps its input (the rank would
-// overwrite its input while the peers read it) and no two-shot call whose output overlaps its input
-// other than exactly (in place, each rank writes only its own slice before the second barrier);
-// those calls copy in.
+// protocol is the same code either way, only the address each rank's data is read from
+// (BlockState::src) differs. Reading a peer's input in place adds one rule: no rank may leave the
+// call, after which its stream may overwrite its input, before every peer has finished reading it.
+// Two-shot reads the inputs only before its second barrier, which gives that; one-shot adds a
+// barrier at its end (phase 1). The host registers no one-shot call whose output overlaps its input
+// (the rank would overwrite its input while the peers read it) and no two-shot call whose output
+// overlaps its input other than exactly (in place, each rank writes only its own slice before the
+// second barrier); those calls copy in.
 //
 // A barrier (phase p): every block stores e into flags[p][block][rank] of every rank (release,
 // system scope, after the block's writes), then thread i < W polls its own flags[p][block][i] until
