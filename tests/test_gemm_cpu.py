@@ -782,3 +782,20 @@ def test_fp8_torch_compile_traces_without_graph_break(reset_dynamo: None) -> Non
 def test_fp8_public_names() -> None:
     assert jit_kernel.decode_linear_fp8 is decode_linear_fp8
     assert "decode_linear_fp8" in jit_kernel.__all__
+
+
+def test_fp8_benchmark_cases_call_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_decode_linear_fp8's jit case: one call per weight copy, on the input and its
+    column-major scales, each with that copy's weight scales (CPU tensors: the reference runs)."""
+    bench = pytest.importorskip("jit_kernel.benchmark.bench_decode_linear_fp8")
+    monkeypatch.setattr(bench, "MAX_COPIES", 3)
+    bench.weights.cache_clear()
+    calls = []
+    monkeypatch.setattr(jit_kernel, "decode_linear_fp8", lambda *args: calls.append(args) or decode_linear_fp8(*args))
+    outputs = bench.linear_case("jit", 300, 256, 4, device="cpu")()
+    bench.weights.cache_clear()
+    assert len(outputs) == len(calls) == 3 and all(o.shape == (4, 300) and o.dtype == BF16 for o in outputs)
+    q, scales, w, ws = calls[0]
+    assert q.dtype == E4M3 and scales.shape == (4, 2) and scales.stride() == (1, 4)
+    assert w.shape == (300, 256) and ws.shape == (3, 2)
+    assert bench.weight_bytes(300, 256) == 300 * 256 + 4 * 3 * 2
