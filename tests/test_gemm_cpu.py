@@ -799,3 +799,27 @@ def test_fp8_benchmark_cases_call_the_op(monkeypatch: pytest.MonkeyPatch) -> Non
     assert q.dtype == E4M3 and scales.shape == (4, 2) and scales.stride() == (1, 4)
     assert w.shape == (300, 256) and ws.shape == (3, 2)
     assert bench.weight_bytes(300, 256) == 300 * 256 + 4 * 3 * 2
+
+
+def test_fp8_fallback_takes_scaled_mm_where_cublas_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback's choice: torch._scaled_mm on sm_90 with a CUDA 12.9+ torch, bf16 out, no bias,
+    K a multiple of 128 and N of 16; the float32 reference otherwise."""
+    import types
+
+    major = [9]
+    monkeypatch.setattr(gemm, "_CUDA_VERSION", (12, 9))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(major=major[0]))
+    with fake_cuda():
+        q, w = _fe(32, 256), _fe(304, 256)
+        assert gemm._scaled_mm_applies(q, w, BF16, None)
+        assert not gemm._scaled_mm_applies(q, w, FP16, None)
+        assert not gemm._scaled_mm_applies(q, w, BF16, _fe(304, dtype=BF16))
+        assert not gemm._scaled_mm_applies(_fe(32, 144), _fe(304, 144), BF16, None)
+        assert not gemm._scaled_mm_applies(q, _fe(300, 256), BF16, None)
+        assert not gemm._scaled_mm_applies(q, _fe(256, 304).t(), BF16, None)
+        major[0] = 10
+        assert not gemm._scaled_mm_applies(q, w, BF16, None)
+        major[0] = 9
+        monkeypatch.setattr(gemm, "_CUDA_VERSION", (12, 8))
+        assert not gemm._scaled_mm_applies(q, w, BF16, None)
+    assert not gemm._scaled_mm_applies(_q(32, 256), _q(304, 256), BF16, None)  # CPU

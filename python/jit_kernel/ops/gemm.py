@@ -12,8 +12,9 @@ is written.
 ``decode_linear_fp8(input_q, input_scale, weight, weight_scale, out_dtype, bias=None, out=None)`` is
 the fp8 block-scaled form (csrc/gemm/decode_linear_fp8.cuh): ``float8_e4m3fn`` activations with one
 float32 scale per 1 x 128 group of a row and weights with one per 128 x 128 block, fp32 accumulation,
-one rounding to ``out_dtype``; 1 to 16 rows run the kernel, everything else a float32 dequantised
-reference (:func:`decode_linear_fp8_serves` is the rule).
+one rounding to ``out_dtype``; 1 to 16 rows run the kernel, everything else ``torch._scaled_mm``'s
+blockwise GEMM where cuBLAS has it, else a float32 dequantised reference
+(:func:`decode_linear_fp8_serves` is the rule).
 """
 
 from __future__ import annotations
@@ -201,14 +202,14 @@ def decode_linear_fp8_serves(
     bias: object = None,
 ) -> bool:
     """Whether :func:`decode_linear_fp8` runs its kernel for these arguments; where not, it runs the
-    reference (dequantise in float32, ``torch.nn.functional.linear``). The kernel takes
+    fallback (``torch._scaled_mm`` or the float32 reference). The kernel takes
     ``float8_e4m3fn`` ``input_q [..., K]`` of 1 to 16 rows and ``weight [N, K]`` (contiguous), K a
     multiple of 16; float32 ``input_scale [..., ceil(K / 128)]`` (rows that view as 2-D, any
     strides) and ``weight_scale [ceil(N / 128), ceil(K / 128)]`` (any strides); ``out_dtype``
     bfloat16 or float16; a 1-D ``bias`` of ``out_dtype`` or float32, or None; ``input_q`` rows with
     unit inner stride that start on 16 bytes. Metadata only (CUDA-graph safe; under torch.compile
     storage offsets count as aligned and the kernel refuses a misaligned pointer, naming it). A
-    CPU ``input_q`` takes the reference; the kernel refuses other tensors off ``input_q``'s GPU,
+    CPU ``input_q`` takes the fallback; the kernel refuses other tensors off ``input_q``'s GPU,
     naming them, and GPUs below sm_89."""
     if not all(isinstance(t, torch.Tensor) for t in (input_q, input_scale, weight, weight_scale)):
         return False
@@ -256,7 +257,7 @@ def _decode_linear_fp8(
     out: torch.Tensor | None = None,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    """The kernel of :func:`decode_linear_fp8` without the reference path: what
+    """The kernel of :func:`decode_linear_fp8` without the fallback: what
     :func:`decode_linear_fp8_serves` accepts; anything else raises, naming the argument."""
     n = weight.shape[0] if weight.ndim else 0
     if input_q.ndim == 2:  # rows as the kernel takes them; C++ checks every shape
@@ -282,7 +283,28 @@ def _decode_linear_fp8(
     return _FP8_KERNELS, (8 if m <= 8 else 16, out_dtype), args, out
 
 
-def _fp8_reference(
+# cuBLAS has the blockwise (1 x 128 by 128 x 128) fp8 GEMM on sm_90 from CUDA 12.9.
+_CUDA_VERSION = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+
+
+def _scaled_mm_applies(
+    input_q: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None
+) -> bool:
+    """Whether the fallback is ``torch._scaled_mm``'s blockwise fp8 GEMM (cuBLAS): CUDA 12.9 or
+    newer, an sm_90 GPU, bf16 out and no bias (so that the result is rounded once), a contiguous
+    weight, K a multiple of 128 and N of 16 (cuBLAS's fp8 alignment). The device's properties are
+    cached by torch (and constant-folded by TorchDynamo)."""
+    if _CUDA_VERSION < (12, 9) or input_q.device.type != "cuda" or weight.device != input_q.device:
+        return False
+    if out_dtype != torch.bfloat16 or bias is not None or not weight.is_contiguous():
+        return False
+    n, k = weight.shape
+    if k % FP8_BLOCK or n % 16:
+        return False
+    return torch.cuda.get_device_properties(input_q.device).major == 9
+
+
+def _fp8_fallback(
     input_q: torch.Tensor,
     input_scale: torch.Tensor,
     weight: torch.Tensor,
@@ -290,9 +312,10 @@ def _fp8_reference(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The reference path: both operands dequantised to float32 by their blocks, then
-    ``torch.nn.functional.linear`` in float32 (plus the bias in float32), one rounding to
-    ``out_dtype``. Checks what it reads, naming the argument."""
+    """The path of every call the kernel does not serve: ``torch._scaled_mm``'s blockwise GEMM where
+    it applies (:func:`_scaled_mm_applies`), else both operands dequantised to float32 by their
+    blocks, then ``torch.nn.functional.linear`` in float32 (plus the bias in float32), one rounding
+    to ``out_dtype``. Checks what it reads, naming the argument."""
     for name, t in (
         ("input_q", input_q),
         ("input_scale", input_scale),
@@ -334,6 +357,15 @@ def _fp8_reference(
         )
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"{_FP8_OP}: bias must be [{n}], got shape {tuple(bias.shape)}")
+    if _scaled_mm_applies(input_q, weight, out_dtype, bias):
+        # cuBLAS's blockwise fp8 GEMM: A row-major with [M, K / 128] scales at strides (1, M), B = the
+        # weight column-major with [K / 128, N / 128] scales whose transpose is contiguous.
+        x2 = input_q.reshape(-1, k).contiguous()
+        scale_a = input_scale.reshape(-1, blocks).t().contiguous().t()
+        y = torch._scaled_mm(
+            x2, weight.t(), scale_a=scale_a, scale_b=weight_scale.contiguous().t(), out_dtype=out_dtype
+        )
+        return y.view(*input_q.shape[:-1], n)
     x = input_q.to(torch.float32) * input_scale.repeat_interleave(FP8_BLOCK, dim=-1)[..., :k]
     w = (
         weight.to(torch.float32)
@@ -369,13 +401,14 @@ def decode_linear_fp8(
 
     1 to 16 rows run the kernel (fp8 tensor cores, sm_89+; the weight read once; a fixed reduction
     order, so the same inputs give the same bits on every call). Everything else
-    (:func:`decode_linear_fp8_serves` is the rule) runs the reference: both operands dequantised to
-    float32 and ``torch.nn.functional.linear`` in float32, correct but not fast (prefill-sized
-    calls belong to a prefill GEMM). Packed UE8M0 (int32) or ``float8_e8m0fnu`` scales raise
+    (:func:`decode_linear_fp8_serves` is the rule) runs ``torch._scaled_mm``'s blockwise fp8 GEMM
+    (cuBLAS) where it applies (CUDA 12.9+, sm_90, bf16 out, no bias, K a multiple of 128, N of 16),
+    else the reference: both operands dequantised to float32 and ``torch.nn.functional.linear`` in
+    float32, correct but not fast. Packed UE8M0 (int32) or ``float8_e8m0fnu`` scales raise
     ``TypeError`` naming the argument. ``enable_pdl`` as in :func:`decode_linear`."""
     if decode_linear_fp8_serves(input_q, input_scale, weight, weight_scale, out_dtype, bias):
         return _decode_linear_fp8(input_q, input_scale, weight, weight_scale, out_dtype, bias, out, enable_pdl)
-    result = _fp8_reference(input_q, input_scale, weight, weight_scale, out_dtype, bias)
+    result = _fp8_fallback(input_q, input_scale, weight, weight_scale, out_dtype, bias)
     if out is None:
         return result
     if not isinstance(out, torch.Tensor):
