@@ -706,6 +706,7 @@ CPU_OPS = ("add_constant (out=)", "add_constant (functional)")  # the ops with a
 # other one has a row).
 NO_ROW = {
     "can_use_hicache_jit_kernel": "a predicate on a row size: launches nothing",
+    "decode_linear_fp8": "decode_linear's plan and launch path with fp8 operands: bench_decode_linear_fp8 times it",
     "stream_wait_value": "a wait on a device flag (a driver stream memory operation): its cost is the wait",
     "stream_wait_value_bounded": "a wait on a device flag (one polling thread, bounded): its cost is the wait",
 }
