@@ -162,8 +162,10 @@ def arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = arg_parser()
+def parse_args(argv: Sequence[str] | None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The arguments, checked; ``parser``: :func:`arg_parser`'s, or a parser built on it (another
+    rank-level benchmark's, with arguments of its own)."""
+    parser = parser or arg_parser()
     args = parser.parse_args(argv)
     for name in ("world", "ranks_per_gpu", "calls", "reps"):
         value = getattr(args, name)
@@ -412,19 +414,65 @@ def output(
 # A rank
 
 
-class Rank:
+class RankGroup:
+    """One rank of the gloo world group, in step with the others: a value gathered from every rank,
+    the first rank's error agreed on, CUDA-graph replays timed together (what :class:`Rank` and
+    other rank-level benchmarks share)."""
+
+    def __init__(self, rank: int, world: int, device: int) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank, self.world = rank, world
+        self.device = torch.device("cuda", device)
+
+    def gather(self, value: object) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        self.dist.all_gather_object(out, value)
+        return out
+
+    def agree(self, error: str | None) -> str | None:
+        """The first rank's error (``rank r: ...``), the same on every rank; None when none failed."""
+        errors = self.gather(error)
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        return failed[0] if failed else None
+
+    def attempt(self, fn: Callable[[], object]) -> str | None:
+        """Run ``fn`` on every rank; the first error of any rank (see :meth:`agree`)."""
+        try:
+            fn()
+            torch.cuda.synchronize(self.device)
+            error = None
+        except Exception as e:
+            if result_files.stop_requested():
+                raise KeyboardInterrupt from e
+            error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        return self.agree(error)
+
+    def timed_replays(self, graph: torch.cuda.CUDAGraph, reps: int, calls: int) -> float:
+        """The median over ``reps`` replays of ``graph`` (each between CUDA events, every rank
+        starting after a barrier) of the time per call, in us, for a graph of ``calls`` calls."""
+        self.dist.barrier()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for start, end in zip(starts, ends, strict=True):
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        return statistics.median(1e3 * s.elapsed_time(e) / calls for s, e in zip(starts, ends, strict=True))
+
+
+class Rank(RankGroup):
     """One rank's state: the gloo world group, the communicator, the NCCL group where it runs, and
     the timing of one provider at a time, in step with the other ranks."""
 
     def __init__(self, args: argparse.Namespace, rank: int, world: int, device: int) -> None:
-        import torch.distributed as dist
-
         from jit_kernel.distributed import CustomAllReduce
 
-        self.dist = dist
+        super().__init__(rank, world, device)
+        dist = self.dist
         self.args = args
-        self.rank, self.world = rank, world
-        self.device = torch.device("cuda", device)
         uuids = self.gather(str(torch.cuda.get_device_properties(self.device).uuid))
         self.gpus = len(set(uuids))
         self.shared = self.gpus < world
@@ -449,31 +497,6 @@ class Rank:
         self.checks: dict[tuple[str, int, str], str] = {}
         # A provider's check of its replays' output (made after the timed replays, into checks).
         self.replay_checks: dict[tuple[str, int, str], Callable[[], None]] = {}
-
-    # -- in step with the other ranks ----------------------------------------------------------
-
-    def gather(self, value: object) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        self.dist.all_gather_object(out, value)
-        return out
-
-    def agree(self, error: str | None) -> str | None:
-        """The first rank's error (``rank r: ...``), the same on every rank; None when none failed."""
-        errors = self.gather(error)
-        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
-        return failed[0] if failed else None
-
-    def attempt(self, fn: Callable[[], object]) -> str | None:
-        """Run ``fn`` on every rank; the first error of any rank (see :meth:`agree`)."""
-        try:
-            fn()
-            torch.cuda.synchronize(self.device)
-            error = None
-        except Exception as e:
-            if result_files.stop_requested():
-                raise KeyboardInterrupt from e
-            error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-        return self.agree(error)
 
     # -- set-up of the other providers ---------------------------------------------------------
 
@@ -552,7 +575,7 @@ class Rank:
         median = math.nan
         if error is None:
             try:
-                median = self._timed_replays(graph)
+                median = self.timed_replays(graph, self.reps, self.calls)
             except Exception as e:
                 if result_files.stop_requested():
                     raise KeyboardInterrupt from e
@@ -569,17 +592,6 @@ class Rank:
             self.results[key] = Timing(reason=first_error, check=check)
         else:
             self.results[key] = Timing(gathered[0][0], max(m for m, _, _ in gathered), check=check)
-
-    def _timed_replays(self, graph: torch.cuda.CUDAGraph) -> float:
-        self.dist.barrier()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for start, end in zip(starts, ends, strict=True):
-            start.record()
-            graph.replay()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        return statistics.median(1e3 * s.elapsed_time(e) / self.calls for s, e in zip(starts, ends, strict=True))
 
     # -- the cases -----------------------------------------------------------------------------
 
@@ -821,16 +833,16 @@ def _kill(processes: Sequence[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Start the ranks (each its own session, killed with the launcher) and wait: the exit status
-    is rank 0's, or the first failure's; on SIGINT each rank gets one, and rank 0 writes what it
-    measured."""
+def launch(args: argparse.Namespace, argv: Sequence[str], name: str = NAME) -> int:
+    """Start the ranks of script ``name`` (``python -m jit_kernel.benchmark.<name>``, each rank its
+    own session, killed with the launcher) and wait: the exit status is rank 0's, or the first
+    failure's; on SIGINT each rank gets one, and rank 0 writes what it measured."""
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        print("bench_allreduce: no CUDA device; nothing measured")
+        print(f"{name}: no CUDA device; nothing measured")
         return 0
     world, _ = plan_world(args.world, args.ranks_per_gpu, torch.cuda.device_count())
     # The ranks get the same arguments and place themselves as planned here (rank_device).
-    command = [sys.executable, "-m", "jit_kernel.benchmark.bench_allreduce", *argv]
+    command = [sys.executable, "-m", f"jit_kernel.benchmark.{name}", *argv]
     environments = rank_environments(world, free_port(), os.environ)
     processes = [
         subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent) for env in environments
@@ -843,7 +855,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if failed or codes[0] is not None:
                 break
             if time.monotonic() > deadline:
-                print(f"bench_allreduce: stopped after --time-limit {args.time_limit:.0f} s", file=sys.stderr)
+                print(f"{name}: stopped after --time-limit {args.time_limit:.0f} s", file=sys.stderr)
                 _kill(processes)
                 return 1
             time.sleep(0.2)
