@@ -775,19 +775,40 @@ def write_output(
     complete: bool,
 ) -> None:
     """Print the tables and write them (``--save-path``: markdown; ``--json-dir``: JSON)."""
+    markdown, tables, notes = output(results, info, sizes, fused)
+    publish(args, argv, header_line(info), markdown, tables, notes, complete)
+
+
+def publish(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    header: str,
+    markdown: str,
+    tables: Sequence[result_files.Json],
+    notes: Sequence[str],
+    complete: bool,
+    *,
+    name: str = NAME,
+    result: str | None = None,
+    description: str | None = __doc__,
+) -> None:
+    """Print a run's device line (then ``header``) and ``markdown``, and write them: ``--save-path``
+    ``<result>.md``, ``--json-dir`` ``<result>.json`` (``result`` defaults to the script's ``name``;
+    the command recorded reruns ``python -m jit_kernel.benchmark.<name>``; the summary is the first
+    paragraph of ``description``)."""
     from jit_kernel.benchmark.utils import SAVE_PATH_ENV, write_summary
 
-    markdown, tables, notes = output(results, info, sizes, fused)
-    text = f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {header_line(info)}\n\n{markdown}"
+    result = result or name
+    text = f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {header}\n\n{markdown}"
     if not complete:
         text = "interrupted: the tables hold what was measured before the stop\n\n" + text
     print("\n" + text)
-    write_summary(args.save_path or os.environ.get(SAVE_PATH_ENV) or None, f"{NAME}.md", text)
+    write_summary(args.save_path or os.environ.get(SAVE_PATH_ENV) or None, f"{result}.md", text)
     json_dir = result_files.resolve_json_dir(args.json_dir)
     if json_dir:
-        summary = result_files.first_paragraph(__doc__)
+        summary = result_files.first_paragraph(description)
         doc = result_files.document(
-            NAME, summary, result_files.command_line(NAME, argv), tables, complete=complete, notes=notes
+            result, summary, result_files.command_line(name, argv), tables, complete=complete, notes=notes
         )
         print(f"results: {result_files.write(json_dir, doc)}")
 
