@@ -39,12 +39,13 @@ embedding and no LM head. The three variants differ only in the all-reduce + nor
 Checks, before the timings, on each rank's eager steps from the same inputs: ours gives the same
 bits as ours unfused, and the same output on every rank; the baseline is within bf16 rounding of
 ours (NCCL sums in another order; the relative L2 error of the output and the residual is shown);
-where NCCL cannot run, the same comparison against ``torch.distributed.all_reduce`` on the gloo
-group, eagerly. After its timed replays, each variant's last replayed step is compared with its
-eager step. Timing: ``--calls`` steps captured in one CUDA graph (default 20; 5 where ranks share a
-GPU), replayed for a warm-up and ``--reps`` times between CUDA events after a barrier of all ranks;
-a cell shows rank 0's median per step and, in parentheses, the largest median over the ranks. The
-results are written as ``bench_tp_step_tp<W>.md`` / ``.json`` (one file per world size).
+where NCCL cannot run, ours is compared in the same way with ``torch.distributed.all_reduce`` of
+float32 copies on the gloo group, eagerly. After its timed replays, each variant's last replayed
+step is compared with its eager step. Timing: ``--calls`` steps captured in one CUDA graph (default
+20; 5 where ranks share a GPU), replayed for a warm-up and ``--reps`` times between CUDA events
+after a barrier of all ranks; a cell shows rank 0's median per step and, in parentheses, the
+largest median over the ranks. The results are written as ``bench_tp_step_tp<W>.md`` / ``.json``
+(one file per world size).
 """
 
 from __future__ import annotations
@@ -507,15 +508,23 @@ class TPRank(RankGroup):
                 jit_kernel.fused_add_rmsnorm(x, residual, weight, EPS)
 
             return unfused
-        group = self.nccl if provider == "nccl" else None  # GLOO: the world group (eager only)
-        if provider not in ("nccl", GLOO):
+        if provider == GLOO:  # the world group, eager only: a float32 sum, rounded once
+
+            def gloo(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+                total = x.float()
+                self.dist.all_reduce(total)
+                x.copy_(total)
+                jit_kernel.fused_add_rmsnorm(x, residual, weight, EPS)
+
+            return gloo
+        if provider != "nccl":
             raise ValueError(f"unknown provider {provider!r}")
 
-        def torch_distributed(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
-            self.dist.all_reduce(x, group=group)
+        def nccl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+            self.dist.all_reduce(x, group=self.nccl)
             jit_kernel.fused_add_rmsnorm(x, residual, weight, EPS)
 
-        return torch_distributed
+        return nccl
 
     def setup(self) -> None:
         if self.comm.disabled_reason is not None:
@@ -586,8 +595,15 @@ class TPRank(RankGroup):
         last: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def capture() -> None:
+            # One eager step on the capture stream first (cuBLAS' workspace for that stream, lazy set-ups).
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self.model.step(inputs, reduce_norm)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
             # thread_local: the NCCL watchdog's event queries on its own thread stay legal during capture.
-            with self.comm.capture(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            graphed = torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local")
+            with self.comm.capture(), graphed:
                 for _ in range(self.calls):
                     last[:] = [self.model.step(inputs, reduce_norm)]
 
