@@ -31,11 +31,16 @@ NAN = math.nan
 # Import, arguments
 
 
-def test_import_does_not_touch_cuda() -> None:
-    code = "import torch, jit_kernel.benchmark.bench_tp_step as b; assert not torch.cuda.is_initialized(); print('ok')"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+def test_import_does_not_touch_cuda_and_without_a_gpu_it_exits_0() -> None:
+    """A real process that sees no GPU (even on a GPU host): the import leaves CUDA alone, and the
+    script says why it measures nothing and returns (exit status 0)."""
+    code = "import torch, jit_kernel.benchmark.bench_tp_step as b; assert not torch.cuda.is_initialized(); b.main([])"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "CUDA_VISIBLE_DEVICES": ""}
+    for name in ("RANK", "WORLD_SIZE"):
+        env.pop(name, None)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "bench_tp_step: no CUDA device; nothing measured", result.stdout + result.stderr
 
 
 def test_arguments() -> None:
@@ -384,6 +389,70 @@ def test_sharded_step_shapes(world: int) -> None:
     assert layer.k_cache.shape == s.kv_cache_shape(2, 4)
     hidden, _ = model.step(model.inputs(2), local_reduce_norm)
     assert hidden.shape == (2, 64) and bool(torch.isfinite(hidden.float()).all())
+
+
+class OneRankComm:
+    """CustomAllReduce at world size 1, on the CPU: the sum is the input; the fused form the norm."""
+
+    def all_reduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.copy_(x)
+
+    def all_reduce_fused_add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> None:
+        import jit_kernel
+
+        jit_kernel.fused_add_rmsnorm(x, residual, w, eps)
+
+
+class OneRankDist:
+    def all_reduce(self, x: torch.Tensor, group: object = None) -> None:
+        if group is None:  # the gloo reference: float32 copies
+            assert x.dtype == torch.float32
+
+
+def cpu_rank(skip: dict[str, str], flip_unfused: bool = False) -> bench.TPRank:
+    """A TPRank whose collectives are one rank's, on the CPU (checks only; no graphs)."""
+    state = bench.TPRank.__new__(bench.TPRank)
+    state.rank, state.world, state.device = 0, 1, torch.device("cpu")
+    state.dist, state.comm, state.nccl, state.skip = OneRankDist(), OneRankComm(), object(), dict(skip)
+    state.model = bench.Model(bench.shard(2), layers=1, context=4, max_batch=2, rank=0, device=state.device)
+    state.gather = lambda value: [value, value]  # type: ignore[method-assign]
+
+    def attempt(fn: object) -> str | None:
+        fn()  # type: ignore[operator]
+        return None
+
+    state.attempt = attempt  # type: ignore[method-assign]
+    if flip_unfused:
+        reduce_norm = state.reduce_norm
+
+        def flipped(provider: str) -> bench.ReduceNorm:
+            inner = reduce_norm(provider)
+            if provider != "unfused":
+                return inner
+
+            def wrong(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> None:
+                inner(x, residual, w)
+                x.view(-1)[0] += 1
+
+            return wrong
+
+        state.reduce_norm = flipped  # type: ignore[method-assign]
+    return state
+
+
+@pytest.mark.usefixtures("small_model")
+def test_checks_of_the_eager_steps() -> None:
+    checks, outputs = cpu_rank({}).check(2)
+    assert checks == {"fused": "bits = unfused, same on every rank", "nccl": "close to ours (rel 0.0e+00)"}
+    assert set(outputs) == {"nccl", "fused", "unfused"}
+    checks, outputs = cpu_rank({"nccl": "ranks share a GPU"}).check(2)  # the gloo reference instead
+    assert checks["fused"].startswith("bits = unfused, same on every rank, close to torch.distributed (gloo) (rel ")
+    assert "nccl" not in checks and "nccl" not in outputs
+    checks, _ = cpu_rank({}, flip_unfused=True).check(2)
+    assert checks["fused"].startswith("rank 0: WRONG: ") and "of 256 elements differ from unfused" in checks["fused"]
+    assert "; rank 1: WRONG: " in checks["fused"]  # every rank's verdict (the fake gathers rank 0's twice)
 
 
 # ---------------------------------------------------------------------------------------------
