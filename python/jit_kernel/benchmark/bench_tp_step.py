@@ -527,6 +527,17 @@ class TPRank(RankGroup):
         return nccl
 
     def setup(self) -> None:
+        import jit_kernel
+
+        # Every kernel but the collectives, loaded (or compiled) by a step without all-reduces at each
+        # batch, then a barrier: no rank waits inside a custom all-reduce for a peer still compiling.
+        def local(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+            jit_kernel.fused_add_rmsnorm(x, residual, weight, EPS)
+
+        for batch in self.batches:
+            self.model.step(self.model.inputs(batch), local)
+        torch.cuda.synchronize(self.device)
+        self.dist.barrier()
         if self.comm.disabled_reason is not None:
             why = f"CustomAllReduce falls back to torch.distributed ({self.comm.disabled_reason})"
             self.skip.update({"fused": why, "unfused": why})
