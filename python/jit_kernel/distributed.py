@@ -119,8 +119,8 @@ def compare_captures(contributions: Sequence[Contribution]) -> str | None:
         for index, (a, b) in enumerate(zip(first, keys, strict=True)):
             if tuple(a) != tuple(b):
                 return (
-                    f"the captured all_reduce at index {index} differs: rank 0 (shape, dtype, algorithm, slot) {tuple(a)}, "
-                    f"rank {rank} {tuple(b)}"
+                    f"the captured all_reduce at index {index} differs: rank 0 (shape, dtype, algorithm, slot) "
+                    f"{tuple(a)}, rank {rank} {tuple(b)}"
                 )
     return None
 
