@@ -1916,3 +1916,46 @@ def test_bench_dispatch_failing_peer_is_its_cell_not_the_row(monkeypatch: pytest
     assert float(row[1]) > 0 and float(row[2]) > 0  # our timing survives
     assert row[5] == "error: RuntimeError: MissingJITCacheError: norm"
     assert bench_dispatch.peer("no_such_module", "f") is None
+
+
+def test_bench_decode_linear_fp8_main_writes_its_tables_and_targets(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """bench_decode_linear_fp8.main with a fake timer (the read at 4,000 GB/s; jit_kernel at 125% of
+    each weight's ceiling time, _scaled_mm 1.5x ours, but 0.8x on Llama-3-8B's o): every row measured
+    once after the read, the tables per model and the two targets in the JSON, as report.py renders."""
+    module = pytest.importorskip("jit_kernel.benchmark.bench_decode_linear_fp8")
+    shapes = {(model, layer): (n, k) for model, layers in module.MODELS.items() for layer, n, k in layers}
+    calls: list[tuple[Hashable, str]] = []
+
+    def timer(key: Hashable, provider: str, make: Callable[[], Callable[[], object]]) -> float:
+        calls.append((key, provider))
+        if key == _tables.READ_KEY:
+            return _tables.READ_BYTES / 4e6
+        _, model, layer, _ = key  # type: ignore[misc]
+        n, k = shapes[(model, layer)]
+        ours = 1.25 * module.weight_bytes(n, k) / 4e6 * module.copies(n, k)
+        if provider == "jit":
+            return ours
+        return (0.8 if (model, layer) == ("Llama-3-8B", "o") else 1.5) * ours
+
+    doc = _main_with_fake_timer(module, monkeypatch, tmp_path, Measurements(timer), "bench_decode_linear_fp8")
+    rows = len(module.ROWS)
+    assert len(calls) == len(set(calls)) == 1 + 2 * rows * len(shapes) and calls[0] == (_tables.READ_KEY, "read")
+    assert [t["name"] for t in doc["tables"]] == ["deepseek-v3", "qwen3-8b-fp8", "llama-3-8b", "targets"]
+    tables = {t["name"]: t for t in doc["tables"]}
+    o_row = tables["llama-3-8b"]["rows"][rows]  # o, the first row count
+    ceiling = module.weight_bytes(4096, 4096) / 4e3 / 1e3
+    assert o_row[:4] == ["o", "4096 x 4096", f"{module.weight_bytes(4096, 4096) / 1e6:.1f}", module.ROWS[0]]
+    assert o_row[4:] == [f"{1.25 * ceiling:.2f}", f"{1.0 * ceiling:.2f}", "0.80x", f"{ceiling:.2f}", "80%"]
+    share, versus = tables["targets"]["rows"]
+    n = str(rows * len(shapes))
+    assert share == [share[0], n, f"{n} of {n}", share[3], "80%"]
+    assert versus[1:] == [n, f"{int(n) - rows} of {n}", f"Llama-3-8B o, rows {module.ROWS[0]}", "0.80x"]
+    assert doc["notes"] and "GB/s" in doc["notes"][0]
+    section = report.render([*_fixture_docs(), doc], None)
+    section = section[section.index("## Decode GEMMs: decode_linear_fp8") :]
+    assert "python -m jit_kernel.benchmark.bench_decode_linear_fp8 --json-dir DIR`" in section
+    assert "| o | 4096 x 4096 |" in section and "targets, checked on this run" in section
+    assert "bench_decode_linear_fp8" in [script.name for script in run_all.SCRIPTS]
+    assert "device: Fake GPU" in capsys.readouterr().out

@@ -677,6 +677,32 @@ def test_fp8_layers_run_on_group_quant_fed_by_the_norms(model_type: str) -> None
     assert cosine(got, expected) > 0.995
 
 
+def test_fp8_decode_sizes_run_the_backends_fp8_decode_linear() -> None:
+    """Up to 16 rows (1 x 7 tokens), every fp8 GEMM of a layer (q/k/v, o, gate/up, down) runs the
+    backend's fp8_decode_linear, here jit_kernel.decode_linear_fp8 (its float32 reference on the
+    CPU); 2 x 7 tokens still do, 3 x 7 do not; the logits equal those of the backend without it."""
+    import jit_kernel
+
+    model = fp8_model("qwen3")
+    reference = copy.deepcopy(model)
+    rows: list[int] = []
+
+    def fp8_decode_linear(q: torch.Tensor, *args: Any) -> torch.Tensor:
+        rows.append(q.shape[0])
+        return jit_kernel.decode_linear_fp8(q, *args)
+
+    jt.apply(model, backend=dataclasses.replace(jt.TORCH, name="fp8-decode", fp8_decode_linear=fp8_decode_linear))
+    jt.apply(reference, backend="torch")
+    assert jt.TORCH.fp8_decode_linear is None
+    for batch, calls in ((1, 2 * 4), (2, 2 * 4), (3, 0)):
+        rows.clear()
+        with torch.inference_mode():
+            got = model(ids(batch)).logits
+            expected = reference(ids(batch)).logits
+        assert len(rows) == calls and all(r == 7 * batch for r in rows)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_fp8_fused_norm_quant_equals_norm_then_quant() -> None:
     """The layers' norm + quant in one op, against the linear layers quantising their own inputs
     after the model's own residual adds and norms: the same logits."""

@@ -6,11 +6,14 @@ microseconds of CUDA-graph replays, per call.
 
     python -m jit_kernel.benchmark.bench_decode_linear_fp8                # full grid
     JIT_KERNEL_BENCH_CI=1 python -m jit_kernel.benchmark.bench_decode_linear_fp8  # rows 1, 4, 16
+    python -m jit_kernel.benchmark.bench_decode_linear_fp8 --json-dir bench-json    # + JSON results (report.py)
 
 Weights out of L2 as in bench_decode_linear: a timed call runs the op over copies of the weight and
 its scales in turn (as many as span 256 MB, at most 20); the input rows and their scales are shared.
 ``_scaled_mm`` takes the input scales column-major (``[M, K / 128]`` at strides ``(1, M)``) and the
-weight scales as ``weight_scale.t()``; jit_kernel reads the same tensors. Where this torch and cuBLAS
+weight scales as ``weight_scale.t()``; jit_kernel reads the same tensors. cuBLAS refuses a row count
+that is not a multiple of 4 there (CUBLAS_STATUS_NOT_SUPPORTED), so its 1- and 2-row calls run on the
+rows padded with zeros to 4, as jit_kernel's own fallback does. Where this torch and cuBLAS
 have no blockwise fp8 GEMM, its column reads n/a.
 
 Read ceiling: the fp8 weight's bytes (N * K, plus its scales) at the read bandwidth of a 2 GiB
@@ -24,12 +27,23 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 import jit_kernel
-from jit_kernel.benchmark._tables import READ_NOTE, Measurements, format_table, format_us, ratio_cell, read_gbps
+from jit_kernel.benchmark import _tables
+from jit_kernel.benchmark import results as result_files
+from jit_kernel.benchmark._tables import (
+    READ_NOTE,
+    TARGET_HEADER,
+    TARGETS_TITLE,
+    Measurements,
+    format_table,
+    format_us,
+    ratio_cell,
+    read_gbps,
+)
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, get_benchmark_range, rotation_count
 
 FP8 = torch.float8_e4m3fn
@@ -61,6 +75,8 @@ MODELS: dict[str, tuple[tuple[str, int, int], ...]] = {
 MAX_COPIES = 20
 TARGET_SHARE = 0.60
 PROVIDERS = ("jit", "scaled_mm")
+#: cuBLAS's blockwise fp8 GEMM takes the input scales' leading dimension (the row count) in multiples of 4.
+SCALED_MM_ROWS = 4
 
 
 def _blocks(size: int) -> int:
@@ -98,21 +114,32 @@ def linear_case(provider: str, n: int, k: int, rows: int, device: str = DEFAULT_
         op = jit_kernel.decode_linear_fp8
         return lambda: [op(q, scales, w, s) for w, s in ws]
     if provider == "scaled_mm":
+        # cuBLAS takes the column-major input scales only at a row count that keeps their columns on
+        # 16 bytes: fewer rows run padded to SCALED_MM_ROWS, as a caller of _scaled_mm pads them.
+        padded = -(-rows // SCALED_MM_ROWS) * SCALED_MM_ROWS
+        qp = torch.cat([q, q.new_zeros(padded - rows, k)]) if padded != rows else q
+        sp = (torch.rand(_blocks(k), padded, device=device) + 0.5).t()
         scaled_mm = torch._scaled_mm
-        return lambda: [scaled_mm(q, w.t(), scale_a=scales, scale_b=s.t(), out_dtype=torch.bfloat16) for w, s in ws]
+        return lambda: [scaled_mm(qp, w.t(), scale_a=sp, scale_b=s.t(), out_dtype=torch.bfloat16) for w, s in ws]
     raise ValueError(f"unknown provider {provider!r}; known: {list(PROVIDERS)}")
 
+
+RESULTS = Measurements()
 
 HEADER = ["layer", "N x K", "weight MB", "rows", "jit_kernel us", "_scaled_mm us", "_scaled_mm / ours",
           "read ceiling us", "% of ceiling"]  # fmt: skip
 
 
-def main() -> None:
-    results = Measurements()
-    gbps = read_gbps(results)
+def _slug(model: str) -> str:
+    return model.replace(" ", "-").replace(".", "").lower()
+
+
+def measure(results: Measurements, gbps: float) -> tuple[list[tuple[str, str, list[list[object]]]], list[list[str]]]:
+    """Every (layer, rows) of :data:`MODELS` timed for both providers: the tables (name, title,
+    cells) per model and the targets' rows, from the same measurements."""
     tables, measured = [], []
     for model, layers in MODELS.items():
-        cells = []
+        cells: list[list[object]] = []
         for layer, n, k in layers:
             for rows in ROWS:
                 key = ("linear_fp8", model, layer, rows)
@@ -124,30 +151,57 @@ def main() -> None:
                 }
                 ceiling = weight_bytes(n, k) / (gbps * 1e3) if gbps > 0 else math.nan
                 share = ceiling / times["jit"] if times["jit"] > 0 else math.nan
-                measured.append((f"{model} {layer}, rows {rows}", share, times["scaled_mm"] / times["jit"]))
+                speedup = times["scaled_mm"] / times["jit"] if times["jit"] > 0 else math.nan
+                measured.append((f"{model} {layer}, rows {rows}", share, speedup))
                 cells.append([
                     layer, f"{n} x {k}", f"{weight_bytes(n, k) / 1e6:.1f}", rows, format_us(times["jit"], 2),
                     format_us(times["scaled_mm"], 2), ratio_cell(times["scaled_mm"], times["jit"]),
                     format_us(ceiling, 2), "n/a" if math.isnan(share) else f"{100 * share:.0f}%",
                 ])  # fmt: skip
         title = f"decode_linear_fp8, {model} linear layers (fp8 e4m3, 128 x 128 blocks, bf16 out)"
-        tables.append(format_table(title, HEADER, cells))
-    print(f"read ceiling: the fp8 weight's bytes at {format_us(gbps, 0)} GB/s ({READ_NOTE})")
-    print("\n".join(tables))
+        tables.append((_slug(model), title, cells))
     targets = []
     for text, index, bound in (
-        (f">= {100 * TARGET_SHARE:.0f}% of the read ceiling", 1, TARGET_SHARE),
-        (">= 1.0x torch._scaled_mm", 2, 1.0),
+        (f"decode_linear_fp8 >= {100 * TARGET_SHARE:.0f}% of the read ceiling", 1, TARGET_SHARE),
+        ("decode_linear_fp8 >= 1.0x torch._scaled_mm", 2, 1.0),
     ):
         checked = [(m[index], m[0]) for m in measured if not math.isnan(m[index])]
         if not checked:
-            targets.append([text, "n/a", "", "n/a"])
+            targets.append([text, str(len(measured)), "n/a", "", "n/a"])
             continue
         worst, where = min(checked)
         met = sum(value >= bound for value, _ in checked)
         number = f"{100 * worst:.0f}%" if bound < 1 else f"{worst:.2f}x"
-        targets.append([text, f"{met} of {len(checked)}", where, number])
-    print(format_table("targets, checked on this run", ["target", "met", "worst row", "worst"], targets))
+        targets.append([text, str(len(measured)), f"{met} of {len(checked)}", where, number])
+    return tables, targets
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The read bandwidth, then every row, then the tables and the targets, printed and (with
+    ``--json-dir``) written as JSON (``_tables.run_measured_script``; no empty kernel: every row is
+    a ratio to the read ceiling)."""
+    results = RESULTS
+    measured: list[tuple[list[tuple[str, str, list[list[object]]]], list[list[str]]]] = []
+    bandwidth = [math.nan]
+
+    def run(save_path: str | None) -> None:
+        bandwidth[0] = read_gbps(results)
+        measured.append(measure(results, bandwidth[0]))
+
+    def output(empty: float) -> _tables.ScriptOutput:
+        declared, targets = measured[0] if measured else ([], [])
+        note = (
+            f"read ceiling: the fp8 weight's bytes (and its block scales) at {format_us(bandwidth[0], 0)} GB/s "
+            f"({READ_NOTE}); weights rotated out of L2 (copies spanning 256 MB)"
+        )
+        json_tables = [result_files.cells_table(name, title, HEADER, cells) for name, title, cells in declared]
+        json_tables.append(result_files.cells_table("targets", TARGETS_TITLE, TARGET_HEADER, targets))
+        markdown = "\n".join(format_table(title, HEADER, cells) for _, title, cells in declared)
+        return _tables.ScriptOutput(
+            note, markdown + "\n" + format_table(TARGETS_TITLE, TARGET_HEADER, targets), json_tables, [note]
+        )
+
+    _tables.run_measured_script("bench_decode_linear_fp8", __doc__, argv, run, output, empty_kernel=False)
 
 
 if __name__ == "__main__":

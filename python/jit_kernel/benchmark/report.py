@@ -44,6 +44,7 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("bench_moe", "MoE routing, align and combine", "moe"),
     ("bench_sampling", "Sampling: top-k, top-p and min-p", "sampling"),
     ("bench_decode_linear", "Decode GEMMs: decode_linear", "decode_linear"),
+    ("bench_decode_linear_fp8", "Decode GEMMs: decode_linear_fp8", "decode_linear_fp8"),
     ("bench_decode_attention", "Decode attention and merge_attn_states", "decode_attention"),
     ("bench_elementwise", "Elementwise: scale and add_constant", "elementwise"),
     ("bench_hicache", "hicache KV-cache transfers", "hicache"),
@@ -334,6 +335,7 @@ SECTION_LINES = {
     "bench_sampling": device_and_notes_lines,
     "bench_decode_attention": device_and_notes_lines,
     "bench_decode_linear": device_and_notes_lines,
+    "bench_decode_linear_fp8": device_and_notes_lines,
 }
 
 

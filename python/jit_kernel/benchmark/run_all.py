@@ -89,6 +89,9 @@ SCRIPTS: tuple[Script, ...] = (
     # The CI grid's medians (16 layer shapes x 3 row counts x 2 providers, each over weight copies
     # spanning 256 MB) and the read ceiling's 2 GiB sum.
     Script("bench_decode_linear"),
+    # 14 fp8 layer shapes x 3 row counts x 2 providers (CUDA-graph medians over weight copies spanning
+    # 256 MB) and the read ceiling's 2 GiB sum.
+    Script("bench_decode_linear_fp8", (), 70.0),
     # decode_attention's nine (batch, context) rows and merge_attn_states' two token counts, plus the
     # 1 GiB copy that measures the read ceiling's bandwidth.
     Script("bench_decode_attention"),

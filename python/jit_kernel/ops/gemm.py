@@ -287,6 +287,11 @@ def _decode_linear_fp8(
 _CUDA_VERSION = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
 
 
+#: cuBLAS's blockwise fp8 GEMM takes the column-major input scales at a leading dimension (the row
+#: count) that is a multiple of 4 (CUBLAS_STATUS_NOT_SUPPORTED otherwise).
+_SCALED_MM_ROWS = 4
+
+
 def _scaled_mm_applies(
     input_q: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None
 ) -> bool:
@@ -360,12 +365,20 @@ def _fp8_fallback(
     if _scaled_mm_applies(input_q, weight, out_dtype, bias):
         # cuBLAS's blockwise fp8 GEMM: A row-major with [M, K / 128] scales at strides (1, M), B = the
         # weight column-major with [K / 128, N / 128] scales whose transpose is contiguous.
-        x2 = input_q.reshape(-1, k).contiguous()
-        scale_a = input_scale.reshape(-1, blocks).t().contiguous().t()
+        # cuBLAS takes the input scales' leading dimension (the row count) only in multiples of
+        # _SCALED_MM_ROWS: other row counts run padded with zero rows of scale 1.
+        x2 = input_q.reshape(-1, k)
+        s2 = input_scale.reshape(-1, blocks)
+        m = x2.shape[0]
+        pad = -m % _SCALED_MM_ROWS
+        if pad:
+            x2 = torch.cat([x2, x2.new_zeros(pad, k)])
+            s2 = torch.cat([s2, s2.new_ones(pad, blocks)])
+        scale_a = s2.t().contiguous().t()
         y = torch._scaled_mm(
-            x2, weight.t(), scale_a=scale_a, scale_b=weight_scale.contiguous().t(), out_dtype=out_dtype
+            x2.contiguous(), weight.t(), scale_a=scale_a, scale_b=weight_scale.contiguous().t(), out_dtype=out_dtype
         )
-        return y.view(*input_q.shape[:-1], n)
+        return (y[:m] if pad else y).view(*input_q.shape[:-1], n)
     x = input_q.to(torch.float32) * input_scale.repeat_interleave(FP8_BLOCK, dim=-1)[..., :k]
     w = (
         weight.to(torch.float32)

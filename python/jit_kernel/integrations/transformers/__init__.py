@@ -29,10 +29,11 @@ What changes, per part (each one an option of :func:`apply`):
   ``norm_topk_prob``) in one ``topk_softmax`` call after its GEMM; it returns what transformers'
   router returns (the same expert ids, as int64; the weights in transformers' dtype).
 - ``fp8``: transformers' fine-grained fp8 linear layers (``FP8Linear``: 128 x 128 weight blocks,
-  dynamic activation scales, as ``FineGrainedFP8Config`` loads them) run as ``torch._scaled_mm`` on
-  the input quantised by 1 x 128 groups (``per_token_group_quant_fp8``); where a decoder layer's norm
-  feeds them (q/k/v, gate/up), the norm quantises in the same launch
-  (``fused_add_rmsnorm_per_token_group_quant_fp8``) and hands q and scales to the projections.
+  dynamic activation scales, as ``FineGrainedFP8Config`` loads them) run as ``decode_linear_fp8``
+  (up to 16 rows) or ``torch._scaled_mm`` (more) on the input quantised by 1 x 128 groups
+  (``per_token_group_quant_fp8``); where a decoder layer's norm feeds them (q/k/v, gate/up), the
+  norm quantises in the same launch (``fused_add_rmsnorm_per_token_group_quant_fp8``) and hands q
+  and scales to the projections.
 - ``lm_head``: the output head on the backend's ``linear``, as every linear layer the patched
   forwards call (jit_kernel's: ``decode_linear`` for 1 to 16 rows of bf16/fp16, whose own rule sends
   the shapes its kernel does not take to cuBLAS; ``F.linear`` for more rows). A step of one query

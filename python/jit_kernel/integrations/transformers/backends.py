@@ -62,7 +62,10 @@ class Backend:
 
     ``linear(x, weight, bias) -> Tensor`` is ``F.linear`` for every floating-point linear layer a
     patched forward calls (q/k/v or the merged qkv, o, gate/up, down, the router's GEMM, the head);
-    jit_kernel's runs ``decode_linear`` at decode sizes. ``decode_attention(query [B, Hq, D], k_cache,
+    jit_kernel's runs ``decode_linear`` at decode sizes. ``fp8_decode_linear(q [T, K], s [T, K /
+    128], weight, weight_scale, dtype, bias) -> [T, N]``: an fp8 linear layer's product for up to 16
+    quantised rows (1 x 128 input groups, 128 x 128 weight blocks), or None (``torch._scaled_mm``
+    then runs every size). ``decode_attention(query [B, Hq, D], k_cache,
     v_cache [B, Hkv, max_len, D], seq_lens [B], scale) -> [B, Hq, D]``: one query token per sequence
     over the first ``seq_lens[b]`` keys, or None. ``one_token_attention``: one of
     :data:`ONE_TOKEN_ATTENTION_CHOICES`, how a one-token step's attention runs (``decode_attention``
@@ -81,6 +84,7 @@ class Backend:
     fused_add_rmsnorm_group_quant: Callable[..., torch.Tensor] | None = None
     silu_and_mul_group_quant: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = F.linear
+    fp8_decode_linear: Callable[..., torch.Tensor] | None = None
     decode_attention: Callable[..., torch.Tensor] | None = None
     one_token_attention: str = ONE_TOKEN_ATTENTION
 
@@ -161,6 +165,7 @@ def _jit_kernel_backend() -> Backend:
             x, FP8_BLOCK, output_q=q, output_s=s
         ),
         linear=linear,
+        fp8_decode_linear=jit_kernel.decode_linear_fp8,
         decode_attention=decode_attention,
     )
 

@@ -51,14 +51,15 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     shape = x.shape
     down = self.down_proj
     if plan.fp8:
-        gate_up = _fp8_gemm(_fp8_input(x, plan.handed, plan.backend), weight, plan.gate_up.scale, bias, x.dtype)  # type: ignore[arg-type]
+        activation = _fp8_input(x, plan.handed, plan.backend)
+        gate_up = _fp8_gemm(activation, weight, plan.gate_up.scale, bias, x.dtype, plan.backend)  # type: ignore[arg-type]
         rows, inner = gate_up.shape[0], gate_up.shape[1] // 2
         q, s = _fp8_buffers(rows, inner, x.device)
         if plan.act == "silu" and ops.silu_and_mul_group_quant is not None:
             ops.silu_and_mul_group_quant(gate_up, q[:rows], s[:rows])
         else:
             ops.group_quant(ops.act_and_mul[plan.act](gate_up), q[:rows], s[:rows])  # type: ignore[misc]
-        out = _fp8_gemm((q, s, rows), down.weight, down.weight_scale_inv, down.bias, x.dtype)
+        out = _fp8_gemm((q, s, rows), down.weight, down.weight_scale_inv, down.bias, x.dtype, plan.backend)
     else:
         gate_up = ops.linear(x.reshape(-1, shape[-1]), weight, bias)
         out = ops.linear(ops.act_and_mul[plan.act](gate_up), down.weight, down.bias)
@@ -97,7 +98,7 @@ def _attention_forward(
         weight, bias = plan.qkv.tensors()
         if plan.fp8:  # quantised as the tensor the layer was given: the one its norm quantised
             activation = _fp8_input(hidden_states, plan.handed, plan.backend)
-            qkv = _fp8_gemm(activation, weight, plan.qkv.scale, bias, x.dtype)  # type: ignore[arg-type]
+            qkv = _fp8_gemm(activation, weight, plan.qkv.scale, bias, x.dtype, plan.backend)  # type: ignore[arg-type]
         else:
             qkv = ops.linear(x, weight, bias)
         q, k, v = qkv.split((hq * d, hk * d, hk * d), -1)
@@ -192,7 +193,7 @@ def _fp8_linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
     if input.numel() == 0:
         return input.new_empty((*input.shape[:-1], self.weight.shape[0]))
     activation = _fp8_input(input, plan.handed, plan.backend)
-    out = _fp8_gemm(activation, self.weight, self.weight_scale_inv, self.bias, input.dtype)
+    out = _fp8_gemm(activation, self.weight, self.weight_scale_inv, self.bias, input.dtype, plan.backend)
     return out.view(*input.shape[:-1], out.shape[-1])
 
 

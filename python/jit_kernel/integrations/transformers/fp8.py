@@ -1,6 +1,7 @@
 """Fine-grained fp8 linear layers (transformers' ``FP8Linear``): activations quantised by 1 x 128
-groups into padded buffers, then ``torch._scaled_mm`` against the 128 x 128-block weights; the
-checks that decide which layers run that way."""
+groups into padded buffers, then the backend's fp8 decode GEMM at decode sizes and
+``torch._scaled_mm`` above, against the 128 x 128-block weights; the checks that decide which
+layers run that way."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from jit_kernel.ops.gemm import MAX_ROWS as DECODE_ROWS
 
 from .backends import Backend, _ops_for
 from .reference import FP8_BLOCK
@@ -76,12 +79,18 @@ def _fp8_gemm(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     dtype: torch.dtype,
+    backend: Backend | None = None,
 ) -> torch.Tensor:
     """``[rows, N]`` in ``dtype``: the quantised activation ``(q, s, rows)`` (:func:`_fp8_input`)
-    times an fp8 weight ``[N, K]`` with its 128 x 128 block scales, plus the bias. On CUDA one
-    ``torch._scaled_mm`` (blockwise 1 x 128 by 128 x 128, fp32 accumulation); elsewhere the same
-    product of the dequantised operands in fp32."""
+    times an fp8 weight ``[N, K]`` with its 128 x 128 block scales, plus the bias. Up to
+    :data:`~jit_kernel.ops.gemm.MAX_ROWS` rows run the ``backend``'s ``fp8_decode_linear`` where it
+    has one (jit_kernel's ``decode_linear_fp8``); other calls on CUDA one ``torch._scaled_mm``
+    (blockwise 1 x 128 by 128 x 128, fp32 accumulation), elsewhere the same product of the
+    dequantised operands in fp32."""
     q, s, rows = activation
+    decode = None if backend is None or rows > DECODE_ROWS else _ops_for(backend, q).fp8_decode_linear
+    if decode is not None:
+        return decode(q[:rows], s[:rows], weight, weight_scale, dtype, bias)
     if q.is_cuda:
         out = torch._scaled_mm(q, weight.t(), scale_a=s, scale_b=weight_scale.t(), out_dtype=dtype)[:rows]
     else:

@@ -135,7 +135,8 @@ def apply(
     from a cos/sin table), ``qk_norm`` (Qwen3's q/k norm fused into the rotation; with ``rope``),
     ``router`` (Qwen3-MoE's router: softmax top-k in one ``topk_softmax``; not with FlashInfer's ops),
     ``fp8`` (transformers' fine-grained fp8 linear layers: the input quantised by 1 x 128 groups, by
-    the norm before them in the same launch where there is one, then ``torch._scaled_mm``; not with
+    the norm before them in the same launch where there is one, then jit_kernel's ``decode_linear_fp8``
+    for up to 16 rows and ``torch._scaled_mm`` above; not with
     FlashInfer's ops), ``lm_head`` (the output head, a plain ``nn.Linear``, on the backend's
     ``linear``). Every linear layer the patched forwards call runs the backend's ``linear``:
     jit_kernel's is ``decode_linear`` for up to 16 rows of bf16/fp16 (the op sends the shapes its
@@ -204,7 +205,7 @@ def _why_model_unsupported(
 
 
 def _patch_fp8_linears(target: _Target) -> None:
-    """transformers' fp8 linear layers on the backend's group quantisation and ``torch._scaled_mm``,
+    """transformers' fp8 linear layers on the backend's group quantisation and fp8 GEMMs (:func:`._fp8_gemm`),
     where :func:`_fp8_linear_unsupported` finds nothing against the layer and the GEMM gives right
     products on its weight's shape (checked once per shape, on the model's device)."""
     found = [(name, m) for name, m in target.model.named_modules() if _is_fp8_linear(m)]
