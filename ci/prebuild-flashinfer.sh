@@ -6,7 +6,8 @@
 #
 # No GPU is used: any machine with nvcc 13.0 builds all seven modules (sampling, the largest, is
 # the last to finish on a small machine). Two of them include headers of CUDA libraries that a
-# compiler-only toolkit lacks: norm includes cublasLt.h and cublas_v2.h, sampling curand_kernel.h.
+# compiler-only toolkit lacks: norm includes cublasLt.h, cublas_v2.h and curand_kernel.h, sampling
+# curand_kernel.h.
 # Where $CUDA_HOME/include lacks them, the script takes the headers (only the headers: nothing is
 # linked against those libraries) from NVIDIA's wheels for CUDA 13.0, fetched with `pip download`
 # (nvidia-cublas==13.0.2.14, about 420 MB; nvidia-curand==10.4.0.35, about 60 MB; pip's cache keeps
@@ -93,6 +94,7 @@ library_headers() {  # <module> <header> <folder variable> <wheel requirement>
     return 0
   fi
   local dir=$tmp/headers/${requirement%%=*}
+  [ -f "$dir/$header" ] && return 0  # unpacked for an earlier module, its folder already passed
   mkdir -p "$dir"
   echo "$module: $CUDA_HOME/include has no $header; taking the headers of $requirement"
   "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$tmp/wheels" "$requirement" \
@@ -114,6 +116,7 @@ PY
   extra_includes+=("-I$dir") header_sources+=("$header from $requirement")
 }
 library_headers norm cublasLt.h CUBLAS_INCLUDE nvidia-cublas==13.0.2.14
+library_headers norm curand_kernel.h CURAND_INCLUDE nvidia-curand==10.4.0.35  # via trtllm's reduceKernelUtils.cuh
 library_headers sampling curand_kernel.h CURAND_INCLUDE nvidia-curand==10.4.0.35
 if [ ${#extra_includes[@]} -gt 0 ]; then
   export FLASHINFER_EXTRA_CUDAFLAGS="${extra_includes[*]}"

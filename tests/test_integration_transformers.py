@@ -1132,6 +1132,46 @@ def test_bench_model_arguments() -> None:
             bench_model.parse_args(bad)
 
 
+def test_bench_model_profile_parts_by_kernel_name() -> None:
+    """--profile's table: each kernel in its part by name (ours by namespace, cuBLAS's and SDPA's by
+    their libraries' names), the three largest per part, the gaps as the step's uncovered time."""
+    from jit_kernel.benchmark import bench_model
+
+    part = bench_model.kernel_part
+    decode_linear = "void jit_kernel::gemm::decode_linear_kernel<1, __nv_bfloat16, 4>(jit_kernel::gemm::Params)"
+    assert part(decode_linear) == "GEMMs"
+    assert part("void jit_kernel::attention::decode_kernel<128, 4>(jit_kernel::attention::DecodeParams)") == "attention"
+    assert part("void jit_kernel::norm::row_kernel<__nv_bfloat16, 4096, true, 1>(jit_kernel::norm::Params)") == (
+        "our other ops"
+    )
+    assert part("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1") == "GEMMs"
+    assert part("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT") == "GEMMs"
+    assert part("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(...)") == "GEMMs"
+    assert part("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1") == "attention"
+    assert part("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128>>(...)") == "attention"
+    assert part("void at::native::index_copy_kernel_impl<at::native::OpaqueType<2> >(...)") == "other kernels"
+    assert part("Memcpy DtoD (Device -> Device)") == "other kernels"
+    assert bench_model.short_kernel_name(decode_linear) == "gemm::decode_linear_kernel"
+
+    kernels = [
+        (decode_linear, 300.0),  # 20 replays: 15 us a step
+        ("nvjet_tst_64x8", 200.0),
+        ("void jit_kernel::attention::decode_kernel<128>(p)", 40.0),
+        ("void jit_kernel::norm::row_kernel<4096>(p)", 20.0),
+        ("void jit_kernel::rope::apply<1>(p)", 10.0),
+        ("void at::native::fill<float>(x)", 10.0),
+    ]
+    rows = bench_model.profile_rows(40.0, kernels, replays=20)
+    assert [row[0] for row in rows] == [*bench_model.PROFILE_PARTS, "step (CUDA-graph median)"]
+    by_part = {row[0]: row[1:] for row in rows}
+    assert by_part["GEMMs"] == ["25.0", "62.5%", "gemm::decode_linear_kernel 15.0, nvjet_tst_64x8 10.0"]
+    assert by_part["attention"][:2] == ["2.0", "5.0%"]
+    assert by_part["our other ops"] == ["1.5", "3.8%", "norm::row_kernel 1.0, rope::apply 0.5"]
+    assert by_part["other kernels"][:2] == ["0.5", "1.2%"]
+    assert by_part["gaps between kernels"][:2] == ["11.0", "27.5%"]
+    assert bench_model.parse_args(["--profile"]).profile and not bench_model.parse_args([]).profile
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
 def test_bench_model_configs_have_the_8b_shapes(name: str) -> None:
     from jit_kernel.benchmark import bench_model

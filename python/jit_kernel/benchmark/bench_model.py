@@ -12,6 +12,8 @@ compiled rows are the ones that compare kernels.
     python -m jit_kernel.benchmark.bench_model --json-dir bench-json # + JSON results (report.py)
     python -m jit_kernel.benchmark.bench_model --attention           # + jit_kernel with each other
                                                                      #   one-token attention choice
+    python -m jit_kernel.benchmark.bench_model --profile             # + where jit_kernel's graph step
+                                                                     #   at batch 1 goes, by part
 
 Models: Llama-3-8B-, Qwen3-8B- and Qwen3-30B-A3B-shaped configs written here (no download),
 ``--layers`` decoder layers (default 4), bf16, random weights, sdpa attention; and Qwen3-8B-FP8, the
@@ -41,15 +43,18 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import re
 import statistics
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from jit_kernel.benchmark import _tables, results
+
+_T = TypeVar("_T")
 
 MODELS = ("llama", "qwen3", "qwen3_moe", "qwen3_fp8")
 # Models whose decoder layers' linear layers are transformers' fine-grained fp8 ones (FP8Linear),
@@ -441,7 +446,8 @@ def time_eager(step: DecodeStep, warmup: int, iters: int) -> float:
         return median_us(step, warmup, iters, step.rewind)
 
 
-def time_graph(step: DecodeStep, warmup: int, iters: int) -> float:
+def capture_graph(step: DecodeStep) -> torch.cuda.CUDAGraph:
+    """``step`` captured in a CUDA graph after three eager calls on a side stream."""
     with torch.inference_mode():
         step.rewind()
         stream = torch.cuda.Stream()
@@ -454,7 +460,90 @@ def time_graph(step: DecodeStep, warmup: int, iters: int) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
+    return graph
+
+
+def time_graph(step: DecodeStep, warmup: int, iters: int) -> float:
+    graph = capture_graph(step)
+    with torch.inference_mode():
         return median_us(graph.replay, warmup, iters, step.rewind)
+
+
+# --profile: the parts of a CUDA-graph step, in the order the table lists them.
+PROFILE_PARTS = ("GEMMs", "attention", "our other ops", "other kernels", "gaps between kernels")
+PROFILE_REPLAYS = 20
+# cuBLAS / cuBLASLt kernel names (sm90_xmma_gemm_*, nvjet_*, cutlass kernels, gemv*, splitKreduce).
+_CUBLAS = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas", re.IGNORECASE)
+# cuDNN's and torch's SDPA kernels (cudnn_generated_*_sdpa_*, flash / memory-efficient fmha).
+_TORCH_ATTENTION = re.compile(r"sdpa|fmha|flash|attention|cudnn", re.IGNORECASE)
+
+
+def kernel_part(name: str) -> str:
+    """The part of a decode step a CUDA kernel (or copy, or fill) belongs to, by its name: our
+    kernels are in the ``jit_kernel::`` namespaces (``jit_kernel::gemm`` GEMMs,
+    ``jit_kernel::attention`` attention), the others are cuBLAS's GEMMs, SDPA's attention or torch's."""
+    if "jit_kernel::" in name:
+        if "jit_kernel::gemm" in name:
+            return "GEMMs"
+        return "attention" if "jit_kernel::attention" in name else "our other ops"
+    if _TORCH_ATTENTION.search(name):  # first: flash-decoding's "splitkv" is not cuBLAS's split-K
+        return "attention"
+    return "GEMMs" if _CUBLAS.search(name) else "other kernels"
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's demangled name without its return type, template arguments and parameters, and
+    with at most its last two scopes: ``jit_kernel::gemm::decode_linear_kernel``."""
+    name = re.sub(r"^void ", "", name)
+    for pattern in (r"<[^<>]*>", r"\([^()]*\)"):
+        while re.search(pattern, name):
+            name = re.sub(pattern, "", name)
+    return "::".join(name.split("::")[-2:]).strip()[:60]
+
+
+def profile_rows(step_us: float, kernels: Sequence[tuple[str, float]], replays: int) -> list[list[object]]:
+    """The step's parts (:data:`PROFILE_PARTS`): each part's kernel time per step (``kernels``: the
+    (name, us) of every kernel the profiler saw over ``replays`` steps), its share of ``step_us``,
+    and its three largest kernels; the gaps are the step's time not covered by a kernel (negative
+    where kernels overlap, as PDL lets a kernel start before the previous one ends)."""
+    per_part: dict[str, dict[str, float]] = {part: {} for part in PROFILE_PARTS}
+    for name, us in kernels:
+        names = per_part[kernel_part(name)]
+        short = short_kernel_name(name)
+        names[short] = names.get(short, 0.0) + us / replays
+    rows: list[list[object]] = []
+    busy = 0.0
+    for part in PROFILE_PARTS[:-1]:
+        total = sum(per_part[part].values())
+        busy += total
+        largest = sorted(per_part[part].items(), key=lambda item: -item[1])[:3]
+        rows.append(
+            [part, f"{total:.1f}", f"{100 * total / step_us:.1f}%", ", ".join(f"{n} {t:.1f}" for n, t in largest)]
+        )
+    gaps = step_us - busy
+    rows.append([PROFILE_PARTS[-1], f"{gaps:.1f}", f"{100 * gaps / step_us:.1f}%", ""])
+    rows.append(["step (CUDA-graph median)", f"{step_us:.1f}", "100.0%", ""])
+    return rows
+
+
+def profile_graph(step: DecodeStep, replays: int = PROFILE_REPLAYS) -> list[list[object]]:
+    """:func:`profile_rows` of ``step`` captured in a CUDA graph: its median over ``replays``
+    replays, then torch.profiler's kernel records over ``replays`` more."""
+    graph = capture_graph(step)
+    with torch.inference_mode():
+        step_us = median_us(graph.replay, 3, replays, step.rewind)
+        step.rewind()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+    kernels = [
+        (event.name, event.time_range.elapsed_us())
+        for event in profiler.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    return profile_rows(step_us, kernels, replays)
 
 
 def time_compile(step: DecodeStep, compiled: Any, warmup: int, iters: int) -> float:
@@ -535,7 +624,7 @@ def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[obje
         print("| " + " | ".join(str(cell) for cell in row) + " |")
 
 
-def _measure(label: str, fn: Callable[[], float], notes: list[str]) -> float | None:
+def _measure(label: str, fn: Callable[[], _T], notes: list[str]) -> _T | None:
     """``fn()``, or None with a note where it fails (a variant's failure is its own cell)."""
     results.check_stop()
     try:
@@ -625,6 +714,19 @@ def run_model(
     _print_table(title, header, decode_rows)
     tables.append(results.cells_table(f"{name}_decode", title, header, decode_rows))
 
+    if args.profile and "jit_kernel" in models:
+        step = DecodeStep(models["jit_kernel"], 1, args.context, device)
+        profile = _measure(f"{LABELS[name]} jit_kernel profile", lambda: profile_graph(step), notes)
+        del step
+        if profile is not None:
+            title = (
+                f"where a decode step goes, {label}, jit_kernel, batch 1, CUDA graph: kernel time per step "
+                f"by part (torch.profiler over {PROFILE_REPLAYS} replays)"
+            )
+            header = ["part", "us per step", "share of the step", "largest kernels (us per step)"]
+            _print_table(title, header, profile)
+            tables.append(results.cells_table(f"{name}_profile", title, header, profile))
+
     if args.prefill > 0:
         times = {
             variant: _measure(
@@ -674,6 +776,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also time jit_kernel with each one-token attention choice other than the default "
         "(decode_attention, SDPA enable_gqa, SDPA packed heads)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile jit_kernel's CUDA-graph step at batch 1: kernel time by part (GEMMs, attention, ...)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke test: 1 layer, batch 1, prefill 128")
     parser.add_argument("--json-dir", metavar="DIR", help="write the tables as DIR/bench_model.json")
