@@ -498,11 +498,12 @@ def test_fp8_matches_scaled_mm() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize(
-    ("m", "n", "k"), [(17, 1024, 1024), (18, 256, 128), (64, 257, 144), (4, 100, 24), (200, 4096, 7168)]
+    ("m", "n", "k"),
+    [(17, 1024, 1024), (18, 256, 512), (18, 256, 128), (64, 257, 144), (4, 100, 24), (200, 4096, 7168)],
 )
 def test_fp8_fallback(m: int, n: int, k: int, bias: bool) -> None:
     """What the kernel does not serve (more than 16 rows, K not a multiple of 16) takes
-    torch._scaled_mm where it applies (CUDA 12.9+, sm_90, no bias, K a multiple of 128, N of 16;
+    torch._scaled_mm where it applies (CUDA 12.9+, sm_90, no bias, K a multiple of 512, N of 16;
     17 and 18 rows run padded to a multiple of 4), else the float32 dequantised reference: either
     within the output's rounding of the definition."""
     from jit_kernel.ops.gemm import _scaled_mm_applies, decode_linear_fp8_serves
@@ -510,7 +511,7 @@ def test_fp8_fallback(m: int, n: int, k: int, bias: bool) -> None:
     q, xs, w, ws = _fp8_inputs(m, n, k, _seed("fp8-fallback", m, n, k))
     b = torch.randn(n, device="cuda") if bias else None
     assert not decode_linear_fp8_serves(q, xs, w, ws, BF16, b)
-    if not bias and k % 128 == 0 and n % 16 == 0 and torch.cuda.get_device_capability()[0] == 9:
+    if not bias and k % 512 == 0 and n % 16 == 0 and torch.cuda.get_device_capability()[0] == 9:
         # an H100 / H200 with a CUDA 12.9+ torch: cuBLAS's blockwise GEMM
         assert _scaled_mm_applies(q, w, BF16, b) is (tuple(map(int, torch.version.cuda.split(".")[:2])) >= (12, 9))
     out = _poisoned(m, n, BF16)

@@ -803,20 +803,21 @@ def test_fp8_benchmark_cases_call_the_op(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_fp8_fallback_takes_scaled_mm_where_cublas_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback's choice: torch._scaled_mm on sm_90 with a CUDA 12.9+ torch, bf16 out, no bias,
-    K a multiple of 128 and N of 16; the float32 reference otherwise."""
+    K a multiple of 512 and N of 16; the float32 reference otherwise."""
     import types
 
     major = [9]
     monkeypatch.setattr(gemm, "_CUDA_VERSION", (12, 9))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(major=major[0]))
     with fake_cuda():
-        q, w = _fe(32, 256), _fe(304, 256)
+        q, w = _fe(32, 512), _fe(304, 512)
         assert gemm._scaled_mm_applies(q, w, BF16, None)
+        assert not gemm._scaled_mm_applies(_fe(32, 256), _fe(304, 256), BF16, None)  # K / 128 not a multiple of 4
         assert not gemm._scaled_mm_applies(q, w, FP16, None)
         assert not gemm._scaled_mm_applies(q, w, BF16, _fe(304, dtype=BF16))
         assert not gemm._scaled_mm_applies(_fe(32, 144), _fe(304, 144), BF16, None)
-        assert not gemm._scaled_mm_applies(q, _fe(300, 256), BF16, None)
-        assert not gemm._scaled_mm_applies(q, _fe(256, 304).t(), BF16, None)
+        assert not gemm._scaled_mm_applies(q, _fe(300, 512), BF16, None)
+        assert not gemm._scaled_mm_applies(q, _fe(512, 304).t(), BF16, None)
         major[0] = 10
         assert not gemm._scaled_mm_applies(q, w, BF16, None)
         major[0] = 9

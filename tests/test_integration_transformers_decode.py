@@ -142,7 +142,7 @@ def assert_close_logits(got: torch.Tensor, expected: torch.Tensor, dtype: torch.
 
 def test_one_token_attention_is_one_constant_every_backend_carries() -> None:
     assert jt_backends.ONE_TOKEN_ATTENTION in CHOICES
-    assert jt_backends.ONE_TOKEN_ATTENTION == "sdpa_gqa"
+    assert jt_backends.ONE_TOKEN_ATTENTION == "decode_attention"
     assert jt.TORCH.one_token_attention == jt_backends.ONE_TOKEN_ATTENTION
     assert jt_backends._jit_kernel_backend().one_token_attention == jt_backends.ONE_TOKEN_ATTENTION
 

@@ -290,6 +290,9 @@ _CUDA_VERSION = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:
 #: cuBLAS's blockwise fp8 GEMM takes the column-major input scales at a leading dimension (the row
 #: count) that is a multiple of 4 (CUBLAS_STATUS_NOT_SUPPORTED otherwise).
 _SCALED_MM_ROWS = 4
+#: ... and gives wrong products, with no error, where K / 128 (the scales' row length) is not a
+#: multiple of 4 (K = 128 and 1152 wrong, 1024 right): the fallback takes it for K in multiples of 512.
+_SCALED_MM_K = 4 * FP8_BLOCK
 
 
 def _scaled_mm_applies(
@@ -297,14 +300,15 @@ def _scaled_mm_applies(
 ) -> bool:
     """Whether the fallback is ``torch._scaled_mm``'s blockwise fp8 GEMM (cuBLAS): CUDA 12.9 or
     newer, an sm_90 GPU, bf16 out and no bias (so that the result is rounded once), a contiguous
-    weight, K a multiple of 128 and N of 16 (cuBLAS's fp8 alignment). The device's properties are
-    cached by torch (and constant-folded by TorchDynamo)."""
+    weight, N a multiple of 16 (cuBLAS's fp8 alignment) and K of :data:`_SCALED_MM_K` (cuBLAS
+    returns wrong products, without an error, for other K). The device's properties are cached by
+    torch (and constant-folded by TorchDynamo)."""
     if _CUDA_VERSION < (12, 9) or input_q.device.type != "cuda" or weight.device != input_q.device:
         return False
     if out_dtype != torch.bfloat16 or bias is not None or not weight.is_contiguous():
         return False
     n, k = weight.shape
-    if k % FP8_BLOCK or n % 16:
+    if k % _SCALED_MM_K or n % 16:
         return False
     return torch.cuda.get_device_properties(input_q.device).major == 9
 
@@ -415,7 +419,7 @@ def decode_linear_fp8(
     1 to 16 rows run the kernel (fp8 tensor cores, sm_89+; the weight read once; a fixed reduction
     order, so the same inputs give the same bits on every call). Everything else
     (:func:`decode_linear_fp8_serves` is the rule) runs ``torch._scaled_mm``'s blockwise fp8 GEMM
-    (cuBLAS) where it applies (CUDA 12.9+, sm_90, bf16 out, no bias, K a multiple of 128, N of 16),
+    (cuBLAS) where it applies (CUDA 12.9+, sm_90, bf16 out, no bias, K a multiple of 512, N of 16),
     else the reference: both operands dequantised to float32 and ``torch.nn.functional.linear`` in
     float32, correct but not fast. Packed UE8M0 (int32) or ``float8_e8m0fnu`` scales raise
     ``TypeError`` naming the argument. ``enable_pdl`` as in :func:`decode_linear`."""

@@ -38,7 +38,7 @@ BACKENDS = ("jit_kernel", "flashinfer", "torch")
 ONE_TOKEN_ATTENTION_CHOICES = ("decode_attention", "sdpa_gqa", "packed")
 #: The choice of every backend built here: the one place to change it. docs/integrations.md says what
 #: each choice runs; the benchmarks (bench_decode_attention, bench_model) measure them.
-ONE_TOKEN_ATTENTION = "sdpa_gqa"
+ONE_TOKEN_ATTENTION = "decode_attention"
 
 
 @dataclasses.dataclass(frozen=True)
