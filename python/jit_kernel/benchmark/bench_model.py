@@ -19,8 +19,9 @@ Models: Llama-3-8B-, Qwen3-8B- and Qwen3-30B-A3B-shaped configs written here (no
 ``--layers`` decoder layers (default 4), bf16, random weights, sdpa attention; and Qwen3-8B-FP8, the
 Qwen3-8B shape with its decoder layers' linear layers as transformers' fine-grained fp8 ones
 (:func:`fine_grained_fp8`), timed patched by jit_kernel (each norm and the group quant of its output
-in one launch) against the same integration with the norm and the quant as two launches; the
-unpatched fp8 model needs the ``kernels`` package's Hub kernel, and reads n/a where it cannot load.
+in one launch) against the same integration with the norm and the quant as two launches, and with
+every fp8 GEMM on ``torch._scaled_mm`` (none on ``decode_linear_fp8``); the unpatched fp8 model
+needs the ``kernels`` package's Hub kernel, and reads n/a where it cannot load.
 The mixture of experts runs transformers' default experts implementation in every variant
 (``grouped_mm`` on an H100; the tables name it); jit_kernel routes with ``topk_softmax``,
 FlashInfer's variant keeps transformers' router (FlashInfer has no softmax top-k). A decode step is
@@ -70,10 +71,13 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     # fp8 models: each norm before fp8 linear layers as our two launches (the norm, then the group quant)
     "jit_kernel_two_launch": {"backend": "jit_kernel_two_launch"},
     # --attention: jit_kernel with each one-token attention choice other than the default
-    "jit_kernel_decode_attention": {"backend": "jit_kernel", "one_token_attention": "decode_attention"},
-    "jit_kernel_sdpa_gqa": {"backend": "jit_kernel", "one_token_attention": "sdpa_gqa"},
-    "jit_kernel_packed": {"backend": "jit_kernel", "one_token_attention": "packed"},
+    "jit_kernel_decode_attention": {"backend": "jit_kernel", "fields": {"one_token_attention": "decode_attention"}},
+    "jit_kernel_sdpa_gqa": {"backend": "jit_kernel", "fields": {"one_token_attention": "sdpa_gqa"}},
+    "jit_kernel_packed": {"backend": "jit_kernel", "fields": {"one_token_attention": "packed"}},
+    # fp8 models: every fp8 linear layer on torch._scaled_mm, none on decode_linear_fp8
+    "jit_kernel_scaled_mm": {"backend": "jit_kernel", "fields": {"fp8_decode_linear": None}},
 }
+# "fields": Backend fields the variant replaces in its backend (dataclasses.replace).
 # The --attention variants, by choice.
 ATTENTION_VARIANTS = {
     "decode_attention": "jit_kernel_decode_attention",
@@ -89,6 +93,7 @@ LABELS_VARIANT = {
     "jit_kernel_decode_attention": "jit_kernel, decode_attention",
     "jit_kernel_sdpa_gqa": "jit_kernel, SDPA enable_gqa",
     "jit_kernel_packed": "jit_kernel, SDPA packed heads",
+    "jit_kernel_scaled_mm": "jit_kernel, fp8 GEMMs on _scaled_mm",
 }
 MODES = ("eager", "graph", "compile")
 # Compiled: the unpatched model and jit_kernel's (each compile costs tens of seconds; FlashInfer's
@@ -289,9 +294,9 @@ def build_models(
             if options["backend"] == "jit_kernel_two_launch":
                 backend = two_launch_backend(jt.TORCH if device != "cuda" else jt.get_backend("jit_kernel"))
             options = dict(options)
-            if "one_token_attention" in options:
+            if "fields" in options:
                 base_backend = jt.get_backend(backend) if isinstance(backend, str) else backend
-                backend = dataclasses.replace(base_backend, one_token_attention=options.pop("one_token_attention"))
+                backend = dataclasses.replace(base_backend, **options.pop("fields"))
             options = {**options, "backend": backend}
             try:
                 report = jt.apply(model, **options)
@@ -653,7 +658,8 @@ def run_model(
     config = model_config(name, args.layers)
     fp8 = name in FP8_MODELS
     if fp8:  # FlashInfer's backend has no group quant: its variant would be transformers' fp8 layers
-        variants, baseline = ["unpatched", "jit_kernel_two_launch", "jit_kernel"], "jit_kernel_two_launch"
+        variants = ["unpatched", "jit_kernel_two_launch", "jit_kernel_scaled_mm", "jit_kernel"]
+        baseline = "jit_kernel_two_launch"
     else:
         variants, baseline = ["unpatched", "jit_kernel"] + ([] if args.no_flashinfer else ["flashinfer"]), "unpatched"
     variants += ["jit_kernel_unmerged"] if args.ablate else []
