@@ -78,7 +78,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("bench_quant"),
     # CI grid: ~35 CUDA-graph or event-timed medians (one layer, quota sweep, alternatives,
     # all-layer, ceilings) and the host-time loops, plus a process start.
-    Script("bench_hicache", (), 75.0),
+    Script("bench_hicache", (), 130.0),
     Script("bench_elementwise"),
     Script("bench_norm_quant"),
     # The grid's own estimate (routing at five sizes: ~130 s) plus room for FlashInfer's DeepSeek
