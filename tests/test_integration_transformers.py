@@ -1153,7 +1153,14 @@ def test_bench_model_profile_parts_by_kernel_name() -> None:
     assert part("Memcpy DtoD (Device -> Device)") == "other kernels"
     assert bench_model.short_kernel_name(decode_linear) == "gemm::decode_linear_kernel"
 
-    kernels = [
+    # (name, start, end): a PDL kernel's span starting inside its predecessor's counts from that one's end
+    assert bench_model.exclusive_times([("b", 5.0, 12.0), ("a", 0.0, 10.0), ("c", 11.0, 11.5), ("d", 20.0, 21.0)]) == [
+        ("a", 10.0),
+        ("b", 2.0),
+        ("c", 0.0),
+        ("d", 1.0),
+    ]
+    spans = [
         (decode_linear, 300.0),  # 20 replays: 15 us a step
         ("nvjet_tst_64x8", 200.0),
         ("void jit_kernel::attention::decode_kernel<128>(p)", 40.0),
@@ -1161,6 +1168,11 @@ def test_bench_model_profile_parts_by_kernel_name() -> None:
         ("void jit_kernel::rope::apply<1>(p)", 10.0),
         ("void at::native::fill<float>(x)", 10.0),
     ]
+    kernels, clock = [], 0.0
+    for name, us in spans:  # back to back, each (but the first) launched 1 us before the previous one ends
+        start = max(0.0, clock - 1.0)
+        kernels.append((name, start, clock + us))
+        clock += us
     rows = bench_model.profile_rows(40.0, kernels, replays=20)
     assert [row[0] for row in rows] == [*bench_model.PROFILE_PARTS, "step (CUDA-graph median)"]
     by_part = {row[0]: row[1:] for row in rows}

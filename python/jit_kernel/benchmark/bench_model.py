@@ -44,6 +44,7 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import math
 import re
 import statistics
 import time
@@ -506,13 +507,26 @@ def short_kernel_name(name: str) -> str:
     return "::".join(name.split("::")[-2:]).strip()[:60]
 
 
-def profile_rows(step_us: float, kernels: Sequence[tuple[str, float]], replays: int) -> list[list[object]]:
+def exclusive_times(kernels: Sequence[tuple[str, float, float]]) -> list[tuple[str, float]]:
+    """Each kernel's ``(name, us)`` from its ``(name, start, end)`` on one stream, counted from the
+    end of the kernels before it: a kernel launched with PDL starts while the previous one runs and
+    waits for it, so its own span would count that kernel's time twice. The times add up to the
+    stream's busy time."""
+    out = []
+    covered = -math.inf
+    for name, start, end in sorted(kernels, key=lambda kernel: kernel[1]):
+        out.append((name, max(0.0, end - max(start, covered))))
+        covered = max(covered, end)
+    return out
+
+
+def profile_rows(step_us: float, kernels: Sequence[tuple[str, float, float]], replays: int) -> list[list[object]]:
     """The step's parts (:data:`PROFILE_PARTS`): each part's kernel time per step (``kernels``: the
-    (name, us) of every kernel the profiler saw over ``replays`` steps), its share of ``step_us``,
-    and its three largest kernels; the gaps are the step's time not covered by a kernel (negative
-    where kernels overlap, as PDL lets a kernel start before the previous one ends)."""
+    (name, start, end) in us of every kernel the profiler saw over ``replays`` steps, each counted
+    by :func:`exclusive_times`), its share of ``step_us``, and its three largest kernels; the gaps
+    are the step's time no kernel covers."""
     per_part: dict[str, dict[str, float]] = {part: {} for part in PROFILE_PARTS}
-    for name, us in kernels:
+    for name, us in exclusive_times(kernels):
         names = per_part[kernel_part(name)]
         short = short_kernel_name(name)
         names[short] = names.get(short, 0.0) + us / replays
@@ -544,7 +558,7 @@ def profile_graph(step: DecodeStep, replays: int = PROFILE_REPLAYS) -> list[list
                 graph.replay()
             torch.cuda.synchronize()
     kernels = [
-        (event.name, event.time_range.elapsed_us())
+        (event.name, float(event.time_range.start), float(event.time_range.end))
         for event in profiler.events()
         if event.device_type == torch.autograd.DeviceType.CUDA
     ]
@@ -727,7 +741,8 @@ def run_model(
         if profile is not None:
             title = (
                 f"where a decode step goes, {label}, jit_kernel, batch 1, CUDA graph: kernel time per step "
-                f"by part (torch.profiler over {PROFILE_REPLAYS} replays)"
+                f"by part, each kernel from the end of the one before it (torch.profiler over {PROFILE_REPLAYS} "
+                "replays)"
             )
             header = ["part", "us per step", "share of the step", "largest kernels (us per step)"]
             _print_table(title, header, profile)
