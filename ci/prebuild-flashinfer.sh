@@ -4,10 +4,11 @@
 #
 #   PYTHONPATH=/tmp/site PYTHON=python3 MAX_JOBS=8 bash ci/prebuild-flashinfer.sh   # repository root
 #
-# No GPU is used: any machine with nvcc 13.0 builds all seven modules (sampling, the largest, is
-# the last to finish on a small machine). Two of them include headers of CUDA libraries that a
+# No GPU is used: any machine with nvcc 13.0 builds all eight modules (sampling, the largest, is
+# the last to finish on a small machine). Three of them include headers of CUDA libraries that a
 # compiler-only toolkit lacks: norm includes cublasLt.h, cublas_v2.h and curand_kernel.h, sampling
-# curand_kernel.h.
+# curand_kernel.h, dsv3_fused_routing (DeepSeek-V3's grouped top-k, in bench_moe and bench_dispatch)
+# cublasLt.h and curand_kernel.h.
 # Where $CUDA_HOME/include lacks them, the script takes the headers (only the headers: nothing is
 # linked against those libraries) from NVIDIA's wheels for CUDA 13.0, fetched with `pip download`
 # (nvidia-cublas==13.0.2.14, about 420 MB; nvidia-curand==10.4.0.35, about 60 MB; pip's cache keeps
@@ -31,6 +32,7 @@
 # workspace, and packs only the final .so files (objects, build.ninja, generated sources are not
 # needed to load) as
 #   flashinfer/data/aot/<name>/<name>.so      for norm rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul sampling
+#                                             dsv3_fused_routing
 # plus flashinfer/data/aot/PREBUILT.txt (provenance, checksums). The AOT path does not depend on
 # absolute paths, on the Python version, or on the tvm-ffi install location. It then checks, in a
 # fresh process, that FlashInfer's own lookup picks each module up as AOT with ninja disabled.
@@ -46,7 +48,7 @@
 # Optional: add FLASHINFER_DISABLE_JIT=1 to make a missing module an error (MissingJITCacheError)
 # instead of a silent multi-minute compile. Modules not listed above still JIT-compile.
 #
-# FI_MODULES (default: all seven) picks modules by name, e.g. from an archive without page's sources
+# FI_MODULES (default: all eight) picks modules by name, e.g. from an archive without page's sources
 # (the script stops naming a selected module whose sources the archive lacks):
 # FI_MODULES="norm rope silu_and_mul gelu_and_mul gelu_tanh_and_mul sampling"; a module left out
 # compiles in the GPU run that first uses it, where JIT is enabled.
@@ -118,9 +120,12 @@ PY
 library_headers norm cublasLt.h CUBLAS_INCLUDE nvidia-cublas==13.0.2.14
 library_headers norm curand_kernel.h CURAND_INCLUDE nvidia-curand==10.4.0.35  # via trtllm's reduceKernelUtils.cuh
 library_headers sampling curand_kernel.h CURAND_INCLUDE nvidia-curand==10.4.0.35
+library_headers dsv3_fused_routing cublasLt.h CUBLAS_INCLUDE nvidia-cublas==13.0.2.14  # via trtllm's cudaUtils.h
+library_headers dsv3_fused_routing curand_kernel.h CURAND_INCLUDE nvidia-curand==10.4.0.35
 if [ ${#extra_includes[@]} -gt 0 ]; then
-  export FLASHINFER_EXTRA_CUDAFLAGS="${extra_includes[*]}"
-  echo "FLASHINFER_EXTRA_CUDAFLAGS=$FLASHINFER_EXTRA_CUDAFLAGS"
+  # the host compiler's too: dsv3_fused_routing's .cpp sources include cudaUtils.h (cublasLt.h)
+  export FLASHINFER_EXTRA_CUDAFLAGS="${extra_includes[*]}" FLASHINFER_EXTRA_CFLAGS="${extra_includes[*]}"
+  echo "FLASHINFER_EXTRA_CUDAFLAGS=$FLASHINFER_EXTRA_CUDAFLAGS (and FLASHINFER_EXTRA_CFLAGS)"
 fi
 
 # Import flashinfer.jit's submodules without running flashinfer/__init__.py and flashinfer/jit/
@@ -137,9 +142,11 @@ def install(root):
     from flashinfer.jit.page import gen_page_module
     from flashinfer.jit.activation import gen_act_and_mul_module
     from flashinfer.jit.sampling import gen_sampling_module
+    from flashinfer.jit.dsv3_optimizations import gen_dsv3_fused_routing_module
     import os
     specs = [gen_norm_module(), gen_rope_module(), gen_page_module()] + [
-        gen_act_and_mul_module(a) for a in ("silu", "gelu", "gelu_tanh")] + [gen_sampling_module()]
+        gen_act_and_mul_module(a) for a in ("silu", "gelu", "gelu_tanh")] + [
+        gen_sampling_module(), gen_dsv3_fused_routing_module()]
     wanted = os.environ.get("FI_MODULES", "").split()
     unknown = set(wanted) - {s.name for s in specs}
     assert not unknown, f"FI_MODULES: no module named {sorted(unknown)}"
