@@ -84,7 +84,7 @@ unset FLASHINFER_DISABLE_JIT FLASHINFER_EXTRA_CFLAGS FLASHINFER_EXTRA_CUDAFLAGS 
 
 # Headers of CUDA libraries the selected modules include, where the toolkit lacks them: a folder given
 # by the caller, else the include folder of NVIDIA's wheel for CUDA 13.0 (headers only are unpacked).
-wanted=" ${FI_MODULES:-norm sampling} "
+wanted=" ${FI_MODULES:-norm rope page silu_and_mul gelu_and_mul gelu_tanh_and_mul sampling dsv3_fused_routing} "
 extra_includes=() header_sources=()
 library_headers() {  # <module> <header> <folder variable> <wheel requirement>
   local module=$1 header=$2 given=${!3:-} requirement=$4
