@@ -45,6 +45,7 @@ from jit_kernel.benchmark._tables import (
     read_gbps,
 )
 from jit_kernel.benchmark.utils import DEFAULT_DEVICE, get_benchmark_range, rotation_count
+from jit_kernel.ops.gemm import SCALED_MM_ROW_ALIGN
 
 FP8 = torch.float8_e4m3fn
 BLOCK = 128
@@ -75,8 +76,6 @@ MODELS: dict[str, tuple[tuple[str, int, int], ...]] = {
 MAX_COPIES = 20
 TARGET_SHARE = 0.60
 PROVIDERS = ("jit", "scaled_mm")
-#: cuBLAS's blockwise fp8 GEMM takes the input scales' leading dimension (the row count) in multiples of 4.
-SCALED_MM_ROWS = 4
 
 
 def _blocks(size: int) -> int:
@@ -115,8 +114,8 @@ def linear_case(provider: str, n: int, k: int, rows: int, device: str = DEFAULT_
         return lambda: [op(q, scales, w, s) for w, s in ws]
     if provider == "scaled_mm":
         # cuBLAS takes the column-major input scales only at a row count that keeps their columns on
-        # 16 bytes: fewer rows run padded to SCALED_MM_ROWS, as a caller of _scaled_mm pads them.
-        padded = -(-rows // SCALED_MM_ROWS) * SCALED_MM_ROWS
+        # 16 bytes: fewer rows run padded to SCALED_MM_ROW_ALIGN, as a caller of _scaled_mm pads them.
+        padded = -(-rows // SCALED_MM_ROW_ALIGN) * SCALED_MM_ROW_ALIGN
         qp = torch.cat([q, q.new_zeros(padded - rows, k)]) if padded != rows else q
         sp = (torch.rand(_blocks(k), padded, device=device) + 0.5).t()
         scaled_mm = torch._scaled_mm

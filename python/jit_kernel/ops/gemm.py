@@ -287,12 +287,13 @@ def _decode_linear_fp8(
 _CUDA_VERSION = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
 
 
-#: cuBLAS's blockwise fp8 GEMM takes the column-major input scales at a leading dimension (the row
-#: count) that is a multiple of 4 (CUBLAS_STATUS_NOT_SUPPORTED otherwise).
-_SCALED_MM_ROWS = 4
-#: ... and gives wrong products, with no error, where K / 128 (the scales' row length) is not a
-#: multiple of 4 (K = 128 and 1152 wrong, 1024 right): the fallback takes it for K in multiples of 512.
-_SCALED_MM_K = 4 * FP8_BLOCK
+#: torch._scaled_mm's blockwise fp8 GEMM (cuBLAS, sm_90) takes the column-major input scales at a
+#: leading dimension (the row count) that is a multiple of this (CUBLAS_STATUS_NOT_SUPPORTED
+#: otherwise): callers pad the rows.
+SCALED_MM_ROW_ALIGN = 4
+#: ... and returns wrong products, with no error, where K is not a multiple of this (K / 128, the
+#: scales' row length, not a multiple of 4; docs/integrations.md, "Fine-grained fp8 models").
+SCALED_MM_K_ALIGN = 4 * FP8_BLOCK
 
 
 def _scaled_mm_applies(
@@ -300,7 +301,7 @@ def _scaled_mm_applies(
 ) -> bool:
     """Whether the fallback is ``torch._scaled_mm``'s blockwise fp8 GEMM (cuBLAS): CUDA 12.9 or
     newer, an sm_90 GPU, bf16 out and no bias (so that the result is rounded once), a contiguous
-    weight, N a multiple of 16 (cuBLAS's fp8 alignment) and K of :data:`_SCALED_MM_K` (cuBLAS
+    weight, N a multiple of 16 (cuBLAS's fp8 alignment) and K of :data:`SCALED_MM_K_ALIGN` (cuBLAS
     returns wrong products, without an error, for other K). The device's properties are cached by
     torch (and constant-folded by TorchDynamo)."""
     if _CUDA_VERSION < (12, 9) or input_q.device.type != "cuda" or weight.device != input_q.device:
@@ -308,7 +309,7 @@ def _scaled_mm_applies(
     if out_dtype != torch.bfloat16 or bias is not None or not weight.is_contiguous():
         return False
     n, k = weight.shape
-    if k % _SCALED_MM_K or n % 16:
+    if k % SCALED_MM_K_ALIGN or n % 16:
         return False
     return torch.cuda.get_device_properties(input_q.device).major == 9
 
@@ -370,11 +371,11 @@ def _fp8_fallback(
         # cuBLAS's blockwise fp8 GEMM: A row-major with [M, K / 128] scales at strides (1, M), B = the
         # weight column-major with [K / 128, N / 128] scales whose transpose is contiguous.
         # cuBLAS takes the input scales' leading dimension (the row count) only in multiples of
-        # _SCALED_MM_ROWS: other row counts run padded with zero rows of scale 1.
+        # SCALED_MM_ROW_ALIGN: other row counts run padded with zero rows of scale 1.
         x2 = input_q.reshape(-1, k)
         s2 = input_scale.reshape(-1, blocks)
         m = x2.shape[0]
-        pad = -m % _SCALED_MM_ROWS
+        pad = -m % SCALED_MM_ROW_ALIGN
         if pad:
             x2 = torch.cat([x2, x2.new_zeros(pad, k)])
             s2 = torch.cat([s2, s2.new_ones(pad, blocks)])

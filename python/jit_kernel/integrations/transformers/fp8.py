@@ -11,17 +11,17 @@ import torch
 from torch import nn
 
 from jit_kernel.ops.gemm import MAX_ROWS as DECODE_ROWS
+from jit_kernel.ops.gemm import SCALED_MM_K_ALIGN, SCALED_MM_ROW_ALIGN
 
 from .backends import Backend, _ops_for
 from .reference import FP8_BLOCK
 
-# torch._scaled_mm's blockwise path on sm_90 (cuBLAS) rejects row counts that are not multiples of
-# 4: activations are quantised into buffers of whole multiples, the padding rows' products dropped.
-FP8_ROW_ALIGN = 4
-# ... and returns wrong products, without an error, where in_features / 128 (the weight scales'
-# row length) is not a multiple of 4; out_features are taken in whole 128-row blocks only, as in
-# the shapes found right (docs/integrations.md, "Fine-grained fp8 models").
-FP8_IN_ALIGN = 4 * FP8_BLOCK
+# torch._scaled_mm's blockwise path (cuBLAS's rules, jit_kernel.ops.gemm): activations are
+# quantised into buffers of whole multiples of its row alignment, the padding rows' products
+# dropped; layers take in_features in multiples of its K alignment and out_features in whole
+# 128-row blocks, as in the shapes found right (docs/integrations.md, "Fine-grained fp8 models").
+FP8_ROW_ALIGN = SCALED_MM_ROW_ALIGN
+FP8_IN_ALIGN = SCALED_MM_K_ALIGN
 
 
 class _Fp8Input:
