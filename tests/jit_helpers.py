@@ -105,3 +105,12 @@ def assert_builds_for_arch(spec: KernelSpec, config: Config, arch: str) -> str:
     for symbol in symbols:
         assert module.implements_function(symbol), symbol
     return "jit"
+
+
+def source_pythonpath() -> str:
+    """``PYTHONPATH`` for a subprocess that imports this checkout's package: its ``python/`` first,
+    then the caller's own entries (where tvm-ffi may be found when it is not installed)."""
+    import os
+
+    own = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([str(Path(__file__).resolve().parent.parent / "python"), *([own] if own else [])])

@@ -195,7 +195,7 @@ def test_decode_attention_workspace_follows_the_split_bound() -> None:
             )
             [(_, args)] = launches
             workspace, splits = args[6], args[7]
-            assert splits == ops.max_splits(batch, HKV, length, ops.sm_count(q.device))
+            assert splits == ops.max_splits(batch, HKV, length, ops.sm_count(q.get_device()))
             if splits == 1:
                 assert workspace is None
             else:
@@ -231,7 +231,7 @@ def test_max_splits() -> None:
     assert ops.max_splits(1, 8, 100, sms) == 1  # shorter than one split
     assert ops.max_splits(512, 8, 32768, sms) == 1  # the batch alone fills the GPU
     assert ops.max_splits(0, 8, 32768, sms) == ops.MAX_SPLITS  # an empty batch (launches nothing)
-    assert ops.sm_count(torch.device("cpu")) == ops.DEFAULT_SM_COUNT
+    assert ops.sm_count(torch.zeros(1).get_device()) == ops.sm_count(-1) == ops.DEFAULT_SM_COUNT
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no nvcc")

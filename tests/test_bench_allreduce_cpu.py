@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from jit_helpers import source_pythonpath
 from jit_kernel.benchmark import bench_allreduce as bench
 from jit_kernel.benchmark import results, run_all
 from jit_kernel.benchmark.bench_allreduce import RunInfo, Size, Timing
@@ -31,7 +32,7 @@ def test_import_does_not_touch_cuda() -> None:
     code = (
         "import torch, jit_kernel.benchmark.bench_allreduce as b; assert not torch.cuda.is_initialized(); print('ok')"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    env = {**os.environ, "PYTHONPATH": source_pythonpath()}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
@@ -300,7 +301,7 @@ def test_run_all_lists_the_script_with_a_fixed_estimate() -> None:
 
 @pytest.mark.gpu
 def test_two_ranks_on_one_gpu(tmp_path: Path) -> None:
-    env = {**os.environ, "JIT_KERNEL_BENCH_CI": "1", "PYTHONPATH": str(REPO / "python")}
+    env = {**os.environ, "JIT_KERNEL_BENCH_CI": "1", "PYTHONPATH": source_pythonpath()}
     command = [sys.executable, "-m", "jit_kernel.benchmark.bench_allreduce", "--world", "2", "--ranks-per-gpu", "2"]
     command += ["--calls", "2", "--reps", "3", "--json-dir", str(tmp_path), "--time-limit", "500"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)

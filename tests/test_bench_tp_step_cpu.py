@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from jit_helpers import source_pythonpath
 from jit_kernel.benchmark import bench_tp_step as bench
 from jit_kernel.benchmark import results, run_all
 from jit_kernel.benchmark.bench_allreduce import Timing
@@ -35,7 +36,7 @@ def test_import_does_not_touch_cuda_and_without_a_gpu_it_exits_0() -> None:
     """A real process that sees no GPU (even on a GPU host): the import leaves CUDA alone, and the
     script says why it measures nothing and returns (exit status 0)."""
     code = "import torch, jit_kernel.benchmark.bench_tp_step as b; assert not torch.cuda.is_initialized(); b.main([])"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": source_pythonpath(), "CUDA_VISIBLE_DEVICES": ""}
     for name in ("RANK", "WORLD_SIZE"):
         env.pop(name, None)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
@@ -460,7 +461,7 @@ def test_checks_of_the_eager_steps() -> None:
 
 
 def run_script(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    env = {**os.environ, "PYTHONPATH": source_pythonpath()}
     command = [sys.executable, "-m", "jit_kernel.benchmark.bench_tp_step", *args, "--layers", "1", "--batches", "1,8"]
     command += ["--calls", "2", "--reps", "3", "--json-dir", str(tmp_path), "--time-limit", "500"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)

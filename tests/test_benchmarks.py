@@ -21,6 +21,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from jit_helpers import source_pythonpath
 from jit_kernel.benchmark import _tables, report, results, run_all
 from jit_kernel.benchmark._tables import (
     COMPARISON_HEADER,
@@ -1825,7 +1826,7 @@ def test_report_and_run_all_help_run_without_a_gpu() -> None:
             [sys.executable, "-m", f"jit_kernel.benchmark.{module}", "--help"],
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+            env={**os.environ, "PYTHONPATH": source_pythonpath()},
             check=False,
         )
         assert result.returncode == 0 and "--json-dir" in result.stdout, result.stderr

@@ -6,7 +6,9 @@ input, a 0-d scale, 3-D caches) must still be served, with the same values."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,3 +283,132 @@ def test_compile_switch_reads_as_torch_compiler_is_compiling(monkeypatch: pytest
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert compiled(torch.zeros(1)).item() == 1 and compiled(torch.zeros(1)).item() == 1
     assert switch(torch.zeros(1)).item() == -1
+
+
+# ---------------------------------------------------------------------------------------------
+# The eager call compiled from the plan (ops/_eager.py), on any machine
+
+
+class _Recording(dict):
+    """A kernel table whose kernels record their arguments (``calls``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[object, tuple[object, ...]]] = []
+
+    def __missing__(self, key: object) -> Callable[..., None]:
+        def kernel(*args: object) -> None:
+            if any(a == "bad type" for a in args):
+                raise TypeError("Mismatched type on argument #1 when calling: `run(...)`. Expected `int`")
+            self.calls.append((key, args))
+
+        return kernel
+
+
+_TABLE = _Recording()
+
+
+def _scaled(x: torch.Tensor, factor: int, out: torch.Tensor | None = None) -> object:
+    if factor == -1:
+        raise ValueError("factor must be >= 0")  # the line the traceback names
+    if out is None:
+        out = torch.empty_like(x)
+    return _TABLE, x.dtype, (out, factor, x), out
+
+
+def _two_launches(x: torch.Tensor, y: torch.Tensor) -> object:
+    return [(_TABLE, "x", (x,), None), (_TABLE, "y", (y,), y)]
+
+
+def _named_args(x: torch.Tensor, y: torch.Tensor) -> object:
+    args = (x, y)
+    return _TABLE, "named", args, y
+
+
+def _built_elsewhere(x: torch.Tensor, y: torch.Tensor) -> object:
+    return _launch_of(x, y)
+
+
+def _launch_of(x: torch.Tensor, y: torch.Tensor) -> object:
+    return [(_TABLE, "first", (x, x.numel()), None), (_TABLE, "second", (y,), (x, y))]
+
+
+def _declared(plan: Callable[..., object]) -> Callable[..., object]:
+    from jit_kernel.ops._common import kernel_op
+
+    _TABLE.calls.clear()
+    return kernel_op(plan.__name__, out="out" if "out" in plan.__code__.co_varnames else None, register=False)(plan)
+
+
+def test_eager_call_is_the_plan_body_with_its_launch_written_out() -> None:
+    """The op's code is the plan's, from the plan's file (its lines kept); a launch written as a
+    tuple of names is called directly, without the generic launcher."""
+    op = _declared(_scaled)
+    x, out = torch.zeros(3), torch.zeros(3)
+    assert op(x, 2, out=out) is out
+    assert _TABLE.calls == [(torch.float32, (out, 2, x))]
+    allocated = op(x, 3)
+    assert isinstance(allocated, torch.Tensor) and _TABLE.calls[-1][1][0] is allocated
+    assert op.__code__.co_filename == __file__ and "launch__" not in op.__code__.co_freevars
+    assert inspect.signature(op) == inspect.signature(_scaled).replace(return_annotation=inspect.Signature.empty)
+
+
+def test_eager_call_error_names_the_plan_line() -> None:
+    op = _declared(_scaled)
+    with pytest.raises(ValueError, match="factor must be >= 0") as info:
+        op(torch.zeros(3), -1)
+    raised = info.traceback[-1]
+    source_line = inspect.getsourcelines(_scaled)[1] + 2
+    assert Path(str(raised.path)) == Path(__file__) and raised.lineno + 1 == source_line
+
+
+def test_eager_call_failure_is_explained_with_the_arguments_as_passed() -> None:
+    """A type the launcher rejects by position is named by the argument the call passed there,
+    although the body rebound ``out`` before the launch."""
+    op = _declared(_scaled)
+    with pytest.raises(TypeError, match="_scaled: factor must be an int, got str"):
+        op(torch.zeros(3), "bad type")
+
+
+def test_eager_call_runs_lists_and_launches_built_elsewhere_in_order() -> None:
+    x, y = torch.zeros(2), torch.ones(3)
+    assert _declared(_two_launches)(x, y) is y
+    assert _TABLE.calls == [("x", (x,)), ("y", (y,))]
+    named = _declared(_named_args)
+    assert named(x, y) is y and _TABLE.calls == [("named", (x, y))] and "launch__" not in named.__code__.co_freevars
+    built = _declared(_built_elsewhere)
+    assert built(x, y) == (x, y) and "launch__" in built.__code__.co_freevars
+    assert _TABLE.calls == [("first", (x, 2)), ("second", (y,))]
+
+
+def test_eager_call_keeps_the_plan_closure() -> None:
+    def make(table: dict) -> Callable[..., object]:
+        def plan(x: torch.Tensor) -> object:
+            return helper(x)
+
+        def helper(x: torch.Tensor) -> object:
+            return table, "closure", (x,), x
+
+        return _declared(plan)
+
+    op = make(_TABLE)
+    x = torch.zeros(1)
+    assert op(x) is x and _TABLE.calls == [("closure", (x,))]
+
+
+def test_eager_call_of_a_plan_without_source_calls_the_plan() -> None:
+    scope: dict[str, object] = {"_TABLE": _TABLE}
+    exec("def made(x, y=None):\n    return _TABLE, 'made', (x,), y\n", scope)
+    op = _declared(scope["made"])  # type: ignore[arg-type]
+    x = torch.zeros(1)
+    assert op(x, y=x) is x and _TABLE.calls == [("made", (x,))]
+    assert op.__code__.co_filename == "<kernel_op made>"
+
+
+def test_eager_call_refuses_plans_using_its_reserved_names() -> None:
+    def reserved__plan(x: torch.Tensor) -> object:
+        launch__ = x
+        return _TABLE, "k", (launch__,), None
+
+    with pytest.raises(ValueError, match="names ending in '__' are reserved"):
+        _declared(reserved__plan)

@@ -8,7 +8,7 @@ level), and the staged write-back and page-unified load-back those of ``jit_kern
 except :func:`transfer_hicache_all_layer_mla`, which takes the seed's keywords
 ``cache_src_stride_bytes`` / ``cache_dst_stride_bytes`` (the top-level function spells them
 ``kv_cache_*``, like the non-MLA form; both spellings work here). Differences from the seed
-(docs/coming-from-sglang.md): ``DEFAULT_BLOCK_QUOTA`` is 4 (tuned on H100), 0 for ``element_dim``,
+(docs/coming-from-sglang.md): ``DEFAULT_BLOCK_QUOTA`` is 4 (docs/design/hicache.md says why), 0 for ``element_dim``,
 ``unroll`` or ``block_quota`` is refused rather than read as "default", and row sizes need only be
 a multiple of 16 bytes (the seed: 128).
 """

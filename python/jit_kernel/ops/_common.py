@@ -36,6 +36,7 @@ from jit_kernel.engine import env, target
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.jit import make_cpp_args
 from jit_kernel.engine.spec import Config
+from jit_kernel.ops import _eager
 from jit_kernel.ops._no_data import checks_only
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -318,67 +319,36 @@ class Op:
         self.function = self._function()
 
     def _function(self) -> Callable[..., Any]:
-        """The op's callable, generated from the plan's signature so that a call binds its
-        arguments once (no ``*args`` / ``**kwargs``): eagerly, ``plan(...)`` and the launch it
-        returns; a failure explained (``explain``) and re-raised."""
-        header, call, values = [], [], []
-        namespace: dict[str, Any] = {
-            "dynamo_compiling": dynamo_compiling,
-            "compile_state": compile_state,
-            "check_indices": env.check_indices,
-            "CHECK_INDICES_KEY": env.CHECK_INDICES_KEY,
-            "ENVIRON_DATA": env.ENVIRON_DATA,
-            "plan": self.plan,
-            "traced": self.traced,
-            "run": self.run,
-            "fail": self.fail,
-            "EXPLAINED": _EXPLAINED,
-        }
-        keyword_only = False
-        for p in self.signature.parameters.values():
-            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                raise TypeError(f"kernel_op {self.name}: plan parameters must be named, got {p}")
-            if p.kind is p.KEYWORD_ONLY and not keyword_only:
-                header.append("*")
-                keyword_only = True
-            if p.default is p.empty:
-                header.append(p.name)
-            else:
-                namespace[f"default_{p.name}"] = p.default
-                header.append(f"{p.name}=default_{p.name}")
-            call.append(f"{p.name}={p.name}" if keyword_only else p.name)
-            values.append(f"{p.name!r}: {p.name}")
-        arguments, by_name = ", ".join(call), "{" + ", ".join(values) + "}"
-        lines = [f"def {self.name}({', '.join(header)}):"]
+        """The op's callable: the plan's body compiled as the eager call (``_eager.compile_eager``),
+        after the switch to ``torch.ops.jit_kernel`` while torch.compile traces and, for ops with
+        an index check, the check under ``JIT_KERNEL_CHECK_INDICES=1``; a failure explained."""
+        parameters = self.signature.parameters.values()
+        call = ", ".join(p.name if p.kind is p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}" for p in parameters)
+        by_name = "{" + ", ".join(f"{p.name!r}: {p.name}" for p in parameters) + "}"
+        prologue = []
         if self._registered:
-            lines += [
-                "    if dynamo_compiling() or compile_state._is_compiling_flag:",
-                f"        return traced({arguments})",
+            prologue += [
+                "if dynamo_compiling__() or compile_state__._is_compiling_flag:",
+                f"    return traced__({call})",
             ]
         if self._index_check is not None:  # env.check_indices, its common answer (unset) inlined
-            lines += [
-                "    if CHECK_INDICES_KEY in ENVIRON_DATA and check_indices():",
-                f"        return run(True, {by_name})",
+            prologue += [
+                "if CHECK_INDICES_KEY__ in ENVIRON_DATA__ and check_indices__():",
+                f"    return run__(True, {by_name})",
             ]
-        # The locals' names end in "__" so that no parameter of a plan can shadow them.
-        lines += [
-            "    args__ = None",
-            "    try:",
-            f"        launch__ = plan({arguments})",
-            "        if type(launch__) is tuple:",
-            "            kernels__, key__, args__, result__ = launch__",
-            "            kernels__[key__](*args__)",
-            "            return result__",
-            "        for kernels__, key__, args__, result__ in launch__:",
-            "            kernels__[key__](*args__)",
-            "        return result__",
-            "    except EXPLAINED as error__:",
-            f"        fail(error__, args__, {by_name})",
-            "        raise",
-        ]
-        # The text is built from the plan's parameter names only; tracebacks name it "<kernel_op NAME>".
-        exec(compile("\n".join(lines), f"<kernel_op {self.name}>", "exec"), namespace)
-        function = namespace[self.name]
+        helpers = {
+            "dynamo_compiling__": dynamo_compiling,
+            "compile_state__": compile_state,
+            "check_indices__": env.check_indices,
+            "CHECK_INDICES_KEY__": env.CHECK_INDICES_KEY,
+            "ENVIRON_DATA__": env.ENVIRON_DATA,
+            "traced__": self.traced,
+            "run__": self.run,
+            "fail__": self.fail,
+            "launch__": _eager.launch,
+            "EXPLAINED__": _EXPLAINED,
+        }
+        function = _eager.compile_eager(self.plan, prologue, helpers)
         function.__doc__ = self.plan.__doc__
         function.__module__ = self.plan.__module__
         function.__qualname__ = self.plan.__qualname__
@@ -386,10 +356,21 @@ class Op:
         function.op = self
         return function
 
-    def fail(self, error: BaseException, launch_args: Sequence[object] | None, values: Mapping[str, Any]) -> None:
+    def fail(
+        self, error: BaseException, values: Mapping[str, Any], launch_args: Sequence[object] | None = None
+    ) -> None:
         """Raise a clearer error than ``error`` where :func:`explain` has one; else return, and the
-        caller re-raises ``error``."""
-        explain(self.name, error, values, self._tensors, launch_args or ())
+        caller re-raises ``error``. ``values``: the call's arguments by name; ``launch_args``: the
+        failed launch's arguments (tvm-ffi names a rejected type by its position there). Without
+        them (the eager call keeps none), the plan runs again, on this failed call only, for its
+        first launch's."""
+        if launch_args is None:
+            try:
+                planned = self.plan(**values)
+                launch_args = (planned if type(planned) is tuple else planned[0])[2]
+            except Exception:
+                launch_args = ()
+        explain(self.name, error, values, self._tensors, launch_args)
 
     def run(self, mode: Any, values: Mapping[str, Any]) -> Any:
         """Plan the call and launch it: ``mode`` True launches, checking indices where asked;
@@ -410,7 +391,7 @@ class Op:
                     self._index_check(values)
                 kernel(*args)
         except _EXPLAINED as error:
-            self.fail(error, args, values)
+            self.fail(error, values, args or ())
             raise
         return result
 

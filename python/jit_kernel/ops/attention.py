@@ -56,12 +56,12 @@ _MERGE = KernelTable(Dispatcher(MERGE_ATTN_STATES), "run", lambda dtype: (float_
 _SM_COUNTS: dict[int, int] = {}
 
 
-def sm_count(device: torch.device) -> int:
-    """The SM count of a CUDA device (memoised), or :data:`DEFAULT_SM_COUNT` where none can be asked."""
-    index = device.index if device.index is not None else 0
+def sm_count(index: int) -> int:
+    """The SM count of CUDA device ``index`` (memoised; a tensor's ``get_device()``), or
+    :data:`DEFAULT_SM_COUNT` where none can be asked (-1: a tensor off the GPU)."""
     count = _SM_COUNTS.get(index)
     if count is None:
-        if device.type != "cuda" or not torch.cuda.is_available():
+        if index < 0 or not torch.cuda.is_available():
             return DEFAULT_SM_COUNT
         count = _SM_COUNTS[index] = target.device_properties(index)[1]
     return count
@@ -103,11 +103,15 @@ def _decode(
     splits, workspace = 1, None
     if query.dim() == 3 and k_cache.dim() == 4:  # else C++ names the rank mismatch
         batch, heads, head_dim = query.shape
-        splits = max_splits(batch, k_cache.shape[1], k_cache.shape[2], sm_count(query.device))
+        _, kv_heads, max_len, _ = k_cache.shape
+        splits = max_splits(batch, kv_heads, max_len, sm_count(query.get_device()))
         if splits > 1:  # the splits' partial outputs [B, Hq, S, D], then their LSEs [B, Hq, S]
-            workspace = torch.empty(batch * heads * splits * (head_dim + 1), dtype=torch.float32, device=query.device)
+            workspace = query.new_empty((batch * heads * splits * (head_dim + 1),), dtype=torch.float32)
+        key = (query.dtype, head_dim)
+    else:
+        key = (query.dtype, query.shape[-1] if query.dim() else 0)
     args = (out, lse, query, k_cache, v_cache, seq_lens, workspace, splits, scale, enable_pdl)
-    return _DECODE, (query.dtype, query.shape[-1] if query.dim() else 0), args, None
+    return _DECODE, key, args, None
 
 
 def decode_attention(
@@ -137,8 +141,8 @@ def decode_attention(
     ``enable_pdl``: launch with programmatic dependent launch (``None``: on for sm_90+)."""
     _rank(_DECODE_OP, "query", query, 3, "[batch, num_heads, head_dim]")
     if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    lse = torch.empty(query.shape[:2], dtype=torch.float32, device=query.device) if return_lse else None
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    lse = query.new_empty(query.shape[:2], dtype=torch.float32) if return_lse else None
     if scale is None:
         scale = query.shape[-1] ** -0.5
     elif isinstance(scale, int) and not isinstance(scale, bool):
@@ -187,7 +191,7 @@ def merge_attn_states(
     gives NaN."""
     _rank(_MERGE_OP, "out_a", out_a, 3, "[num_tokens, num_heads, head_dim]")
     if out is None:
-        out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
-    lse = torch.empty(out_a.shape[:2], dtype=torch.float32, device=out_a.device)
+        out = torch.empty_like(out_a, memory_format=torch.contiguous_format)
+    lse = out_a.new_empty(out_a.shape[:2], dtype=torch.float32)
     _merge(out, lse, out_a, lse_a, out_b, lse_b, enable_pdl)
     return out, lse

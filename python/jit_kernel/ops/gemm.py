@@ -62,28 +62,33 @@ def decode_linear_serves(input: object, weight: object, bias: object = None) -> 
     if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor):
         return False
     dtype = input.dtype
-    if (dtype != torch.bfloat16 and dtype != torch.float16) or weight.dtype != dtype:
+    if (dtype is not torch.bfloat16 and dtype is not torch.float16) or weight.dtype is not dtype:
         return False
-    if weight.dim() != 2 or input.dim() == 0:
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype is not dtype or bias.dim() != 1):
         return False
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != dtype or bias.dim() != 1):
+    shape = weight.shape
+    if len(shape) != 2:
         return False
-    k = weight.shape[1]
-    if k == 0 or k % _ALIGN or input.shape[-1] != k:
+    n, k = shape
+    if k == 0 or k % _ALIGN or n * k * 2 > MAX_KERNEL_WEIGHT_BYTES:  # 2 bytes an element in both dtypes
         return False
-    m = input.numel() // k
-    if m < 1 or m > MAX_ROWS:
-        return False
-    if not weight.is_contiguous() or weight.numel() * weight.element_size() > MAX_KERNEL_WEIGHT_BYTES:
+    if input.ndim == 2:
+        m, input_k = input.shape
+        row_stride, inner = input.stride()
+        if input_k != k or m < 1 or m > MAX_ROWS or inner != 1 or (m > 1 and row_stride % _ALIGN):
+            return False
+    else:
+        input_shape = input.shape
+        if not input_shape or input_shape[-1] != k:
+            return False
+        m = input.numel() // k
+        if m < 1 or m > MAX_ROWS or not input.is_contiguous():
+            return False
+    if not weight.is_contiguous():
         return False
     # TorchDynamo cannot read storage offsets: a traced call takes them as aligned (the kernel
     # refuses a misaligned pointer, naming the tensor).
-    if not is_compiling() and (weight.storage_offset() % _ALIGN or input.storage_offset() % _ALIGN):
-        return False
-    if input.dim() == 2:
-        row_stride, inner = input.stride()
-        return inner == 1 and (m == 1 or row_stride % _ALIGN == 0)
-    return input.is_contiguous()
+    return is_compiling() or not (weight.storage_offset() % _ALIGN or input.storage_offset() % _ALIGN)
 
 
 @kernel_op(_OP, out="out")

@@ -127,9 +127,12 @@ def fused_add_rmsnorm(
     (``weight * x.to(dtype)``): the normalised value is rounded to the dtype before the weight
     multiply, and it is normalised from the unrounded fp32 sum (the stored residual is still
     rounded). The default rounds once, after the weight multiply."""
-    # Identity lookup: the flag must be a bool (1 or None would pick a rounding silently).
-    kernels = _FUSED_ADD_KERNELS.get(cast_x_before_out_mul) if type(cast_x_before_out_mul) is bool else None
-    if kernels is None:
+    # By identity: the flag must be a bool (1 or None would pick a rounding silently).
+    if cast_x_before_out_mul is False:
+        kernels = _FUSED_ADD_KERNELS[False]
+    elif cast_x_before_out_mul is True:
+        kernels = _FUSED_ADD_KERNELS[True]
+    else:
         raise TypeError(
             f"fused_add_rmsnorm: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}"
         )
@@ -158,7 +161,7 @@ def qknorm_across_heads(
     args = (q, k, q_weight, k_weight, eps, enable_pdl)
     if dq == dk:
         return _ACROSS_HEADS_KERNELS, (q.dtype, dq), args, None
-    if q.shape[0] <= _ONE_LAUNCH_MAX_TOKENS:
+    if q.numel() <= _ONE_LAUNCH_MAX_TOKENS * dq:  # q is [N, dq] (C++ checks): N tokens, without a torch.Size
         # Different widths share no specialised kernel: the generic one (0) takes both.
         return _ACROSS_HEADS_KERNELS, (q.dtype, 0), args, None
     # With many tokens, two specialised in-place launches beat one generic launch (docs/design/norm.md).

@@ -11,7 +11,7 @@ no SM and a record never needs a kernel loaded.
 One hazard remains that no stream-holding wait avoids. Under CUDA's default lazy module loading,
 the first launch of a kernel never launched before in the process synchronises the context; if
 a wait is then holding a stream whose producer has not been enqueued yet, that launch blocks the
-host for ever (measured on an H100 with this wait and with a spinning kernel alike). Launch each
+host for ever (with this wait and with a spinning kernel alike; docs/troubleshooting.md). Launch each
 kernel once before relying on wait-first order (the warm-up a serving engine does before CUDA
 graph capture), or start the process with ``CUDA_MODULE_LOADING=EAGER``.
 
