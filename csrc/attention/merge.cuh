@@ -13,7 +13,7 @@
 // -inf give out 0 and lse -inf. A NaN or +inf LSE on either side gives NaN (out and lse).
 //
 // One pass, memory bound: one thread per 16 bytes of a row (a scalar per thread where the rows are
-// not 16-byte vectors), reading each output row once and its two LSEs.
+// not 16-byte vectors), reading each input row once and its two LSEs.
 #pragma once
 
 #include "common.cuh"
@@ -58,6 +58,21 @@ enum class Merge : int { kZero, kOnlyA, kOnlyB, kBoth, kNaN };
 
 }  // namespace detail
 
+namespace detail {
+
+// The (token, head, vector) of flat index i, in 32-bit arithmetic where the grid's indices fit it
+// (64-bit division is a long instruction sequence on the GPU, and every thread does two).
+template <typename I>
+SGL_DEVICE void merge_position(const MergeParams& p, int64_t i, int64_t& n, int64_t& h, int64_t& vector) {
+  const I row = static_cast<I>(i) / static_cast<I>(p.vectors);
+  vector = static_cast<int64_t>(static_cast<I>(i) - row * static_cast<I>(p.vectors));
+  const I token = row / static_cast<I>(p.heads);
+  n = static_cast<int64_t>(token);
+  h = static_cast<int64_t>(row - token * static_cast<I>(p.heads));
+}
+
+}  // namespace detail
+
 template <typename T, int kVec>
 __global__ __launch_bounds__(kMergeThreads) void merge_states_kernel(const __grid_constant__ MergeParams p) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -65,8 +80,20 @@ __global__ __launch_bounds__(kMergeThreads) void merge_states_kernel(const __gri
   device::PDLWaitPrimary();  // launched with PDL: wait for the previous kernel's writes
   device::PDLTriggerSecondary();
   if (i >= p.total) return;
-  const int64_t row = i / p.vectors, vector = i - row * p.vectors;
-  const int64_t n = row / p.heads, h = row - n * p.heads;
+  int64_t n, h, vector;
+  if (p.total <= int64_t{0xffffffff}) {
+    detail::merge_position<uint32_t>(p, i, n, h, vector);
+  } else {
+    detail::merge_position<uint64_t>(p, i, n, h, vector);
+  }
+  // Both rows are loaded with the LSEs, before the LSEs decide what the merge takes: a load that
+  // waited for them would put a second memory round trip on every thread's path. Each byte is read
+  // once (evict-first); a row an empty part's LSE discards is read but never used.
+  const T* a_row = static_cast<const T*>(p.a) + n * p.a_stride_n + h * p.a_stride_h;
+  const T* b_row = static_cast<const T*>(p.b) + n * p.b_stride_n + h * p.b_stride_h;
+  device::AlignedVector<T, kVec> va, vb, vo;
+  va.load_evict_first(a_row, vector);
+  vb.load_evict_first(b_row, vector);
   const float la = p.lse_a[n * p.lse_a_stride_n + h * p.lse_a_stride_h];
   const float lb = p.lse_b[n * p.lse_b_stride_n + h * p.lse_b_stride_h];
 
@@ -92,21 +119,14 @@ __global__ __launch_bounds__(kMergeThreads) void merge_states_kernel(const __gri
     lse = m + logf(sum);
   }
 
-  device::AlignedVector<T, kVec> va, vb, vo;
-  const T* a_row = static_cast<const T*>(p.a) + n * p.a_stride_n + h * p.a_stride_h;
-  const T* b_row = static_cast<const T*>(p.b) + n * p.b_stride_n + h * p.b_stride_h;
   T* out_row = static_cast<T*>(p.out) + n * p.out_stride_n + h * p.out_stride_h;
   if (merge == detail::Merge::kOnlyA) {
-    va.load(a_row, vector);
     va.store(out_row, vector);
   } else if (merge == detail::Merge::kOnlyB) {
-    vb.load(b_row, vector);
     vb.store(out_row, vector);
   } else {
     float o[kVec];
     if (merge == detail::Merge::kBoth) {
-      va.load(a_row, vector);
-      vb.load(b_row, vector);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         o[e] = dtype_trait<fp32_t>::from(va[e]) * wa + dtype_trait<fp32_t>::from(vb[e]) * wb;
