@@ -17,9 +17,10 @@ An op is declared once, by a *plan* decorated with :func:`kernel_op`::
             out = torch.empty_like(src)
         return _KERNELS, src.dtype, (out, src, factor), out
 
-The decorated name is the op itself: a function with the plan's signature and docstring that
-launches what the plan returns (eagerly, the plan is the whole call: it is written for the common
-case first), or calls ``torch.ops.jit_kernel.<name>`` while torch.compile traces.
+The decorated name is the op itself: a function with the plan's signature and docstring whose body
+is the plan's, each returned launch made directly (``_eager``: eagerly, the plan is the whole call,
+written for the common case first), or that calls ``torch.ops.jit_kernel.<name>`` while
+torch.compile traces.
 """
 
 from __future__ import annotations
@@ -278,9 +279,9 @@ class Op:
     types and defaults of ``torch.ops.jit_kernel.<name>``) and which returns the launch (or list of
     launches) a call makes: the kernel table and key that pick the kernel, its arguments, the result.
 
-    From that one declaration come the op's callable (:attr:`function`, generated with the plan's
-    exact signature: the tracing switch, the plan, the launch, and the explanation of a failure, in
-    one frame around the plan's), the ``torch.library`` registration (schema from the signature;
+    From that one declaration come the op's callable (:attr:`function`: the plan's body compiled
+    with its launches written out, inside the tracing switch and the explanation of a failure; see
+    ``_eager``), the ``torch.library`` registration (schema from the signature;
     with ``out="out"`` a functional ``<name>`` without ``out`` and a ``<name>_out`` that mutates
     it), the fake implementation (the same plan, with the launcher's checks run on tensors without
     data: the one copy of the tensor rules, so tracing rejects what the op rejects, with the same
