@@ -4,7 +4,6 @@ torch.compile tracing), the registered ops, the split bound and the launcher's s
 
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -184,69 +183,47 @@ def test_decode_attention_output_forms() -> None:
         assert jit_kernel.decode_attention(q, _e(B, HKV, 0, D), _e(B, HKV, 0, D), lens).shape == (B, HQ, D)
 
 
-def test_decode_attention_workspace_follows_the_split_bound() -> None:
-    """The launch the op makes: the split workspace of max_splits' bound (float32, the partial
-    outputs [B, Hq, S, D] and LSEs [B, Hq, S] in one tensor) and that bound, or no workspace and 1."""
+def test_decode_attention_launch() -> None:
+    """The launch the op makes: the outputs, the inputs as given, the scale as a float (the default
+    1 / sqrt(D)); the launcher chooses the splits and allocates their workspace itself."""
     with fake_cuda():
-        for batch, length in ((1, 32768), (4, 4096), (64, 100), (512, 8192)):
-            q, kv = _e(batch, HQ, D), _e(batch, HKV, length, D)
-            launches, _ = _common.recorded_launches(
-                lambda q=q, kv=kv, batch=batch: jit_kernel.decode_attention(q, kv, kv, _lens(batch))
-            )
-            [(_, args)] = launches
-            workspace, splits = args[6], args[7]
-            assert splits == ops.max_splits(batch, HKV, length, ops.sm_count(q.get_device()))
-            if splits == 1:
-                assert workspace is None
-            else:
-                assert workspace.shape == (batch * HQ * splits * (D + 1),) and workspace.dtype == FP32
-            assert type(args[8]) is float and args[8] == pytest.approx(D**-0.5)  # the default scale
+        q, kv, lens = _e(4, HQ, D), _e(4, HKV, 4096, D), _lens(4)
+        launches, out = _common.recorded_launches(lambda: jit_kernel.decode_attention(q, kv, kv, lens))
+        [(_, args)] = launches
+        assert args[0] is out and args[1] is None and args[2] is q and args[5] is lens
+        assert type(args[6]) is float and args[6] == pytest.approx(D**-0.5)
+        assert len(args) == 8
 
 
-def test_launcher_checks_the_workspace() -> None:
-    """The launcher itself (as the op's plan calls it): a workspace of the bound's size, float32, on
-    the device, and none only for one split."""
+def test_launcher_checks_the_lse() -> None:
+    """The launcher itself (as the op's plan calls it): an lse of [B, Hq] float32, or none."""
     kernel = ops._DECODE[(BF16, D)]
     with fake_cuda():
         q, kv, lens, out = _e(B, HQ, D), _e(B, HKV, L, D), _lens(), _e(B, HQ, D)
-        kernel(out, None, q, kv, kv, lens, _e(B * HQ * 4 * (D + 1), dtype=FP32), 4, 0.1, None)
-        kernel(out, None, q, kv, kv, lens, None, 1, 0.1, None)
-        with pytest.raises(ValueError, match=r"(?s)'workspace'.*Size mismatch for shape#0\('workspace_size'\)"):
-            kernel(out, None, q, kv, kv, lens, _e(B * HQ * 4 * D, dtype=FP32), 4, 0.1, None)
-        with pytest.raises(TypeError, match=r"(?s)'workspace'.*Dtype mismatch: expected float32"):
-            kernel(out, None, q, kv, kv, lens, _e(B * HQ * 4 * (D + 1)), 4, 0.1, None)
-        with pytest.raises(ValueError, match=r"decode_attention: max_splits 4 needs a workspace"):
-            kernel(out, None, q, kv, kv, lens, None, 4, 0.1, None)
-        with pytest.raises(ValueError, match=r"decode_attention: max_splits must be in \[1, 1024\], got 0"):
-            kernel(out, None, q, kv, kv, lens, None, 0, 0.1, None)
+        kernel(out, None, q, kv, kv, lens, 0.1, None)
+        kernel(out, _e(B, HQ, dtype=FP32), q, kv, kv, lens, 0.1, None)
         with pytest.raises(ValueError, match=r"(?s)'lse'.*Size mismatch"):
-            kernel(out, _e(B, HQ + 1, dtype=FP32), q, kv, kv, lens, None, 1, 0.1, None)
-
-
-def test_max_splits() -> None:
-    sms = 132
-    assert ops.max_splits(1, 8, 32768, sms) == ops.MAX_SPLITS  # one sequence: as many as allowed
-    assert ops.max_splits(1, 8, 1024, sms) == 1024 // ops.MIN_SPLIT_KEYS  # no split under 128 keys
-    assert ops.max_splits(32, 8, 32768, sms) == math.ceil(ops.MAX_CTAS_PER_SM * sms / 256)
-    assert ops.max_splits(1, 8, 100, sms) == 1  # shorter than one split
-    assert ops.max_splits(512, 8, 32768, sms) == 1  # the batch alone fills the GPU
-    assert ops.max_splits(0, 8, 32768, sms) == ops.MAX_SPLITS  # an empty batch (launches nothing)
-    assert ops.sm_count(torch.zeros(1).get_device()) == ops.sm_count(-1) == ops.DEFAULT_SM_COUNT
+            kernel(out, _e(B, HQ + 1, dtype=FP32), q, kv, kv, lens, 0.1, None)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no nvcc")
 def test_launcher_split_choice(tmp_path: Path) -> None:
     """The launcher's split count (host code of csrc/attention/decode.cuh, built and run here): the
-    fewest splits whose waves are within 5% of the best fill, within the workspace's bound."""
+    bound from the shapes and the SM count, then the fewest splits whose waves are within 5% of the
+    best fill within it."""
     import tvm_ffi
 
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     source = tmp_path / "splits.cu"
     cases = [(8, 396, 64), (64, 396, 64), (256, 396, 5), (8, 396, 8), (1024, 396, 1), (512, 396, 2), (8, 264, 64)]
+    # split_bound(batch, kv_heads, max_len, sms) on 132 SMs
+    bounds = [(1, 8, 32768), (1, 8, 1024), (32, 8, 32768), (1, 8, 100), (512, 8, 32768), (0, 8, 32768)]
     calls = "".join(f'  std::printf("%lld\\n", (long long)choose_splits({c}, {r}, {m}));\n' for c, r, m in cases)
+    calls += "".join(f'  std::printf("%lld\\n", (long long)split_bound({b}, {h}, {n}, 132));\n' for b, h, n in bounds)
     source.write_text(
         "#include <attention/decode.cuh>\n#include <cstdio>\n"
         "using jit_kernel::attention::detail::choose_splits;\n"
+        "using jit_kernel::attention::detail::split_bound;\n"
         f"int main() {{\n{calls}}}\n"
     )
     tvm = Path(tvm_ffi.__file__).parent
@@ -264,9 +241,13 @@ def test_launcher_split_choice(tmp_path: Path) -> None:
     ]
     # 8 CTAs of 396 resident: 47 splits fill 376 (95% of 49's 392, the best); 64: 6 fill 384 of 396;
     # 256 (at most 5): 3 fill 768 of 792 two waves; at most 8: all 8 (one wave, the best within 8);
-    # 1024 with no workspace: 1; 512 (at most 2): 2 fill 1024 of 1188 (one fills 512 of 792);
+    # 1024 (at most 1): 1; 512 (at most 2): 2 fill 1024 of 1188 (one fills 512 of 792);
     # 8 CTAs of 264 resident: 32 splits fill 256 of 264 (the best is 33: 264).
-    assert got == [47, 6, 3, 8, 1, 2, 32]
+    assert got[: len(cases)] == [47, 6, 3, 8, 1, 2, 32]
+    # One sequence: the most allowed (64); a 1,024-key cache: no split under 128 keys (8); 32
+    # sequences of 8 KV heads: 8 CTAs per SM, ceil(1056 / 256); shorter than one split, or a batch that
+    # fills the GPU alone: 1; an empty batch (launches nothing): 64.
+    assert got[len(cases) :] == [64, 8, 5, 1, 1, 64]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -423,6 +423,17 @@ def test_chain_writes_every_output_element() -> None:
 
 
 @pytest.mark.gpu
+def test_chain_allocated_counters_are_written() -> None:
+    """Counters the op allocates are written by the kernel, not zero-filled first: small blocks of
+    the caching allocator are poisoned and freed, so that the op's allocations reuse them."""
+    draft, ids, target = _chain_inputs(5, 4, 700, torch.float32, seed=6)
+    poison = [torch.full((128,), -7, dtype=torch.int32, device="cuda") for _ in range(16)]
+    del poison
+    got = jit_kernel.chain_speculative_sampling(draft, ids, target, seed=21, offset=22)
+    _assert_chain(got, draft, ids, target, 21, 22, own_streams=False)
+
+
+@pytest.mark.gpu
 def test_chain_strided_and_unaligned_probabilities() -> None:
     """Views of wider buffers: rows at a padded stride (vector path) and at an odd offset (scalar path)."""
     batch, n, vocab = 3, 4, 1024

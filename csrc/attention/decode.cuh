@@ -32,10 +32,11 @@
 // Flash-decoding: with few CTAs per SM (small B * Hkv), each sequence's keys are split into
 // num_splits ranges of split_len keys, chosen on the host from the shapes, the SM count and the
 // kernel's occupancy alone (never from seq_lens, which stay on the device: no sync, CUDA-graph
-// safe): the fewest splits whose waves of CTAs are nearly as full as the best choice's, up to what
-// the caller's workspace holds. Each split writes its normalised partial output and its
-// log-sum-exp (base 2) to that float32 workspace, and a second kernel merges the splits of every
-// (sequence, query head). With one split the first kernel writes the output.
+// safe): the fewest splits whose waves of CTAs are nearly as full as the best choice's, up to a
+// bound from the same inputs. Each split writes its normalised partial output and its log-sum-exp
+// (base 2) to a float32 workspace the launcher allocates, and a second kernel merges the splits of
+// every (sequence, query head). With one split the first kernel writes the output and nothing is
+// allocated.
 //
 // Lengths: seq_lens[b] == 0 is an empty sequence (out 0, lse -inf, what merge_attn_states treats as
 // no contribution); a length below 0 or above max_len cannot be checked on the host without a sync,
@@ -44,6 +45,7 @@
 
 #include "common.cuh"
 
+#include <sgl_kernel/ffi.h>
 #include <sgl_kernel/runtime.cuh>
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/type.cuh>
@@ -68,8 +70,8 @@ inline constexpr uint32_t kWarps = kThreads / 32;
 inline constexpr int64_t kMaxGroup = 8;
 // Keys per tile: the k of one P V MMA, two n-tiles of Q K^T.
 inline constexpr int64_t kTileKeys = 16;
-// At most this many splits per sequence (the host's choice stays well below it).
-inline constexpr int64_t kMaxSplits = 1024;
+// At most this many splits per sequence.
+inline constexpr int64_t kMaxSplits = 64;
 // Split lengths are rounded up to a multiple of this many keys (whole tiles).
 inline constexpr int64_t kSplitAlign = kTileKeys;
 
@@ -170,6 +172,18 @@ SGL_DEVICE float weight(float x, float m) {
 inline double wave_fill(int64_t blocks, int64_t resident) {
   const int64_t waves = (blocks + resident - 1) / resident;
   return static_cast<double>(blocks) / static_cast<double>(waves * resident);
+}
+
+// The most splits per sequence worth considering: CTAs (`batch * kv_heads * splits`) for up to
+// kMaxCtasPerSm on every SM (above the kernel's occupancy), no split shorter than kMinSplitKeys keys
+// of the cache (fewer would spend more on the merge than they save), at most kMaxSplits; 1 when the
+// batch alone fills the GPU. From the shapes only: the lengths stay on the device.
+inline constexpr int64_t kMaxCtasPerSm = 8;
+inline constexpr int64_t kMinSplitKeys = 128;
+inline int64_t split_bound(int64_t batch, int64_t kv_heads, int64_t max_len, int64_t sms) {
+  const int64_t ctas = std::max<int64_t>(batch * kv_heads, 1);
+  const int64_t wanted = (kMaxCtasPerSm * sms + ctas - 1) / ctas;
+  return std::max<int64_t>(1, std::min({wanted, max_len / kMinSplitKeys, kMaxSplits}));
 }
 
 // Splits per sequence for `ctas` CTAs of one split, `resident` CTAs at a time on the device, at most
@@ -474,9 +488,9 @@ template <int kHeadDim, typename T>
 struct DecodeAttention {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim must be 64, 128 or 256");
 
-  // out, lse: the results. workspace: float32, contiguous, of B * Hq * max_splits * (D + 1) elements
-  // (the splits' partial outputs [B, Hq, max_splits, D], then their LSEs [B, Hq, max_splits]), for
-  // up to max_splits splits; None with max_splits 1.
+  // out, lse: the results (lse optional). The splits' float32 workspace (their partial outputs
+  // [B, Hq, S, D], then their LSEs [B, Hq, S]) comes from the caller's allocator: under PyTorch its
+  // caching allocator on the current stream (the graph's pool during a capture).
   static void run(
       tvm::ffi::TensorView out,
       tvm::ffi::Optional<tvm::ffi::TensorView> lse,
@@ -484,8 +498,6 @@ struct DecodeAttention {
       tvm::ffi::TensorView k_cache,
       tvm::ffi::TensorView v_cache,
       tvm::ffi::TensorView seq_lens,
-      tvm::ffi::Optional<tvm::ffi::TensorView> workspace,
-      int64_t max_splits,
       double scale,
       tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
@@ -506,19 +518,6 @@ struct DecodeAttention {
     if (lse.has_value()) {
       TensorMatcher({batch, heads}).with_dtype<fp32_t>().with_device<kDLCUDA>(device).verify(*lse, "lse");
     }
-    RuntimeCheck(
-        max_splits >= 1 && max_splits <= kMaxSplits,
-        "decode_attention: max_splits must be in [1, ",
-        kMaxSplits,
-        "], got ",
-        max_splits);
-    RuntimeCheck(
-        workspace.has_value() || max_splits == 1, "decode_attention: max_splits ", max_splits, " needs a workspace");
-    if (workspace.has_value()) {
-      auto size = SymbolicSize{"workspace_size"};
-      size.set_value(batch.unwrap() * heads.unwrap() * max_splits * (kHeadDim + 1));
-      TensorMatcher({size}).with_dtype<fp32_t>().with_device<kDLCUDA>(device).verify(*workspace, "workspace");
-    }
     const int64_t hq = heads.unwrap(), hkv = kv_heads.unwrap();
     RuntimeCheck(
         hkv >= 1 && hq % hkv == 0,
@@ -532,8 +531,13 @@ struct DecodeAttention {
     const int64_t group = hq / hkv;
     const int64_t ctas = b * hkv * div_ceil(group, kMaxGroup);  // of one split
     RuntimeCheck(
-        ctas * max_splits <= int64_t{0x7fffffff}, "decode_attention: ", ctas * max_splits, " CTAs do not fit one grid");
+        ctas * kMaxSplits <= int64_t{0x7fffffff}, "decode_attention: ", ctas * kMaxSplits, " CTAs do not fit one grid");
     if (b == 0 || has_no_data(out)) return;  // the fake (torch.compile) call ends here: checks only
+    const DLDevice dev = device.unwrap();
+    const int64_t bound = detail::split_bound(b, hkv, max_len.unwrap(), runtime::sm_count(dev.device_id));
+    const int64_t splits = bound > 1 ? detail::choose_splits(ctas, resident_blocks(dev.device_id), bound) : 1;
+    const auto workspace = splits > 1 ? ffi::empty({b * hq * splits * (kHeadDim + 1)}, dl_dtype_v<fp32_t>, dev)
+                                      : ffi::Tensor{};
 
     DecodeParams p{};
     p.q = query.data_ptr();
@@ -553,23 +557,20 @@ struct DecodeAttention {
     p.out_stride_b = out.stride(0);
     p.out_stride_h = out.stride(1);
     p.lse = lse.has_value() ? static_cast<float*>((*lse).data_ptr()) : nullptr;
-    p.partial_out = workspace.has_value() ? static_cast<float*>((*workspace).data_ptr()) : nullptr;
-    p.partial_lse = p.partial_out != nullptr ? p.partial_out + b * hq * max_splits * kHeadDim : nullptr;
+    p.partial_out = splits > 1 ? static_cast<float*>(workspace.data_ptr()) : nullptr;
+    p.partial_lse = splits > 1 ? p.partial_out + b * hq * splits * kHeadDim : nullptr;
     p.batch = b;
     p.num_heads = static_cast<int32_t>(hq);
     p.num_kv_heads = static_cast<int32_t>(hkv);
     p.group = static_cast<int32_t>(group);
     p.head_chunks = static_cast<int32_t>(div_ceil(group, kMaxGroup));
-    p.split_stride = static_cast<int32_t>(max_splits);
+    p.split_stride = static_cast<int32_t>(splits);
     p.max_len = max_len.unwrap();
     p.scale_log2 = static_cast<float>(scale) * kLog2e;
 
-    const DLDevice dev = device.unwrap();
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
-    const int64_t splits = max_splits > 1 ? detail::choose_splits(ctas, resident_blocks(dev.device_id), max_splits) : 1;
     p.num_splits = static_cast<int32_t>(splits);
     p.split_len = div_ceil(div_ceil(p.max_len, splits), kSplitAlign) * kSplitAlign;
-    if (splits == 1) p.partial_out = p.partial_lse = nullptr;  // the one split writes the output
     LaunchKernel(static_cast<uint32_t>(ctas * splits), kThreads, dev, kSharedBytes).enable_pdl(pdl)(kKernel, p);
     if (splits > 1) {
       constexpr int64_t kRowsPerBlock = kThreads / (kHeadDim / 4);

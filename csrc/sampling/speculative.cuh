@@ -84,11 +84,15 @@ SGL_DEVICE int64_t load_index(const void* p, bool is64, int64_t i) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
 
-SGL_DEVICE void add_count(void* p, bool is64, int64_t i, int64_t value) {
+// Counter i += value, or = value where the op allocated the counter for this call (`add` false:
+// no fill kernel to zero it first).
+SGL_DEVICE void count(void* p, bool is64, bool add, int64_t i, int64_t value) {
   if (is64) {
-    static_cast<int64_t*>(p)[i] += value;
+    int64_t* c = static_cast<int64_t*>(p) + i;
+    *c = add ? *c + value : value;
   } else {
-    static_cast<int32_t*>(p)[i] += static_cast<int32_t>(value);
+    int32_t* c = static_cast<int32_t*>(p) + i;
+    *c = add ? *c + static_cast<int32_t>(value) : static_cast<int32_t>(value);
   }
 }
 
@@ -275,8 +279,10 @@ struct ChainParams {
   int32_t* output_ids;  // [B, n + 1], contiguous
   void* accepted;       // [B], int32 or int64
   bool accepted64;
-  void* emitted;  // [B], int32 or int64
+  bool accepted_add;  // add to the counter (false: write it)
+  void* emitted;      // [B], int32 or int64
   bool emitted64;
+  bool emitted_add;
   const uint64_t* seed;  // [1] or [B], or nullptr for seed_value
   int64_t seed_stride;   // 0: one seed for every row
   uint64_t seed_value;
@@ -343,8 +349,8 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(const __grid_constan
     }
     if (tid == 0) {
       s_pos = pos;
-      add_count(p.accepted, p.accepted64, b, accepted);
-      add_count(p.emitted, p.emitted64, b, pos);
+      count(p.accepted, p.accepted64, p.accepted_add, b, accepted);
+      count(p.emitted, p.emitted64, p.emitted_add, b, pos);
     }
   }
   __syncthreads();
@@ -572,7 +578,9 @@ struct Speculative {
       tvm::ffi::Optional<tvm::ffi::TensorView> seed,
       tvm::ffi::Optional<tvm::ffi::TensorView> offset,
       int64_t seed_value,
-      int64_t offset_value) {
+      int64_t offset_value,
+      bool add_accepted,
+      bool add_emitted) {
     using namespace host;
     constexpr const char* op = "chain_speculative_sampling";
     auto B = SymbolicSize{"batch_size"};
@@ -626,6 +634,8 @@ struct Speculative {
     p.output_ids = static_cast<int32_t*>(output_token_ids.data_ptr());
     p.accepted = output_accepted_token_num.data_ptr();
     p.accepted64 = is_type<int64_t>(output_accepted_token_num.dtype());
+    p.accepted_add = add_accepted;
+    p.emitted_add = add_emitted;
     p.emitted = output_emitted_draft_token_num.data_ptr();
     p.emitted64 = is_type<int64_t>(output_emitted_draft_token_num.dtype());
     p.n = n;

@@ -3,11 +3,11 @@ transformers' StaticCache layout, csrc/attention/decode.cuh) and ``merge_attn_st
 attention results over disjoint key sets merged into one, csrc/attention/merge.cuh).
 
 ``decode_attention`` splits each sequence's keys over several CTAs when the batch times the KV heads
-leaves SMs idle (flash-decoding). The splits depend on the shapes, the device's SM count and the
-kernel's occupancy alone, never on ``seq_lens`` (which stays on the device): a call makes no host
-sync and is CUDA-graph safe. Here the op bounds the splits (:func:`max_splits`) and allocates their
-float32 workspace, one ``torch.empty`` (from the graph's pool during a capture); the launcher picks
-the count within that bound, and a second kernel of the same launch merges the splits.
+leaves SMs idle (flash-decoding). The launcher chooses the splits from the shapes, the device's SM
+count and the kernel's occupancy alone, never from ``seq_lens`` (which stays on the device): a call
+makes no host sync and is CUDA-graph safe. It allocates the splits' float32 workspace itself, from
+torch's caching allocator (the graph's pool during a capture), and a second kernel of the same
+launch merges the splits.
 
 Both ops are also ``torch.ops.jit_kernel.decode_attention`` / ``merge_attn_states`` (fake
 implementations, mutated outputs declared); the functions switch to those under ``torch.compile``.
@@ -15,11 +15,8 @@ implementations, mutated outputs declared); the functions switch to those under 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from jit_kernel.engine import target
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import ATTENTION_HEAD_DIMS, DECODE_ATTENTION, MERGE_ATTN_STATES
 from jit_kernel.ops._common import CPP_DTYPE, KernelTable, Launch, float_dtype, kernel_op, not_a_tensor
@@ -27,16 +24,6 @@ from jit_kernel.ops._common import CPP_DTYPE, KernelTable, Launch, float_dtype, 
 _DECODE_OP = "decode_attention"
 _MERGE_OP = "merge_attn_states"
 _DECODE_DTYPES = (torch.bfloat16, torch.float16)
-
-# The bound on the splits: no more CTAs than MAX_CTAS_PER_SM on every SM (above the kernel's
-# occupancy), no split shorter than MIN_SPLIT_KEYS keys (fewer would spend more on the merge than they
-# save), at most MAX_SPLITS per sequence.
-MAX_CTAS_PER_SM = 8
-MIN_SPLIT_KEYS = 128
-MAX_SPLITS = 64
-# The SM count assumed where no device can be asked (fake tensors without a GPU): the workspace
-# shape then differs from a GPU's, which no result depends on.
-DEFAULT_SM_COUNT = 132
 
 
 def _decode_config(dtype: torch.dtype, head_dim: int) -> tuple[int, str]:
@@ -52,29 +39,6 @@ def _decode_config(dtype: torch.dtype, head_dim: int) -> tuple[int, str]:
 
 _DECODE = KernelTable(Dispatcher(DECODE_ATTENTION), "run", _decode_config)
 _MERGE = KernelTable(Dispatcher(MERGE_ATTN_STATES), "run", lambda dtype: (float_dtype(_MERGE_OP, "out_a", dtype),))
-
-_SM_COUNTS: dict[int, int] = {}
-
-
-def sm_count(index: int) -> int:
-    """The SM count of CUDA device ``index`` (memoised; a tensor's ``get_device()``), or
-    :data:`DEFAULT_SM_COUNT` where none can be asked (-1: a tensor off the GPU)."""
-    count = _SM_COUNTS.get(index)
-    if count is None:
-        if index < 0 or not torch.cuda.is_available():
-            return DEFAULT_SM_COUNT
-        count = _SM_COUNTS[index] = target.device_properties(index)[1]
-    return count
-
-
-def max_splits(batch: int, kv_heads: int, max_len: int, sms: int) -> int:
-    """The most splits per sequence the launcher may take, which the workspace holds: CTAs
-    (``batch * kv_heads * splits``) for up to :data:`MAX_CTAS_PER_SM` per SM, no split shorter than
-    :data:`MIN_SPLIT_KEYS` keys of the cache, at most :data:`MAX_SPLITS`; 1 (no workspace) when the
-    batch alone fills the GPU. From the shapes only: the lengths stay on the device."""
-    ctas = max(batch * kv_heads, 1)
-    wanted = math.ceil(MAX_CTAS_PER_SM * sms / ctas)
-    return max(1, min(wanted, max_len // MIN_SPLIT_KEYS, MAX_SPLITS))
 
 
 def _rank(op: str, name: str, t: object, rank: int, layout: str) -> None:
@@ -100,17 +64,8 @@ def _decode(
     scale: float,
     enable_pdl: bool | None = None,
 ) -> Launch:
-    splits, workspace = 1, None
-    if query.dim() == 3 and k_cache.dim() == 4:  # else C++ names the rank mismatch
-        batch, heads, head_dim = query.shape
-        _, kv_heads, max_len, _ = k_cache.shape
-        splits = max_splits(batch, kv_heads, max_len, sm_count(query.get_device()))
-        if splits > 1:  # the splits' partial outputs [B, Hq, S, D], then their LSEs [B, Hq, S]
-            workspace = query.new_empty((batch * heads * splits * (head_dim + 1),), dtype=torch.float32)
-        key = (query.dtype, head_dim)
-    else:
-        key = (query.dtype, query.shape[-1] if query.dim() else 0)
-    args = (out, lse, query, k_cache, v_cache, seq_lens, workspace, splits, scale, enable_pdl)
+    key = (query.dtype, query.shape[-1] if query.dim() else 0)
+    args = (out, lse, query, k_cache, v_cache, seq_lens, scale, enable_pdl)
     return _DECODE, key, args, None
 
 

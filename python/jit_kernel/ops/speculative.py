@@ -183,7 +183,11 @@ def _chain(
     offset: torch.Tensor | None = None,
     seed_value: int = 0,
     offset_value: int = 0,
+    add_accepted: bool = True,
+    add_emitted: bool = True,
 ) -> Launch:
+    """``add_accepted`` / ``add_emitted``: add to the counter (False: the kernel writes it, for a
+    counter the op allocated, which then needs no zero fill)."""
     args = (
         draft_probs,
         draft_token_ids,
@@ -195,6 +199,8 @@ def _chain(
         offset,
         seed_value,
         offset_value,
+        add_accepted,
+        add_emitted,
     )
     return _CHAIN, draft_probs.dtype, args, None
 
@@ -246,8 +252,8 @@ def chain_speculative_sampling(
     ``draft_probs [B, n, V]`` and ``target_probs [B, n + 1, V]``: float32, bfloat16 or float16, one
     dtype, CUDA, rows with unit inner stride. ``draft_token_ids [B, n]``: int32 or int64.
     ``output_token_ids``: int32 ``[B, n + 1]``, the accepted drafts, then the token drawn at the
-    first rejection (or the bonus token), then ``-1``. The counters (int32 or int64 ``[B]``; zeros
-    allocated when None) are added to in place: emitted = accepted prefix length, accepted = the
+    first rejection (or the bonus token), then ``-1``. The counters (int32 or int64 ``[B]``; when None,
+    allocated and written as if zeros) are added to in place: emitted = accepted prefix length, accepted = the
     positions that pass the test each on its own. ``seed`` / ``offset``: both ints, both int64
     tensors (``[B]``: each row its own stream; ``[1]``: shared), or both None (a seed drawn from
     ``generator`` / torch's CUDA generator, on the device). ``deterministic``: ignored (always
@@ -264,12 +270,13 @@ def chain_speculative_sampling(
     batch, n = draft_token_ids.shape
     device = draft_probs.device
     output_token_ids = torch.empty((batch, n + 1), dtype=torch.int32, device=device)
+    # A counter the op allocates is written by the kernel (as if zeroed, then added to).
     accepted = maybe_output_accepted_token_num
     if accepted is None:
-        accepted = torch.zeros(batch, dtype=torch.int32, device=device)
+        accepted = torch.empty(batch, dtype=torch.int32, device=device)
     emitted = maybe_output_emitted_draft_token_num
     if emitted is None:
-        emitted = torch.zeros(batch, dtype=torch.int32, device=device)
+        emitted = torch.empty(batch, dtype=torch.int32, device=device)
     seed_t, offset_t, seed_v, offset_v = _philox_inputs(seed, offset, generator, device)
     _chain(
         draft_probs,
@@ -282,6 +289,8 @@ def chain_speculative_sampling(
         offset_t,
         seed_v,
         offset_v,
+        maybe_output_accepted_token_num is not None,
+        maybe_output_emitted_draft_token_num is not None,
     )
     return output_token_ids, accepted, emitted
 
