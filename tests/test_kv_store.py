@@ -682,7 +682,7 @@ FP8_SCALE_BAD = [
     ({"k_scale": 1.0, "v_scale": None}, ValueError,
      r"store_kv_cache: v_cache is float8_e4m3fn, so v_scale is required"),
     ({"k_scale": "1.0", "v_scale": 1.0}, TypeError,
-     r"^store_kv_cache: k_scale must be a float32 tensor of one element, a float or None, got str$"),
+     r"^store_kv_cache: k_scale must be a float32 tensor of one element or a float, got str$"),
     ({"k_scale": True, "v_scale": 1.0}, TypeError, r"store_kv_cache: k_scale must be a float32 tensor .* got bool"),
     ({"k_scale": 0.0, "v_scale": 1.0}, ValueError,
      r"store_kv_cache: k_scale must be a finite float of at least 2\^-126, got 0"),

@@ -29,6 +29,7 @@ detected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -148,10 +149,15 @@ def _check_bounds(fn: str, name: str, indices: torch.Tensor, num_rows: int | Non
     raise IndexError(f"{fn}: {name}[{position}] = {value} is out of range: it must be {limit}")
 
 
-def _one_layer_config(dtype: torch.dtype, element_dim: int, unroll: int | None = None) -> tuple[int, int, int]:
-    """(dtype, row width, unroll or None for the default) -> the hicache config."""
-    element_size = element_dim * dtype.itemsize
-    return (element_size, default_unroll(element_size) if unroll is None else unroll, HICACHE_NUM_THREADS)
+def _one_layer_config(fn: str) -> Callable[..., tuple[int, int, int]]:
+    """(dtype, row width[, unroll]) -> the hicache config; a row width or unroll no kernel takes raises."""
+
+    def config(dtype: torch.dtype, element_dim: int, unroll: int | None = None) -> tuple[int, int, int]:
+        element_size = element_dim * dtype.itemsize
+        unroll, _ = _options(fn, element_size, unroll, None)
+        return (element_size, unroll, HICACHE_NUM_THREADS)
+
+    return config
 
 
 def _tma_config(element_size: int) -> tuple[int, int]:
@@ -160,8 +166,8 @@ def _tma_config(element_size: int) -> tuple[int, int]:
 
 # Keys (dtype, row width) for the default unroll, else (dtype, row width, unroll); the block quota
 # is a run-time argument.
-_ONE_LAYER_KERNELS = KernelTable(_HICACHE, "run_one", _one_layer_config)
-_ONE_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_one_mla", _one_layer_config)
+_ONE_LAYER_KERNELS = KernelTable(_HICACHE, "run_one", _one_layer_config("transfer_hicache_one_layer"))
+_ONE_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_one_mla", _one_layer_config("transfer_hicache_one_layer_mla"))
 _ALL_LAYER_KERNELS = KernelTable(_HICACHE, "run_all", lambda *config: config)
 _ALL_LAYER_MLA_KERNELS = KernelTable(_HICACHE, "run_all_mla", lambda *config: config)
 # The bulk-copy kernel, keyed by row bytes.
@@ -172,8 +178,8 @@ _ONE_LAYER_MLA = (_ONE_LAYER_MLA_KERNELS, _ONE_LAYER_MLA_TMA_KERNELS)
 _FORM = {id(_ONE_LAYER): "kv", id(_ONE_LAYER_MLA): "mla"}  # the forms' names in _ROUTES' keys
 
 # The kernel a one-layer transfer of rows as they are (2-D caches, the default row width and unroll)
-# takes, decided once per shape: (form, dtype, row width, page size, both caches on the GPU)
-# -> (table, key). Filed only where every device has one arch (the choice depends on it).
+# with a page size takes, decided once per shape: (form, dtype, row width, page size, both caches on
+# the GPU) -> (table, key). Filed only where every device has one arch (the choice depends on it).
 _ROUTES: dict[tuple[Any, ...], tuple[KernelTable, Any]] = {}
 
 
@@ -223,8 +229,8 @@ def _one_layer(
     rows = [_rows(fn, name, t, element_dim) for name, t in named]
     device_to_device = all(t.is_cuda for _, t in named)
     table, key = _route(kernels, first.dtype, element_dim, unroll, default, page_size, device_to_device)
-    if as_rows and target.one_arch_for_all_devices():
-        shape = (_FORM[id(kernels)], first.dtype, element_dim, page_size, page_size is None or device_to_device)
+    if as_rows and page_size is not None and target.one_arch_for_all_devices():
+        shape = (_FORM[id(kernels)], first.dtype, element_dim, page_size, device_to_device)
         _ROUTES[shape] = (table, key)
     return table, key, (*rows[:n_dst], indices_dst, *rows[n_dst:], indices_src, block_quota), None
 
@@ -273,20 +279,20 @@ def transfer_hicache_one_layer(
     (rows per page of the indices) lets page-aligned transfers take the bulk-copy kernel (module
     docstring); the register kernel's ``unroll`` does not apply there.
     """
-    # Rows as they are (2-D caches: a side's V has its K's rank), the default row width and unroll, a
-    # page size that is an int (a float or bool equal to one is refused below): the remembered route.
+    # Rows as they are (2-D caches: a side's V has its K's rank), the default row width and unroll:
+    # without a page size the register kernel; with one that is an int (a float or bool equal to one
+    # is refused below), the remembered route.
     if element_dim is None and unroll is None and k_cache_dst.ndim == 2 == k_cache_src.ndim:
-        if page_size is None:
-            route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], None, True))
-        elif type(page_size) is int:
-            d2d = k_cache_dst.is_cuda and v_cache_dst.is_cuda and k_cache_src.is_cuda and v_cache_src.is_cuda
-            route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], page_size, d2d))
-        else:
-            route = None
         quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-        if route is not None and type(quota) is int and quota >= 1:
+        if type(quota) is int and quota >= 1:
             args = (k_cache_dst, v_cache_dst, indices_dst, k_cache_src, v_cache_src, indices_src, quota)
-            return route[0], route[1], args, None
+            if page_size is None:
+                return _ONE_LAYER_KERNELS, (k_cache_dst.dtype, k_cache_dst.shape[1]), args, None
+            if type(page_size) is int:
+                d2d = k_cache_dst.is_cuda and v_cache_dst.is_cuda and k_cache_src.is_cuda and v_cache_src.is_cuda
+                route = _ROUTES.get(("kv", k_cache_dst.dtype, k_cache_dst.shape[1], page_size, d2d))
+                if route is not None:
+                    return route[0], route[1], args, None
     dst = (("k_cache_dst", k_cache_dst), ("v_cache_dst", v_cache_dst))
     src = (("k_cache_src", k_cache_src), ("v_cache_src", v_cache_src))
     fn = "transfer_hicache_one_layer"
@@ -310,18 +316,18 @@ def transfer_hicache_one_layer_mla(
     page_size: int | None = None,
 ) -> Launch:
     """The MLA form of :func:`transfer_hicache_one_layer`: one cache (e.g. DeepSeek's 576-wide latent), no V."""
-    # Rows as they are: the remembered route (as in transfer_hicache_one_layer).
+    # Rows as they are: the register kernel, or the remembered route (as in transfer_hicache_one_layer).
     if element_dim is None and unroll is None and cache_dst.ndim == 2 == cache_src.ndim:
-        if page_size is None:
-            route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], None, True))
-        elif type(page_size) is int:
-            d2d = cache_dst.is_cuda and cache_src.is_cuda
-            route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], page_size, d2d))
-        else:
-            route = None
         quota = DEFAULT_BLOCK_QUOTA if block_quota is None else block_quota
-        if route is not None and type(quota) is int and quota >= 1:
-            return route[0], route[1], (cache_dst, indices_dst, cache_src, indices_src, quota), None
+        if type(quota) is int and quota >= 1:
+            args = (cache_dst, indices_dst, cache_src, indices_src, quota)
+            if page_size is None:
+                return _ONE_LAYER_MLA_KERNELS, (cache_dst.dtype, cache_dst.shape[1]), args, None
+            if type(page_size) is int:
+                d2d = cache_dst.is_cuda and cache_src.is_cuda
+                route = _ROUTES.get(("mla", cache_dst.dtype, cache_dst.shape[1], page_size, d2d))
+                if route is not None:
+                    return route[0], route[1], args, None
     dst, src = (("cache_dst", cache_dst),), (("cache_src", cache_src),)
     fn = "transfer_hicache_one_layer_mla"
     return _one_layer(

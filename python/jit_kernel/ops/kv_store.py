@@ -43,7 +43,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import KV_STORE
-from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op
+from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, split_scale
 
 _KV = Dispatcher(KV_STORE)
 _STORE = "store_kv_cache"
@@ -62,19 +62,6 @@ def _selector(op: str, name: str):
 
 _STORE_KERNELS = KernelTable(_KV, "store", _selector(_STORE, "k"))
 _MLA_KERNELS = KernelTable(_KV, "mla", _selector(_MLA, "cache_k_nope"))
-
-
-def _split_scale(op: str, name: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
-    """A scale as (tensor, None), (None, float) or (None, None); a 0-d or [1, 1] tensor as [1]."""
-    if scale is None:
-        return None, None
-    if isinstance(scale, torch.Tensor):
-        return (scale.reshape(1) if scale.dim() != 1 and scale.numel() == 1 else scale), None
-    if isinstance(scale, (float, int)) and not isinstance(scale, bool):
-        return None, float(scale)
-    raise TypeError(
-        f"{op}: {name} must be a float32 tensor of one element, a float or None, got {type(scale).__name__}"
-    )
 
 
 def _check_bounds(op: str, name: str, loc: object, caches: tuple[tuple[str, object], ...]) -> None:
@@ -148,8 +135,8 @@ def store_kv_cache(
     if k_scale is None and v_scale is None:  # a cache in the activation dtype
         _store(k, v, k_cache, v_cache, out_cache_loc, None, None, None, None, enable_pdl)
         return
-    ks, ksv = _split_scale(_STORE, "k_scale", k_scale)
-    vs, vsv = _split_scale(_STORE, "v_scale", v_scale)
+    ks, ksv = split_scale(_STORE, "k_scale", k_scale)
+    vs, vsv = split_scale(_STORE, "v_scale", v_scale)
     _store(k, v, k_cache, v_cache, out_cache_loc, ks, vs, ksv, vsv, enable_pdl)
 
 
@@ -186,7 +173,7 @@ def set_mla_kv_buffer(
     if scale is None:
         _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, None, None, enable_pdl)
         return
-    s, sv = _split_scale(_MLA, "scale", scale)
+    s, sv = split_scale(_MLA, "scale", scale)
     _mla(kv_buffer, loc, cache_k_nope, cache_k_rope, s, sv, enable_pdl)
 
 

@@ -59,6 +59,7 @@ from jit_kernel.ops._common import (
     not_a_tensor,
     rows,
     rows_like,
+    split_scale,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -128,17 +129,6 @@ def _scale_rows(op: str, output_s: torch.Tensor, input: torch.Tensor, width: int
     if output_s.shape != expected:
         raise ValueError(f"{op}: output_s must have shape {expected}, got {tuple(output_s.shape)}")
     return rows(op, "output_s", output_s)
-
-
-def _split_scale(op: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
-    """The static scale as (tensor, None) or (None, float); a tensor of one element as shape (1,)."""
-    if type(scale) is float:
-        return None, scale
-    if isinstance(scale, torch.Tensor):
-        return (scale.reshape(1) if scale.ndim != 1 and scale.numel() == 1 else scale), None
-    if isinstance(scale, int) and not isinstance(scale, bool):
-        return None, float(scale)
-    raise TypeError(f"{op}: scale must be a float32 tensor of one element or a float, got {type(scale).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +203,7 @@ def rmsnorm_quant_fp8(
     ``scale``: a float32 CUDA tensor of one element (read on the device) or a float. ``out``:
     ``float8_e4m3fn`` (allocated when None) or ``float8_e5m2``, ``input``'s shape. ``normed_out``:
     also receives the normalised row in ``input``'s dtype. Returns ``out``."""
-    s, value = _split_scale(_STATIC, scale)
+    s, value = split_scale(_STATIC, "scale", scale)
     return _rmsnorm_quant(input, weight, s, value, eps, out, normed_out, enable_pdl)
 
 
@@ -232,7 +222,7 @@ def fused_add_rmsnorm_quant_fp8(
     bit :func:`jit_kernel.fused_add_rmsnorm` then ``per_tensor_quant_fp8(..., is_static=True)``.
     ``input`` is left unchanged (``fused_add_rmsnorm`` overwrites it with the normalised row; pass
     ``normed_out=input`` for that). Arguments as :func:`rmsnorm_quant_fp8`. Returns ``out``."""
-    s, value = _split_scale(_STATIC_ADD, scale)
+    s, value = split_scale(_STATIC_ADD, "scale", scale)
     return _fused_add_rmsnorm_quant(input, residual, weight, s, value, eps, out, normed_out, enable_pdl)
 
 
@@ -401,8 +391,10 @@ def _fused_add_rmsnorm_group(
     enable_pdl: bool | None = None,
 ) -> Launch:
     if input.ndim == 2 and type(group_size) is int:  # the rows the kernel takes as they are
-        args = (output_q, output_s, normed_out, input, residual, weight, group_size, eps, quant_eps, scale_ue8m0)
-        return _GROUP_ADD_KERNELS, (input.dtype, weight.numel()), (*args, enable_pdl), None
+        args = (
+            output_q, output_s, normed_out, input, residual, weight, group_size, eps, quant_eps, scale_ue8m0, enable_pdl
+        )  # fmt: skip
+        return _GROUP_ADD_KERNELS, (input.dtype, weight.numel()), args, None
     groups = _groups(_GROUP_ADD, input, group_size)
     key, inputs, normed = _rows_in(_GROUP_ADD, input, normed_out, residual)
     q_rows = rows_like(_GROUP_ADD, "output_q", output_q, input)
