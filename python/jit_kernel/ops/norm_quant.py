@@ -61,6 +61,7 @@ from jit_kernel.ops._common import (
     rows_like,
     split_scale,
 )
+from jit_kernel.ops.token_quant import group_scales
 
 FP8 = torch.float8_e4m3fn
 _FAST_HIDDEN = frozenset(NORM_QUANT_HIDDEN_SIZES)
@@ -426,21 +427,9 @@ def _group_outputs(
     groups = _groups(op, input, group_size)
     if output_q is None:
         output_q = input.new_empty(input.shape, dtype=FP8)
-    if output_s is not None:
-        return output_q, output_s
-    lead = tuple(input.shape[:-1])
-    tokens = 1
-    for n in lead:
-        tokens *= n
-    if packed_ue8m0:
-        # [words, tokens padded to 4] seen as [tokens, words] (strides (1, padded)), then the leading dims.
-        words, padded = (groups + 3) // 4, (tokens + 3) // 4 * 4
-        buffer = torch.empty((words, padded), dtype=torch.int32, device=input.device)
-        return output_q, buffer.t().narrow(0, 0, tokens).view(*lead, words)
-    if column_major_scales:
-        buffer = torch.empty((groups, tokens), dtype=torch.float32, device=input.device)
-        return output_q, buffer.t().view(*lead, groups)
-    return output_q, torch.empty((*lead, groups), dtype=torch.float32, device=input.device)
+    if output_s is None:
+        output_s = group_scales(tuple(input.shape[:-1]), groups, input.device, column_major_scales, packed_ue8m0)
+    return output_q, output_s
 
 
 def rmsnorm_per_token_group_quant_fp8(

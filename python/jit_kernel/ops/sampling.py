@@ -81,35 +81,32 @@ def _split(op: str, name: str, value: Param, integer: bool = False) -> tuple[tor
     return None, float(value)
 
 
-def _seed_and_offset(
+def philox_inputs(
     op: str, seed: object, offset: object, device: torch.device, generator: torch.Generator | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, int, int]:
-    """(seed tensor, offset tensor, seed int, offset int) for the launcher: both tensors, both ints
-    (offset defaults to 0), or neither (a seed drawn from torch's generator on the device)."""
+    """``(seed tensor, offset tensor, seed int, offset int)`` for a launcher that draws Philox
+    numbers (the sampler's and the speculative ops'): both int64 tensors (C++ checks them), ints
+    (``offset`` defaults to 0), or neither: a seed drawn from ``generator`` (torch's CUDA generator
+    by default) on the device, so that CUDA-graph replays draw fresh numbers."""
     if seed is None:
         if offset is not None:
-            raise ValueError(f"{op}: offset needs a seed (both tensors or both ints)")
+            raise ValueError(f"{op}: offset is given without seed; pass both, or neither to draw from torch")
         drawn = torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64, generator=generator)
         return drawn, None, 0, 0
-    if isinstance(seed, torch.Tensor):
-        if not isinstance(offset, torch.Tensor):
-            raise ValueError(f"{op}: seed is a tensor, so offset must be one too (int64, one per row)")
+    if isinstance(seed, torch.Tensor) or isinstance(offset, torch.Tensor):
+        if not (isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)):
+            raise ValueError(f"{op}: seed and offset must both be tensors or both be ints")
         return seed, offset, 0, 0
-    if isinstance(offset, torch.Tensor):
-        raise ValueError(f"{op}: offset is a tensor, so seed must be one too (int64, one per row)")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"{op}: seed must be an int64 CUDA tensor, an int or None, got {type(seed).__name__}")
-    if offset is None:
-        offset = 0
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"{op}: offset must be an int64 CUDA tensor, an int or None, got {type(offset).__name__}")
-    # The kernel reads both as 64-bit words: wrap Python ints into int64's range.
-    return None, None, _int64(seed), _int64(offset)
+    return None, None, _int64(op, "seed", seed), _int64(op, "offset", 0 if offset is None else offset)
 
 
-def _int64(value: int) -> int:
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value
+def _int64(op: str, name: str, value: object) -> int:
+    """A 64-bit seed or offset as the int64 the launcher takes (its bits; C++ reads them unsigned)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {name} must be an int64 CUDA tensor, an int or None, got {type(value).__name__}")
+    if not -(2**63) <= value < 2**64:
+        raise ValueError(f"{op}: {name} must fit in 64 bits, got {value}")
+    return value - 2**64 if value >= 2**63 else value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +250,7 @@ def _draw_call(
     if seed is None and offset is None and t is None and tv == 0.0:
         s, o, sv, ov = None, None, 0, 0  # every row greedy: no random numbers to draw
     else:
-        s, o, sv, ov = _seed_and_offset(op, seed, offset, input.device, generator)
+        s, o, sv, ov = philox_inputs(op, seed, offset, input.device, generator)
     _draw(out, logprobs, input, indices, t, tv, k, kv, p, pv, m, mv, s, o, sv, ov, probs, joint, advance, enable_pdl)
     return out, logprobs
 

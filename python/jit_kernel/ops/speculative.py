@@ -38,7 +38,8 @@ Differences from FlashInfer 0.7.2:
 - the random streams are ours (Philox counters as above, not curand's): the same seed draws other
   numbers; a ``[B]`` seed or offset makes each row's stream its own, independent of the batch slot
   (FlashInfer feeds the slot into the stream). Uniforms are 24-bit, in ``[0, 1)``;
-- ``seed`` and ``offset`` must be given together (FlashInfer ignores one given alone);
+- ``offset`` alone is an error, and an int ``seed`` alone has offset 0 (FlashInfer ignores one given
+  alone); both as ints may be any 64-bit value, signed or unsigned;
 - probabilities may be float32, bfloat16 or float16 (both of one dtype; FlashInfer casts both to
   float32, so it also takes mixed dtypes), rows with unit inner stride at any other strides;
   ``draft_token_ids`` int32 or int64; the counters int32 or int64, updated in place (FlashInfer
@@ -94,13 +95,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.families import SPECULATIVE
 from jit_kernel.ops._common import KernelTable, Launch, float_dtype, kernel_op, not_a_tensor
+from jit_kernel.ops.sampling import philox_inputs
 
 _CHAIN_OP = "chain_speculative_sampling"
 _TREE_OP = "tree_speculative_sampling_target_only"
 _GREEDY_OP = "verify_tree_greedy"
 _INDEX_DTYPES = (torch.int32, torch.int64)
-# A Python int seed or offset: any value of 64 bits, signed or unsigned (passed on as int64).
-_U64 = 2**64
 
 _SPEC = Dispatcher(SPECULATIVE)
 _CHAIN = KernelTable(_SPEC, "chain", lambda dtype: (float_dtype(_CHAIN_OP, "draft_probs", dtype),))
@@ -205,35 +205,6 @@ def _chain(
     return _CHAIN, draft_probs.dtype, args, None
 
 
-def _as_int64(name: str, value: int) -> int:
-    """A 64-bit seed or offset as the int64 the launcher takes (its bits; C++ reads them unsigned)."""
-    if not -(2**63) <= value < _U64:
-        raise ValueError(f"{_CHAIN_OP}: {name} must fit in 64 bits, got {value}")
-    return value - _U64 if value >= 2**63 else value
-
-
-def _philox_inputs(
-    seed: object, offset: object, generator: torch.Generator | None, device: torch.device
-) -> tuple[torch.Tensor | None, torch.Tensor | None, int, int]:
-    """``(seed tensor, offset tensor, seed int, offset int)`` for the launcher (see the module
-    docstring); C++ checks the tensors."""
-    op = _CHAIN_OP
-    if seed is None and offset is None:
-        drawn = torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64, generator=generator)
-        return drawn, None, 0, 0
-    if seed is None or offset is None:
-        given, missing = ("seed", "offset") if offset is None else ("offset", "seed")
-        raise ValueError(f"{op}: {given} is given without {missing}; pass both, or neither to draw from torch")
-    for name, value in (("seed", seed), ("offset", offset)):
-        if not isinstance(value, torch.Tensor) and (type(value) is bool or not isinstance(value, int)):
-            raise TypeError(f"{op}: {name} must be an int or an int64 tensor, got {type(value).__name__}")
-    if isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor):
-        return seed, offset, 0, 0
-    if isinstance(seed, torch.Tensor) or isinstance(offset, torch.Tensor):
-        raise ValueError(f"{op}: seed and offset must both be tensors or both be ints")
-    return None, None, _as_int64("seed", seed), _as_int64("offset", offset)  # type: ignore[arg-type]
-
-
 def chain_speculative_sampling(
     draft_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -254,9 +225,9 @@ def chain_speculative_sampling(
     ``output_token_ids``: int32 ``[B, n + 1]``, the accepted drafts, then the token drawn at the
     first rejection (or the bonus token), then ``-1``. The counters (int32 or int64 ``[B]``; when None,
     allocated and written as if zeros) are added to in place: emitted = accepted prefix length, accepted = the
-    positions that pass the test each on its own. ``seed`` / ``offset``: both ints, both int64
-    tensors (``[B]``: each row its own stream; ``[1]``: shared), or both None (a seed drawn from
-    ``generator`` / torch's CUDA generator, on the device). ``deterministic``: ignored (always
+    positions that pass the test each on its own. ``seed`` / ``offset``: ints (offset 0 when None),
+    both int64 tensors (``[B]``: each row its own stream; ``[1]``: shared), or both None (a seed
+    drawn from ``generator`` / torch's CUDA generator, on the device). ``deterministic``: ignored (always
     deterministic). See the module docstring for the exact semantics and the differences from
     FlashInfer."""
     for name, value in (("draft_probs", draft_probs), ("draft_token_ids", draft_token_ids)):
@@ -277,7 +248,7 @@ def chain_speculative_sampling(
     emitted = maybe_output_emitted_draft_token_num
     if emitted is None:
         emitted = torch.empty(batch, dtype=torch.int32, device=device)
-    seed_t, offset_t, seed_v, offset_v = _philox_inputs(seed, offset, generator, device)
+    seed_t, offset_t, seed_v, offset_v = philox_inputs(_CHAIN_OP, seed, offset, device, generator)
     _chain(
         draft_probs,
         draft_token_ids,

@@ -31,6 +31,7 @@ the functions switch to those under ``torch.compile``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -209,15 +210,27 @@ def _group_outputs(
     if output_q is None:
         output_q = torch.empty((*lead, hidden), dtype=torch.float8_e4m3fn, device=input.device)
     if output_s is None:
-        if column_major_scales:
-            tokens = 1
-            for n in lead:
-                tokens *= n
-            # [groups, tokens] seen as [tokens, groups] (strides (1, tokens)), then the leading dims.
-            output_s = torch.empty((groups, tokens), dtype=torch.float32, device=input.device).t().view(*lead, groups)
-        else:
-            output_s = torch.empty((*lead, groups), dtype=torch.float32, device=input.device)
+        output_s = group_scales(lead, groups, input.device, column_major_scales)
     return output_q, output_s
+
+
+def group_scales(
+    lead: tuple[int, ...], groups: int, device: torch.device, column_major: bool, packed_ue8m0: bool = False
+) -> torch.Tensor:
+    """New scales of a group quantiser for tokens of leading dimensions ``lead``: float32 ``[...,
+    groups]`` row-major or (``column_major``) the transpose of a contiguous ``[groups, tokens]``
+    buffer; with ``packed_ue8m0``, int32 ``[..., ceil(groups / 4)]`` over a ``[words, tokens padded
+    to 4]`` buffer (DeepGEMM's packed UE8M0 layout on sm_100)."""
+    tokens = math.prod(lead)
+    if packed_ue8m0:
+        # [words, tokens padded to 4] seen as [tokens, words] (strides (1, padded)), then the leading dims.
+        words, padded = (groups + 3) // 4, (tokens + 3) // 4 * 4
+        buffer = torch.empty((words, padded), dtype=torch.int32, device=device)
+        return buffer.t().narrow(0, 0, tokens).view(*lead, words)
+    if column_major:
+        # [groups, tokens] seen as [tokens, groups] (strides (1, tokens)), then the leading dims.
+        return torch.empty((groups, tokens), dtype=torch.float32, device=device).t().view(*lead, groups)
+    return torch.empty((*lead, groups), dtype=torch.float32, device=device)
 
 
 def per_token_group_quant_fp8(
