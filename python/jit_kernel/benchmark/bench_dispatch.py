@@ -18,7 +18,7 @@ functional row only. FlashInfer's eager call of the same op is timed beside ours
 has it and is importable; where FlashInfer's op takes its outputs and has no functional form
 (``rmsnorm_quant``, ``fused_add_rmsnorm_quant``, ``fused_topk_deepseek``), that call is in our
 outputs-given row, or in the one row of an op that always allocates. Every public op of
-``jit_kernel.ops`` has a row, but for those in ``NO_ROW`` (each with its reason). Three measurements:
+``jit_kernel.ops`` has a row, but for those in ``NO_ROW`` (each with its reason). Four measurements:
 
 * **eager** (1 token): a host-bound loop of ``--calls`` back-to-back calls, timed on the host
   (warm-up first, ``torch.cuda.synchronize()`` at the end of each repeat, inside the timing; the
@@ -28,6 +28,11 @@ outputs-given row, or in the one row of an op that always allocates. Every publi
   restates no launcher's signature), all prepared beforehand. The overhead is the median of the
   paired differences (each eager repeat minus the raw repeat just before it), which the host's
   drift does not move. Target: eager <= raw + 1 us.
+* **floor** (1 token): what any op pays on this host before its own logic, timed as the eager rows:
+  rmsnorm's raw call against a Python frame that passes its arguments on, the minimal op (that frame
+  with the dtype and ``numel()`` reads, the key tuple and the kernel-table lookup) and
+  ``jit_kernel.rmsnorm``. It reads the eager rows: an op within a few tenths of a microsecond of the
+  minimal op has little Python of its own left to remove.
 * **graph replay** (1 and 16 tokens): ``--graph-calls`` calls of the op captured in one CUDA graph
   (after a warm-up on a side stream), replayed ``--replays`` times, timed with CUDA events; the median
   per op call, against the same graph of an empty kernel (``x.add_(1)`` on a 1-element CUDA tensor).
@@ -65,6 +70,7 @@ from jit_kernel.benchmark import results
 from jit_kernel.benchmark._tables import device_name, format_table, format_us, ratio_cell
 from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
 from jit_kernel.ops import _common
+from jit_kernel.ops import norm as norm_ops
 
 if TYPE_CHECKING:
     pass
@@ -859,6 +865,40 @@ def eager_rows(
     return rows
 
 
+def floor_rows(device: str, calls: int, repeats: int) -> list[list[object]]:
+    """What any op's eager call pays on this host before its own logic: rmsnorm's raw tvm-ffi call
+    against a frame that passes the arguments on, the minimal op (that frame, the input's dtype, the
+    weight's ``numel()``, the key tuple and the kernel-table lookup) and ``jit_kernel.rmsnorm`` itself,
+    ``out=`` given; timed as the eager section times its rows."""
+    inputs = Inputs(EAGER_TOKENS, device)
+    x, weight, out = inputs.x, inputs.w, inputs.out
+    [(kernel, args)], _ = _common.recorded_launches(lambda: jit_kernel.rmsnorm(x, weight, out=out))
+    table = norm_ops._RMSNORM_KERNELS
+
+    def passes_on(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: object = None) -> object:
+        kernel(out, input, weight, eps, None)
+        return out
+
+    def minimal(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: object = None) -> object:
+        table[input.dtype, weight.numel()](out, input, weight, eps, None)
+        return out
+
+    fns = {
+        "raw tvm-ffi call": call_site(kernel, *args),
+        "a frame passing its arguments on": call_site(passes_on, x, weight, out=out),
+        "the minimal op: + dtype, numel(), key, table lookup": call_site(minimal, x, weight, out=out),
+        "jit_kernel.rmsnorm (out=)": call_site(jit_kernel.rmsnorm, x, weight, out=out),
+    }
+    times, differences = host_us(list(fns.values()), _sync(device), calls, repeats)
+    return [
+        [name, format_us(us, 2), "" if i == 0 else f"{differences[i - 1]:+.2f}"]
+        for i, (name, us) in enumerate(zip(fns, times, strict=True))
+    ]
+
+
+FLOOR_HEADER = ["call", "us per call", "- raw (median of paired repeats)"]
+
+
 EAGER_HEADER = [
     "op",
     "eager us",
@@ -962,6 +1002,15 @@ def sections(calls: int, repeats: int, graph_calls: int, replays: int, cpu_only:
                 f"(median of {repeats} x {calls} calls)",
                 EAGER_HEADER,
                 eager_rows(names, "cuda", calls, repeats, measured),
+            )
+        )
+        SECTIONS.append(
+            (
+                "floor",
+                f"The floor of an eager call on this host: rmsnorm's raw call, {EAGER_TOKENS} x {HIDDEN} bf16, "
+                f"against Python functions around it (median of {repeats} x {calls} calls)",
+                FLOOR_HEADER,
+                floor_rows("cuda", calls, repeats),
             )
         )
         SECTIONS.append(
