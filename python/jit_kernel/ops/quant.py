@@ -86,12 +86,11 @@ def per_tensor_quant_fp8(
     if output_q is None:
         if not isinstance(input, torch.Tensor):
             not_a_tensor(_OP, "input", input)
-        # input's shape, contiguous (the kernel takes contiguous tensors; C++ checks input's layout)
-        output_q = torch.empty_like(input, dtype=torch.float8_e4m3fn, memory_format=torch.contiguous_format)
+        output_q = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
     if output_s is None:
         if is_static is True:
             raise ValueError(f"{_OP}: is_static=True needs the scale in output_s")
-        output_s = input.new_empty(1, dtype=torch.float32)
+        output_s = torch.empty(1, dtype=torch.float32, device=input.device)
     _quant(input, output_q, output_s, is_static, enable_pdl)
     return output_q, output_s
 
