@@ -407,12 +407,17 @@ def environment_lines(docs: Sequence[Json]) -> list[str]:
         lines.append("- **Grid**: " + ("CI-sized (`JIT_KERNEL_BENCH_CI=1`)" if grid == "ci" else "full"))
     versions = []
     odd: dict[str, list[str]] = {}
+    absent: dict[str, list[str]] = {}
     for field, label in ENVIRONMENT_LABELS:
         value, scripts = _common(docs, field)
         if value:
             versions.append(f"{label} {value}")
-        if scripts:
-            odd[label] = scripts
+        # A script that ran without the package (a peer not importable there) is not another version.
+        without = {doc["script"] for doc in docs if doc["environment"].get(field) is None} if value else set()
+        if without & set(scripts):
+            absent[label] = [s for s in scripts if s in without]
+        if set(scripts) - without:
+            odd[label] = [s for s in scripts if s not in without]
     lines.append("- **Software**: " + ", ".join(versions))
     dates = sorted({doc.get("date") for doc in docs if doc.get("date")})
     if dates:
@@ -421,6 +426,8 @@ def environment_lines(docs: Sequence[Json]) -> list[str]:
         lines.append(f"- Measured on another device: {', '.join(odd_device)}")
     for label, scripts in odd.items():
         lines.append(f"- Another {label} version: {', '.join(scripts)}")
+    for label, scripts in absent.items():
+        lines.append(f"- Without {label}: {', '.join(scripts)}")
     return lines
 
 
