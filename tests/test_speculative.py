@@ -21,6 +21,7 @@ import torch
 
 import jit_kernel
 from _norm_helpers import fake_cuda
+from jit_kernel.ops import _common
 
 CHAIN = "chain_speculative_sampling"
 TREE = "tree_speculative_sampling_target_only"
@@ -1077,6 +1078,24 @@ def test_chain_valid_fake_calls(monkeypatch: pytest.MonkeyPatch) -> None:
         # no drafts (only the bonus token), and an empty batch
         jit_kernel.chain_speculative_sampling(_e(4, 0, 100), _i64(4, 0), _e(4, 1, 100), seed=1, offset=1)
         jit_kernel.chain_speculative_sampling(_e(0, 3, 100), _i64(0, 3), _e(0, 4, 100), seed=1, offset=1)
+
+
+def test_chain_seed_forms_reach_the_launcher() -> None:
+    """The seed rule the sampler shares: an int seed alone has offset 0, 64-bit ints of either sign
+    pass as their int64 bits, tensors pass as they are, and no seed draws one on the device."""
+    with fake_cuda():
+        args = _chain_args()
+
+        def launched(**seeds: object) -> tuple[object, ...]:
+            [(_, launch)], _ = _common.recorded_launches(lambda: jit_kernel.chain_speculative_sampling(**args, **seeds))
+            return launch[6:10]  # seed tensor, offset tensor, seed int, offset int
+
+        assert launched(seed=5) == (None, None, 5, 0)
+        assert launched(seed=2**64 - 1, offset=2**63) == (None, None, -1, -(2**63))
+        seed, offset = _i64(4), _i64(4)
+        assert launched(seed=seed, offset=offset)[:2] == (seed, offset)
+        drawn, none, *_ = launched()
+        assert isinstance(drawn, torch.Tensor) and drawn.dtype == torch.int64 and drawn.shape == (1,) and none is None
 
 
 def _tree_args(nodes: int = 6, **overrides):
