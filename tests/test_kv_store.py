@@ -837,3 +837,22 @@ def test_families_spec() -> None:
     assert family("kv_store") is KV_STORE
     assert set(KV_STORE.exports) == {"store", "mla"}
     assert ("bf16_t", "bf16_t") in KV_STORE.prebuilt and ("bf16_t", "fp8_e4m3_t") in KV_STORE.prebuilt
+
+
+def test_static_scale_forms() -> None:
+    """The one rule of a static fp8 scale (the KV store's and the norm quantisers'): a float (a
+    subclass too, as NumPy's float64 is) or an int as a float, a tensor of one element as ``[1]``,
+    None as absent; anything else names the argument."""
+    from jit_kernel.ops._common import split_scale
+
+    class Float(float):
+        pass
+
+    assert split_scale("op", "k_scale", 0.5) == (None, 0.5)
+    assert split_scale("op", "k_scale", Float(0.25)) == (None, 0.25)
+    assert split_scale("op", "k_scale", 2) == (None, 2.0)
+    assert split_scale("op", "k_scale", None) == (None, None)
+    scale, value = split_scale("op", "k_scale", torch.ones(1, 1))
+    assert scale is not None and scale.shape == (1,) and value is None
+    with pytest.raises(TypeError, match=r"^op: k_scale must be a float32 tensor of one element or a float, got bool$"):
+        split_scale("op", "k_scale", True)

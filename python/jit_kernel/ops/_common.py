@@ -211,14 +211,15 @@ def not_a_tensor(op: str, name: str, value: object) -> NoReturn:
 def split_scale(op: str, name: str, scale: object) -> tuple[torch.Tensor | None, float | None]:
     """A static fp8 scale as the launchers take it: ``(tensor, None)`` for a tensor (one of one
     element but another shape viewed as ``[1]``; C++ checks the rest: float32, ``[1]``, the device),
-    ``(None, float)`` for a float or an int, ``(None, None)`` for None."""
+    ``(None, float)`` for a float (a subclass too, e.g. NumPy's float64) or an int, ``(None, None)``
+    for None."""
     if type(scale) is float:
         return None, scale
     if isinstance(scale, torch.Tensor):
         return (scale.reshape(1) if scale.ndim != 1 and scale.numel() == 1 else scale), None
     if scale is None:
         return None, None
-    if isinstance(scale, int) and not isinstance(scale, bool):
+    if isinstance(scale, (float, int)) and not isinstance(scale, bool):
         return None, float(scale)
     raise TypeError(f"{op}: {name} must be a float32 tensor of one element or a float, got {type(scale).__name__}")
 
