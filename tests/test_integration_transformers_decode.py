@@ -196,17 +196,20 @@ def test_jit_kernel_linear_calls_decode_linear_up_to_16_rows_of_bf16_fp16(
 
 
 def test_decode_linear_itself_sends_shapes_it_does_not_serve_to_f_linear() -> None:
-    """The rule of what the kernel serves is the op's (decode_linear_serves): the backend hands it every
-    decode-size call, and a shape the kernel does not take (K not a multiple of 8, here) runs
-    F.linear inside the op, on any device."""
+    """The rule of what the kernel serves is the op's (its launcher's, asked by decode_linear_serves):
+    the backend hands it every decode-size call, and a call the kernel does not take (K not a
+    multiple of 8 on CUDA fakes, any call on the CPU) runs F.linear inside the op."""
     import jit_kernel
+    from _norm_helpers import fake_cuda
     from jit_kernel.ops.gemm import decode_linear_serves
 
     x, w = torch.randn(2, 12, dtype=torch.bfloat16), torch.randn(5, 12, dtype=torch.bfloat16)
-    assert not decode_linear_serves(x, w)
     torch.testing.assert_close(jt_backends._jit_kernel_backend().linear(x, w, None), F.linear(x, w))
-    assert decode_linear_serves(torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16))
-    assert not decode_linear_serves(torch.randn(17, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16))
+    with fake_cuda():
+        bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
+        assert not decode_linear_serves(torch.empty(2, 12, **bf16), torch.empty(5, 12, **bf16))
+        assert decode_linear_serves(torch.empty(2, 16, **bf16), torch.empty(5, 16, **bf16))
+        assert not decode_linear_serves(torch.empty(17, 16, **bf16), torch.empty(5, 16, **bf16))
     assert jit_kernel.decode_linear is not F.linear
 
 

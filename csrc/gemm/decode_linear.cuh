@@ -41,7 +41,9 @@
 #include <tvm/ffi/optional.h>
 
 #include <cooperative_groups.h>
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace jit_kernel::gemm {
@@ -307,73 +309,145 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_linear_kernel(c
       acc, split, rank, [&](uint32_t v, float first, float second) { detail::store_pair<T>(p, n0, v, first, second); });
 }
 
-// The launcher. `input` [M, K] (rows at any stride that keeps them on 16 bytes, unit inner stride),
-// `weight` [N, K] contiguous, `bias` [N] (any stride) or none, `out` [M, N] rows with unit inner
-// stride; all of dtype T on one GPU. 0 <= M <= kRows, K a positive multiple of 8.
-template <uint32_t kRows, typename T>
-struct DecodeLinear {
-  static_assert(kRows == 8 || kRows == 16, "decode_linear: 8- or 16-row kernels");
-  static_assert(std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>, "decode_linear: fp16 or bf16");
+namespace detail {
 
-  static void run(
+// A tensor of rows: `count` rows of `width` elements, `stride` elements apart, the last dimension
+// contiguous (a dimension of one is laid out at any stride). `ok` is false where the leading
+// dimensions do not collapse into one stride or the last one is not contiguous.
+struct Rows {
+  int64_t count = 0, width = 0, stride = 0;
+  bool ok = false;
+};
+
+inline Rows rows_of(const tvm::ffi::TensorView& t) {
+  const int32_t ndim = t.ndim();
+  if (ndim == 0) return {};
+  Rows rows{t.numel() / std::max<int64_t>(t.size(ndim - 1), 1), t.size(ndim - 1), 0, true};
+  rows.ok = t.size(ndim - 1) <= 1 || t.stride(ndim - 1) == 1;
+  int64_t next = -1;  // the stride the dimension above the last one seen must have to collapse
+  for (int32_t d = ndim - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (next < 0) {
+      rows.stride = t.stride(d);
+    } else if (t.stride(d) != next) {
+      rows.ok = false;
+    }
+    next = t.stride(d) * t.size(d);
+  }
+  if (next < 0) rows.stride = rows.width;  // one row
+  return rows;
+}
+
+inline bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+// `(d0, d1, ...)`: the first `dims` sizes of `t`, then `last` where it is given (>= 0).
+inline std::string shape_text(const tvm::ffi::TensorView& t, int32_t dims, int64_t last = -1) {
+  std::string text = "(";
+  for (int32_t d = 0; d < dims; ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  if (last >= 0) text += (dims ? ", " : "") + std::to_string(last);
+  return text + ")";
+}
+
+}  // namespace detail
+
+// Weights of more bytes than this go to cuBLAS: at that size cuBLAS streams them at least as fast as
+// the kernel's column blocks (docs/design/decode-gemm.md).
+inline constexpr int64_t kMaxWeightBytes = int64_t{128} << 20;
+
+// The launcher: out = input @ weight^T (+ bias) where the kernel serves the arguments, returning
+// true; false, with nothing launched or written, where it does not (the op then calls cuBLAS). This
+// is the rule, and the one place it is written, apart from the two facts the op reads before it
+// calls here: input's dtype picks T (fp16 or bf16) and input has 1 to kMaxRows rows.
+//
+// Served: `input` [..., K] whose leading dimensions collapse into rows at one stride, the last one
+// contiguous, rows starting on 16 bytes (an aligned pointer, a row stride that is a multiple of 8
+// where there are several rows); `weight` [N, K] of T, contiguous, on 16 bytes, of at most
+// kMaxWeightBytes; K a positive multiple of 8; `bias` [N] of T at any stride, or none. Errors, naming
+// the tensor: tensors off the GPU or on different GPUs, and `out` that is not input's leading
+// dimensions by N in T, in rows with a contiguous last dimension.
+template <typename T>
+struct DecodeLinear {
+  static_assert(std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>, "decode_linear: fp16 or bf16");
+  static constexpr int64_t kMaxRows = 16;
+
+  static bool serves(
+      const tvm::ffi::TensorView& input,
+      const detail::Rows& x,
+      const tvm::ffi::TensorView& weight,
+      const tvm::ffi::Optional<tvm::ffi::TensorView>& bias) {
+    using host::is_type;
+    if (weight.ndim() != 2 || !is_type<T>(weight.dtype()) || !is_type<T>(input.dtype())) return false;
+    const int64_t n = weight.size(0), k = weight.size(1);
+    if (k == 0 || k % 8 != 0 || x.width != k || !x.ok || !weight.is_contiguous()) return false;
+    if (n * k * int64_t{sizeof(T)} > kMaxWeightBytes) return false;
+    if (!detail::aligned16(weight.data_ptr()) || !detail::aligned16(input.data_ptr())) return false;
+    if (x.count > 1 && x.stride % 8 != 0) return false;
+    if (bias.has_value() && ((*bias).ndim() != 1 || !is_type<T>((*bias).dtype()))) return false;
+    return true;
+  }
+
+  static bool run(
       tvm::ffi::TensorView out,
       tvm::ffi::TensorView input,
       tvm::ffi::TensorView weight,
       tvm::ffi::Optional<tvm::ffi::TensorView> bias,
       tvm::ffi::Optional<bool> enable_pdl) {
     using namespace host;
-    auto rows = SymbolicSize{"rows"};
-    auto in_features = SymbolicSize{"in_features"};
-    auto out_features = SymbolicSize{"out_features"};
-    auto input_stride = SymbolicSize{"input_row_stride"};
-    auto device = SymbolicDevice{};
-    TensorMatcher({rows, in_features})
-        .with_strides({input_stride, 1})
-        .with_device<kDLCUDA>(device)
-        .with_dtype<T>()
-        .verify(input, "input");
-    TensorMatcher({out_features, in_features}).with_device<kDLCUDA>(device).with_dtype<T>().verify(weight, "weight");
+    const detail::Rows x = detail::rows_of(input);
+    if (!serves(input, x, weight, bias)) return false;
+    RuntimeCheck(
+        x.count >= 1 && x.count <= kMaxRows, "decode_linear: input must have 1 to ", kMaxRows, " rows, got ", x.count);
+    const DLDevice dev = input.device();
+    RuntimeCheck(
+        dev.device_type == kDLCUDA, "decode_linear: input must be a CUDA tensor, got ", details::device_name(dev));
+    const auto on_device = [&](const tvm::ffi::TensorView& t, const char* name) {
+      RuntimeCheck(
+          t.device() == dev,
+          "decode_linear: ", name, " must be on input's device (", details::device_name(dev), "), got ",
+          details::device_name(t.device()));
+    };
+    on_device(weight, "weight");
+    const int64_t m = x.count, n = weight.size(0), k = x.width;
     const void* bias_ptr = nullptr;
     int64_t bias_stride = 0;
     if (bias.has_value()) {
-      auto stride = SymbolicSize{"bias_stride"};
-      TensorMatcher({out_features})
-          .with_strides({stride})
-          .with_device<kDLCUDA>(device)
-          .with_dtype<T>()
-          .verify(*bias, "bias");
+      on_device(*bias, "bias");
+      RuntimeCheck((*bias).size(0) == n, "decode_linear: bias must have out_features (", n, ") elements, got ",
+                   (*bias).size(0));
       bias_ptr = (*bias).data_ptr();
-      bias_stride = stride.unwrap();
+      bias_stride = (*bias).stride(0);
     }
-    TensorMatcher::cuda_rows<T>({rows, out_features}, device).verify(out, "out");
-    const int64_t m = rows.unwrap(), n = out_features.unwrap(), k = in_features.unwrap();
-    const int64_t x_stride = input_stride.unwrap();
+    // out: input's leading dimensions by N, of T, on the input's GPU, in rows.
+    bool out_shape = out.ndim() == std::max<int32_t>(input.ndim(), 1) && out.size(out.ndim() - 1) == n;
+    for (int32_t d = 0; out_shape && d + 1 < input.ndim(); ++d) out_shape = out.size(d) == input.size(d);
     RuntimeCheck(
-        k > 0 && k % 8 == 0,
-        "decode_linear: in_features (input's and weight's last dimension) must be a positive multiple of 8, got ",
-        k);
+        out_shape,
+        "decode_linear: out must have shape ", detail::shape_text(input, input.ndim() - 1, n), ", got ",
+        detail::shape_text(out, out.ndim()));
+    if (!is_type<T>(out.dtype())) {
+      details::fail(
+          "Runtime check failed", ErrorKind::TypeError, {},
+          "decode_linear: out must have input's dtype, got ", details::dtype_name(out.dtype()));
+    }
+    on_device(out, "out");
+    const detail::Rows y = detail::rows_of(out);
+    RuntimeCheck(
+        y.ok,
+        "decode_linear: out must be rows: a contiguous last dimension, the leading dimensions at one stride");
     RuntimeCheck(k < (int64_t{1} << 31), "decode_linear: in_features must be below 2^31, got ", k);
     RuntimeCheck(
         n <= int64_t{kColumns} * 0x7fffffff / kMaxSplit, "decode_linear: out_features too large for the grid, got ", n);
-    RuntimeCheck(m <= kRows, "decode_linear: input must have at most ", kRows, " rows for this kernel, got ", m);
-    RuntimeCheck(
-        reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 == 0 && (m <= 1 || x_stride % 8 == 0),
-        "decode_linear: input's rows must start on 16-byte boundaries (an aligned pointer, a row stride that is a "
-        "multiple of 8), got row stride ",
-        x_stride);
-    RuntimeCheck(
-        reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0,
-        "decode_linear: weight must start on a 16-byte boundary");
-    if (m == 0 || n == 0 || has_no_data(out)) return;  // the fake (torch.compile) call ends here: checks only
+    if (n == 0 || has_no_data(out)) return true;  // the fake (torch.compile) call ends here: checks only
 
-    const DLDevice dev = device.unwrap();
     Params p{};
     p.out = out.data_ptr();
     p.input = input.data_ptr();
     p.weight = weight.data_ptr();
     p.bias = bias_ptr;
-    p.out_stride = m > 1 ? out.stride(0) : 0;
-    p.input_stride = m > 1 ? x_stride : 0;
+    p.out_stride = m > 1 ? y.stride : 0;
+    p.input_stride = m > 1 ? x.stride : 0;
     p.bias_stride = bias_stride;
     p.m = m;
     p.n = n;
@@ -383,9 +457,11 @@ struct DecodeLinear {
     const int64_t wave = int64_t{runtime::sm_count(dev.device_id)} * kBlocksPerSm;
     p.split_log2 = runtime::has_clusters(dev.device_id) ? detail::split_log2(groups, p.steps, wave) : 0;
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
+    const auto kernel = m <= 8 ? decode_linear_kernel<8, T> : decode_linear_kernel<16, T>;
     LaunchKernel(static_cast<uint32_t>(groups << p.split_log2), kThreads, dev)
         .enable_cluster(1u << p.split_log2)
-        .enable_pdl(pdl)(decode_linear_kernel<kRows, T>, p);
+        .enable_pdl(pdl)(kernel, p);
+    return true;
   }
 };
 

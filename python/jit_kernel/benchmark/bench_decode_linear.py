@@ -224,9 +224,12 @@ class Row:
 
     def path(self) -> str:
         """What jit_kernel.decode_linear runs for this layer: its kernel, or cuBLAS by its rule."""
-        x = torch.empty(self.rows, self.k, dtype=DTYPE, device="meta")
-        w = torch.empty(self.n, self.k, dtype=DTYPE, device="meta")
-        return "kernel" if decode_linear_serves(x, w) else "cuBLAS (rule)"
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():  # contiguous tensors: the rule by shape
+            x = torch.empty(self.rows, self.k, dtype=DTYPE, device="cuda")
+            w = torch.empty(self.n, self.k, dtype=DTYPE, device="cuda")
+            return "kernel" if decode_linear_serves(x, w) else "cuBLAS (rule)"
 
     def cells(self) -> list[object]:
         share = self.share()

@@ -152,14 +152,17 @@ def shard(world: int) -> Shard:
 
 def kernel_linears(s: Shard, batch: int) -> list[str]:
     """The linear layers that ``decode_linear`` runs its kernel for at ``batch`` rows (the others go
-    to cuBLAS): its own rule, asked on meta tensors."""
+    to cuBLAS): its own rule, asked of fake CUDA tensors (contiguous, so aligned)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from jit_kernel.ops.gemm import decode_linear_serves
 
     served = []
-    for name, (n, k) in s.weight_shapes().items():
-        x = torch.empty(batch, k, dtype=DTYPE, device="meta")
-        if decode_linear_serves(x, torch.empty(n, k, dtype=DTYPE, device="meta")):
-            served.append(name)
+    with FakeTensorMode():
+        for name, (n, k) in s.weight_shapes().items():
+            x = torch.empty(batch, k, dtype=DTYPE, device="cuda")
+            if decode_linear_serves(x, torch.empty(n, k, dtype=DTYPE, device="cuda")):
+                served.append(name)
     return served
 
 

@@ -413,18 +413,20 @@ SPECULATIVE = KernelSpec(
 )
 
 # decode_linear: F.linear for 1 to 16 rows (decode GEMV and skinny GEMM) on tensor cores with fp32
-# accumulation, the weight read once (csrc/gemm/decode_linear.cuh). Config = (rows, dtype): rows is
-# the kernel's row tile, 8 (inputs of 1 to 8 rows) or 16 (9 to 16); N, K, the strides and the split
-# of k over a cluster are run-time. Prebuilt: both tiles in both 16-bit dtypes.
-DECODE_LINEAR_ROWS = (8, 16)
+# accumulation, the weight read once (csrc/gemm/decode_linear.cuh). Config = dtype: the launcher picks
+# the row tile (8 rows for inputs of 1 to 8, 16 for 9 to 16); N, K, the strides and the split of k
+# over a cluster are run-time. Prebuilt in both 16-bit dtypes.
 DECODE_LINEAR = KernelSpec(
     family="decode_linear",
     sources=("gemm/decode_linear.cuh",),
-    params=("rows", "dtype"),
-    domains={"rows": OneOf(DECODE_LINEAR_ROWS), "dtype": OneOf(("bf16_t", "fp16_t"))},
+    params=("dtype",),
+    domains={"dtype": OneOf(("bf16_t", "fp16_t"))},
     exports={"run": "jit_kernel::gemm::DecodeLinear<{args}>::run"},
-    prebuilt=tuple((rows, t) for rows in DECODE_LINEAR_ROWS for t in ("bf16_t", "fp16_t")),
+    prebuilt=(("bf16_t",), ("fp16_t",)),
 )
+
+# The row tiles of decode_linear_fp8's kernels: 8 (inputs of 1 to 8 rows) or 16 (9 to 16).
+DECODE_LINEAR_ROWS = (8, 16)
 
 # decode_linear_fp8 (csrc/gemm/decode_linear_fp8.cuh): the fp8 block-scaled decode GEMM (1 x 128 input
 # groups, 128 x 128 weight blocks, float32 scales). Config = (row tile 8 or 16, output dtype); N, K,

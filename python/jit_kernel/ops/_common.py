@@ -38,7 +38,7 @@ from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.jit import make_cpp_args
 from jit_kernel.engine.spec import Config
 from jit_kernel.ops import _eager
-from jit_kernel.ops._no_data import checks_only
+from jit_kernel.ops._no_data import checks_only, without_data
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Config values name dtypes as C++ types; make_cpp_args owns that table.
@@ -274,6 +274,17 @@ Plan = Callable[..., "Launch | list[Launch]"]
 # An index check: the op's arguments by name -> None, or IndexError naming the first bad index.
 IndexCheck = Callable[[Mapping[str, Any]], None]
 
+
+class _Declined:
+    """What a plan returns for a call its kernels do not serve (an op with a fallback)."""
+
+    def __repr__(self) -> str:
+        return _eager.DECLINED_NAME
+
+
+#: ``return DECLINED`` in the plan of an op declared with ``declined=``: the op calls its fallback.
+DECLINED: Any = _Declined()
+
 # What a failed launch may raise that explain() can make clearer (ValueError and IndexError from
 # the plan or the launcher already name the argument).
 _EXPLAINED = (TypeError, RuntimeError, AttributeError)
@@ -303,7 +314,14 @@ class Op:
     data: the one copy of the tensor rules, so tracing rejects what the op rejects, with the same
     error) and, with ``index_check``, the check of index tensors under
     ``JIT_KERNEL_CHECK_INDICES=1`` (after the launcher has checked the tensors without their data,
-    before the launch, so that it reads only indices the kernel would accept)."""
+    before the launch, so that it reads only indices the kernel would accept).
+
+    An op with a fallback (``declined``) serves only what its kernels serve and hands the rest to
+    ``declined``, a function of the op's parameters: its plan may ``return DECLINED``, and its
+    launchers return False (having launched nothing) for arguments they do not serve, True
+    otherwise; either way the op returns ``declined(<the call's arguments as given>)``. The rule of
+    what is served lives where its facts are read, mostly in C++, and nowhere else;
+    :meth:`serves` asks it."""
 
     def __init__(
         self,
@@ -313,9 +331,11 @@ class Op:
         out: str | None,
         register: bool,
         index_check: IndexCheck | None,
+        declined: Callable[..., Any] | None = None,
     ) -> None:
         self.name = name
         self.plan = plan
+        self._declined = declined
         self.signature = inspect.signature(plan)
         parameters = self.signature.parameters
         self._tensors = tuple(n for n, p in parameters.items() if "Tensor" in str(p.annotation))
@@ -365,7 +385,9 @@ class Op:
             "launch__": _eager.launch,
             "EXPLAINED__": _EXPLAINED,
         }
-        function = _eager.compile_eager(self.plan, prologue, helpers)
+        if self._declined is not None:
+            helpers["declined__"] = self._declined
+        function = _eager.compile_eager(self.plan, prologue, helpers, declined=self._declined is not None)
         function.__doc__ = self.plan.__doc__
         function.__module__ = self.plan.__module__
         function.__qualname__ = self.plan.__qualname__
@@ -395,8 +417,14 @@ class Op:
         picks the configs (a fake call that cannot reach a launcher). A failure is explained,
         naming the argument."""
         args = None
+        if mode is False and self._declined is not None:
+            # A fake call of unknown sizes: the fallback's result has the kernels' shape and dtype,
+            # and the rule is not asked (which would guard on the sizes).
+            return self._declined(**values)
         try:
             planned = self.plan(**values)
+            if planned is DECLINED:
+                return self._declined(**values)  # type: ignore[misc]
             launches = (planned,) if type(planned) is tuple else planned
             result = None
             for kernels, key, args, result in launches:  # noqa: B007 (the last launch's result is the op's)
@@ -406,11 +434,28 @@ class Op:
                 if self._index_check is not None and mode is True and env.check_indices():
                     checks_only(kernel)(*args)
                     self._index_check(values)
-                kernel(*args)
+                if kernel(*args) is False and self._declined is not None:
+                    return self._declined(**values)
         except _EXPLAINED as error:
             self.fail(error, values, args or ())
             raise
         return result
+
+    def serves(self, *args: Any, **kwargs: Any) -> bool:
+        """Whether a call with these arguments runs the op's kernels rather than its fallback (an op
+        with one): the plan, then each launcher's checks and rule with the call's result as a
+        tensor without data (the launchers return after their checks on an output without data),
+        so nothing launches. Real tensors are read as they are, their data pointers included;
+        FakeTensors (CUDA ones: no GPU is needed) as tensors without data, taken as aligned."""
+        values = self.signature.bind(*args, **kwargs).arguments
+        planned = self.plan(**values)
+        if planned is DECLINED:
+            return False
+        for kernels, key, launch_args, result in (planned,) if type(planned) is tuple else planned:
+            passed = [without_data(a) if a is result or _is_fake(a) else a for a in launch_args]
+            if kernels[key](*passed) is False:
+                return False
+        return True
 
     def traced(self, *args: Any, **kwargs: Any) -> Any:
         """The call through ``torch.ops.jit_kernel`` (what torch.compile sees)."""
@@ -471,6 +516,12 @@ class Op:
         return getattr(torch.ops.jit_kernel, name)
 
 
+def _is_fake(value: object) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
 def kernel_op(
     name: str,
     *,
@@ -478,6 +529,7 @@ def kernel_op(
     out: str | None = None,
     register: bool = True,
     index_check: IndexCheck | None = None,
+    declined: Callable[..., Any] | None = None,
 ) -> Callable[[Plan], Callable[..., Any]]:
     """Declare the op ``name`` by its plan (see :class:`Op`) and return its callable (the plan's
     signature and docstring; ``.op`` is the :class:`Op`). ``mutates``: the tensors it writes in
@@ -485,9 +537,10 @@ def kernel_op(
     (registered as a functional op and an ``_out`` op); ``register=False`` for ops torch.compile
     cannot see through (raw addresses), which get everything but the ``torch.library``
     registration; ``index_check``: the check of the op's index tensors under
-    ``JIT_KERNEL_CHECK_INDICES=1``, given the op's arguments by name."""
+    ``JIT_KERNEL_CHECK_INDICES=1``, given the op's arguments by name; ``declined``: the fallback of
+    an op that serves only some calls (see :class:`Op`)."""
 
     def declare(plan: Plan) -> Callable[..., Any]:
-        return Op(name, plan, mutates, out, register, index_check).function
+        return Op(name, plan, mutates, out, register, index_check, declined).function
 
     return declare

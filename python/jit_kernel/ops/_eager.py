@@ -13,6 +13,16 @@ check under ``JIT_KERNEL_CHECK_INDICES=1``) and an ``except`` that explains a fa
 stays the one declaration: the fake implementation and the traced call run it as written, and the
 compiled body keeps the plan's file and line numbers, so a traceback points at the plan's line.
 
+An op declared with a fallback (``kernel_op(..., declined=...)``) has launchers that return False
+where their kernel does not serve the arguments, and a plan that may ``return DECLINED`` for what
+it knows before any launch; both become the fallback's call, with the arguments as the call passed
+them::
+
+    return DECLINED                           becomes     return declined__(input, weight, ...)
+    return _KERNELS, key, (out, src), out     becomes     if _KERNELS[key](out, src) is False:
+                                                              return declined__(input, weight, ...)
+                                                          return out
+
 The direct form applies where it cannot change what the plan means: the launch's arguments (a tuple
 of them, or a name of one) and its result are names or constants (so they read the same after the
 kernel lookup as before it), and a list of launches only when all of them are of that form. Any
@@ -24,6 +34,7 @@ prologue and ``except``.
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import textwrap
 import types
@@ -32,6 +43,9 @@ from typing import Any
 
 # The names the compiled function adds to the plan's own: each ends in "__", which no plan's name may.
 _LAUNCH = "launch__"
+_DECLINED_CALL = "declined__"
+#: The name a plan returns to decline the call (``jit_kernel.ops._common.DECLINED``).
+DECLINED_NAME = "DECLINED"
 
 
 def launch(planned: Any) -> Any:
@@ -67,7 +81,12 @@ def _direct(node: ast.expr | None) -> tuple[ast.expr, ast.expr, list[ast.expr], 
 
 
 class _Launches(ast.NodeTransformer):
-    """Rewrites each ``return`` of the plan's body (not of functions nested in it) into its launch."""
+    """Rewrites each ``return`` of the plan's body (not of functions nested in it) into its launch.
+    ``declined``: the fallback's call (an op with one), for ``return DECLINED`` and for a launcher
+    that returns False."""
+
+    def __init__(self, declined: ast.expr | None) -> None:
+        self._declined = declined
 
     def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
         return node
@@ -76,15 +95,24 @@ class _Launches(ast.NodeTransformer):
 
     def visit_Return(self, node: ast.Return) -> ast.stmt | list[ast.stmt]:
         value = node.value
+        declined = self._declined
+        if declined is not None and isinstance(value, ast.Name) and value.id == DECLINED_NAME:
+            return ast.copy_location(ast.Return(copy.deepcopy(declined)), node)
         launches = value.elts if isinstance(value, ast.List) else [value] if value is not None else []
         direct = [_direct(one) for one in launches]
         if not launches or None in direct:
+            if declined is not None:
+                raise ValueError("kernel_op: a plan with a fallback returns DECLINED or launches written as 4-tuples")
             generic = ast.Call(ast.Name(_LAUNCH, ast.Load()), [value or ast.Constant(None)], [])
             return ast.copy_location(ast.Return(generic), node)
         statements: list[ast.stmt] = []
         for kernels, key, args, _ in direct:  # type: ignore[misc]
             call = ast.Call(ast.Subscript(kernels, key, ast.Load()), args, [])
-            statements.append(ast.Expr(call))
+            if declined is None:
+                statements.append(ast.Expr(call))
+            else:
+                refused = ast.Compare(call, [ast.Is()], [ast.Constant(False)])
+                statements.append(ast.If(refused, [ast.Return(copy.deepcopy(declined))], []))
         statements.append(ast.Return(direct[-1][3]))  # type: ignore[index]
         return [ast.copy_location(s, node) for s in statements]
 
@@ -121,12 +149,15 @@ def _at(line: int, node: ast.AST) -> ast.AST:
     return node
 
 
-def compile_eager(plan: Callable[..., Any], prologue: list[str], helpers: dict[str, Any]) -> Callable[..., Any]:
+def compile_eager(
+    plan: Callable[..., Any], prologue: list[str], helpers: dict[str, Any], declined: bool = False
+) -> Callable[..., Any]:
     """The plan's body compiled as its op's eager call: the ``prologue`` (lines of source) first, then
     the body with its launches written out, in ``try``; ``except EXPLAINED__ as error__:`` calls
     ``fail__(error__, <the call's arguments by name>)`` and re-raises. ``helpers``: the values of the
-    names these lines use (each ending in "__", ``fail__`` and ``EXPLAINED__`` among them). The
-    function has the plan's parameters, defaults, globals and closure."""
+    names these lines use (each ending in "__", ``fail__`` and ``EXPLAINED__`` among them, and
+    ``declined__``, the fallback, with ``declined``). The function has the plan's parameters,
+    defaults, globals and closure."""
     signature = inspect.signature(plan)
     header, call = [], []
     for p in signature.parameters.values():
@@ -149,9 +180,19 @@ def compile_eager(plan: Callable[..., Any], prologue: list[str], helpers: dict[s
     names = list(signature.parameters)
     saved = [f"{n}_given__ = {n}" for n in names if n in rebound]
     given = ", ".join(f"{n!r}: {n}_given__" if n in rebound else f"{n!r}: {n}" for n in names)
+    fallback = None
+    if declined:
+        if source is None:
+            raise ValueError(f"kernel_op {plan.__name__}: a plan with a fallback needs its source")
+        passed = {n: f"{n}_given__" if n in rebound else n for n in names}
+        as_given = [
+            passed[n] if p.kind is p.POSITIONAL_OR_KEYWORD else f"{n}={passed[n]}"
+            for n, p in signature.parameters.items()
+        ]
+        fallback = _at(line, ast.parse(f"{_DECLINED_CALL}({', '.join(as_given)})", mode="eval").body)
     statements: list[ast.stmt] = []
     for statement in body if source is not None else ():
-        rewritten = _Launches().visit(statement)
+        rewritten = _Launches(fallback).visit(statement)
         statements.extend(rewritten if isinstance(rewritten, list) else [rewritten])
     statements = statements or body
     handler = f"try:\n    pass\nexcept EXPLAINED__ as error__:\n    fail__(error__, {{{given}}})\n    raise"

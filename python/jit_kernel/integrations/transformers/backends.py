@@ -120,9 +120,9 @@ def _jit_kernel_backend() -> Backend:
     from jit_kernel.ops.gemm import MAX_ROWS
 
     def linear(x, weight, bias=None):  # type: ignore[no-untyped-def]
-        # Decode sizes (up to MAX_ROWS rows of bf16/fp16) go to decode_linear, whose own rule
-        # (decode_linear_serves) sends the shapes its kernel does not serve to cuBLAS; prefill
-        # sizes go to cuBLAS directly.
+        # Decode sizes (up to MAX_ROWS rows of bf16/fp16) go to decode_linear, whose own rule (its
+        # launcher's) sends the shapes its kernel does not serve to cuBLAS; prefill sizes go to
+        # cuBLAS directly.
         if (x.dtype == torch.bfloat16 or x.dtype == torch.float16) and x.numel() <= MAX_ROWS * x.shape[-1]:
             return jit_kernel.decode_linear(x, weight, bias)
         return F.linear(x, weight, bias)
