@@ -16,6 +16,7 @@ import torch
 import jit_kernel
 from jit_kernel.engine import families
 from jit_kernel.ops import activation, hicache, norm, quant, scale, token_quant
+from jit_kernel.ops._common import DECLINED, kernel_op
 
 BF16 = torch.bfloat16
 
@@ -412,3 +413,78 @@ def test_eager_call_refuses_plans_using_its_reserved_names() -> None:
 
     with pytest.raises(ValueError, match="names ending in '__' are reserved"):
         _declared(reserved__plan)
+
+
+class _Serving(dict):
+    """A kernel table whose kernel serves rows of a positive sum (True) and declines the others
+    (False, writing nothing), recording each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, ...]] = []
+
+    def __missing__(self, key: object) -> Callable[..., bool]:
+        def kernel(out: torch.Tensor, x: torch.Tensor) -> bool:
+            self.calls.append((out, x))
+            if x.device.type != "meta" and float(x.sum()) < 0:
+                return False
+            if out.data_ptr():
+                out.copy_(x * 2)
+            return True
+
+        return kernel
+
+    def get_kernel(self, key: object, run: object) -> Callable[..., bool]:
+        return self[key]
+
+
+_SERVING = _Serving()
+
+
+def _fallback(x: torch.Tensor, out: torch.Tensor | None = None) -> object:
+    return ("fallback", x, out)
+
+
+def _doubled(x: torch.Tensor, out: torch.Tensor | None = None) -> object:
+    if x.numel() == 0:
+        return DECLINED
+    if out is None:
+        out = torch.empty_like(x)
+    return _SERVING, "k", (out, x), out
+
+
+def test_declined_calls_go_to_the_fallback_with_the_arguments_as_given() -> None:
+    """A plan's ``return DECLINED`` and a launcher's False both call the fallback, with ``out`` as
+    the call passed it (None for the functional form, although the plan allocated one)."""
+    op = kernel_op("doubled", out="out", register=False, declined=_fallback)(_doubled)
+    _SERVING.calls.clear()
+    x = torch.ones(3)
+    assert torch.equal(op(x), x * 2)
+    out = torch.zeros(3)
+    assert op(x, out=out) is out and torch.equal(out, x * 2)
+    negative = -torch.ones(3)
+    assert op(negative) == ("fallback", negative, None)
+    assert op(negative, out=out) == ("fallback", negative, out)
+    empty = torch.ones(0)
+    assert op(empty) == ("fallback", empty, None)
+    assert len(_SERVING.calls) == 4  # the empty input never reached the launcher
+    # the generic path (fakes, the registered op) makes the same choice
+    assert op.op.run(True, {"x": negative, "out": None}) == ("fallback", negative, None)
+    assert op.op.run(True, {"x": empty, "out": None}) == ("fallback", empty, None)
+    assert op.op.run(False, {"x": x, "out": None}) == ("fallback", x, None)  # sizes unknown
+
+
+def test_serves_asks_the_rule_without_writing() -> None:
+    op = kernel_op("doubled_serves", out="out", register=False, declined=_fallback)(_doubled)
+    out = torch.zeros(3)
+    assert op.op.serves(torch.ones(3), out=out) and torch.equal(out, torch.zeros(3))
+    assert not op.op.serves(-torch.ones(3))
+    assert not op.op.serves(torch.ones(0))
+
+
+def test_a_plan_with_a_fallback_launches_as_written() -> None:
+    def built(x: torch.Tensor) -> object:
+        return _launch_of(x, x)
+
+    with pytest.raises(ValueError, match="a plan with a fallback returns DECLINED or launches written as 4-tuples"):
+        kernel_op("built", register=False, declined=_fallback)(built)
