@@ -9,7 +9,9 @@ forms are compared bit for bit with ``all_reduce`` followed by the norm op they 
 (``jit_kernel.fused_add_rmsnorm``, ``fused_add_rmsnorm_quant_fp8``,
 ``fused_add_rmsnorm_per_token_group_quant_fp8``). CUDA graphs are replayed in both variants of
 ``graph_inputs``: ``"copy"`` (every call copies in) and ``"register"`` (replays read the ranks'
-captured inputs in place).
+captured inputs in place). One rank passing tensors the kernels cannot take where they lie
+(misaligned or strided ``out``, ``x``, ``residual``, ``weight``, fp8 outputs) still gets the right bits,
+and so do its peers, with no timeout.
 
 Each test runs its ranks (``torch.multiprocessing.spawn``) in a subprocess under a hard timeout,
 killed with its whole process group when it runs out: a hang fails the test.
@@ -128,7 +130,12 @@ def _case_fused(comm, rank: int, world: int) -> None:
 
     seed = 5000
     for dtype in DTYPES:
-        for rows, dim in ((1, 4096), (7, 4096), (3, 2048), (200, 1024), (5, 5120), (2, 7168), (4, 8192), (1, 16384)):
+        # Hidden sizes the norm specialises, and 3072 and 512, which it does not (its bounded row
+        # kernel); more rows than the kernel's 128 blocks (each block loops over several rows).
+        shapes = ((1, 4096), (7, 4096), (3, 2048), (200, 1024), (5, 5120), (2, 7168), (4, 8192), (1, 16384))
+        shapes += ((7, 3072), (33, 3072), (300, 1024), (1000, 512))
+        for rows, dim in shapes:
+            assert rows * dim * dtype.itemsize <= MAX_BYTES
             for dim_ in (dim, 1000, 1001) if (rows, dim) == (7, 4096) else (dim,):
                 seed += 1
                 xs = _inputs(seed, world, (rows, dim_), dtype)
@@ -307,6 +314,112 @@ def _case_fused_group_fp8(comm, rank: int, world: int) -> None:
         _equal(q.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"replay {replay} q")
         _equal(_bits(s), _bits(ref_s), f"replay {replay} scales")
     comm.check()
+
+
+def _misaligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous CUDA tensor whose data starts one element past a 16-byte boundary (NaN-filled
+    where the dtype has NaN)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    base = torch.empty(numel + 16, dtype=dtype, device="cuda")
+    if dtype.is_floating_point and dtype.itemsize > 1:
+        base.fill_(float("nan"))
+    t = base[1 : 1 + numel].view(shape)
+    assert t.data_ptr() % 16 != 0
+    return t
+
+
+def _strided(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CUDA tensor of ``shape`` whose last dimension has stride 2 (not contiguous)."""
+    t = torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype, device="cuda")[..., ::2]
+    assert not t.is_contiguous()
+    return t
+
+
+def _case_local_layout(comm, rank: int, world: int) -> None:
+    """The last rank passes tensors the kernels cannot take where they lie (each call a different
+    one: a misaligned or strided ``out``, ``x`` in place, ``residual``, ``weight``, fp8 ``out`` or
+    ``output_q``); the other ranks pass ordinary ones. Every rank makes the same calls and gets
+    the right bits, and no rank waits for a peer (the harness's short timeout_s would report it)."""
+    import jit_kernel
+    from jit_kernel.ops import allreduce as ops
+
+    odd = rank == world - 1
+    seed = 20000
+
+    def mine(t: torch.Tensor, layout: str | None) -> torch.Tensor:
+        """This rank's tensor holding ``t``'s values: laid out as ``layout`` on the last rank."""
+        if not odd or layout is None:
+            return t.clone()
+        placed = _misaligned(tuple(t.shape), t.dtype) if layout == "misaligned" else _strided(tuple(t.shape), t.dtype)
+        return placed.copy_(t)
+
+    # all_reduce: a separate out, and in place, in both units (16-byte vectors and elements) and
+    # (at 4 ranks) both algorithms.
+    for dtype, n in (
+        (torch.bfloat16, 4096),
+        (torch.float16, 1001),
+        (torch.float32, ops.ONE_SHOT_MAX_BYTES // 4 + 1024),
+    ):
+        for layout in ("misaligned", "strided"):
+            seed += 1
+            xs = _inputs(seed, world, (n,), dtype)
+            expected = _rank_order_sum(xs)
+            x = xs[rank].cuda()
+            out = mine(torch.full((n,), float("nan"), dtype=dtype, device="cuda"), layout)
+            assert comm.all_reduce(x, out=out) is out
+            _equal(out, expected, f"{dtype} n={n} {layout} out")
+            y = mine(x, layout)
+            assert comm.all_reduce(y, out=y) is y
+            _equal(y, expected, f"{dtype} n={n} {layout} in place")
+    # The fused forms: the last rank's x, residual and weight each misaligned or strided in turn.
+    cases = (
+        ("misaligned", None, None),
+        (None, "misaligned", None),
+        (None, None, "misaligned"),
+        ("strided", "strided", "strided"),
+    )
+    for rows, dim in ((7, 4096), (300, 1024)):
+        for x_layout, residual_layout, weight_layout in cases:
+            seed += 1
+            what = f"{rows}x{dim} x {x_layout}, residual {residual_layout}, weight {weight_layout}"
+            xs = _inputs(seed, world, (rows, dim), torch.bfloat16)
+            residual0 = _inputs(seed + 100_000, 1, (rows, dim), torch.bfloat16)[0].cuda()
+            weight0 = _inputs(seed + 200_000, 1, (dim,), torch.bfloat16)[0].cuda()
+            ref_x = _rank_order_sum(xs).cuda()
+            ref_res = residual0.clone()
+            jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight0, 1e-6)
+            x, residual = mine(xs[rank].cuda(), x_layout), mine(residual0, residual_layout)
+            weight = mine(weight0, weight_layout)
+            comm.all_reduce_fused_add_rmsnorm(x, residual, weight, 1e-6)
+            _equal(residual, ref_res.cpu(), f"{what}: residual")
+            _equal(x, ref_x.cpu(), f"{what}: x")
+            # The static fp8 form: the same inputs, its fp8 out misaligned or strided too.
+            scale = torch.tensor([0.05], dtype=torch.float32, device="cuda")
+            ref_res = residual0.clone()
+            ref_q = jit_kernel.fused_add_rmsnorm_quant_fp8(_rank_order_sum(xs).cuda(), ref_res, weight0, scale, 1e-6)
+            x, residual = mine(xs[rank].cuda(), x_layout), mine(residual0, residual_layout)
+            q_layout = "strided" if x_layout == "strided" else "misaligned"
+            out = mine(torch.zeros(rows, dim, dtype=torch.float8_e4m3fn, device="cuda"), q_layout)
+            assert comm.all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, 1e-6, out=out) is out
+            _equal(residual, ref_res.cpu(), f"{what}: fp8 residual")
+            _equal(out.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"{what}: fp8 out {q_layout}")
+            # The per-token-group form, its output_q strided on the last rank.
+            ref_x, ref_res = _rank_order_sum(xs).cuda(), residual0.clone()
+            ref_y = torch.empty_like(ref_x)
+            ref_q, ref_s = jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+                ref_x, ref_res, weight0, 128, 1e-6, 1e-10, normed_out=ref_y
+            )
+            x, residual = mine(xs[rank].cuda(), x_layout), mine(residual0, residual_layout)
+            q = mine(torch.zeros(rows, dim, dtype=torch.float8_e4m3fn, device="cuda"), "strided")
+            s = torch.full((rows, dim // 128), float("nan"), device="cuda")
+            comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(x, residual, weight, output_q=q, output_s=s)
+            _equal(residual, ref_res.cpu(), f"{what}: group residual")
+            _equal(x, ref_y.cpu(), f"{what}: group x")
+            _equal(q.view(torch.uint8), ref_q.view(torch.uint8).cpu(), f"{what}: group q")
+            _equal(_bits(s), _bits(ref_s), f"{what}: group scales")
+    comm.check()  # no rank gave up waiting
 
 
 def _case_graph(comm, rank: int, world: int) -> None:
@@ -534,6 +647,7 @@ CASES = {
     "fused": _case_fused,
     "fused_fp8": _case_fused_fp8,
     "fused_group_fp8": _case_fused_group_fp8,
+    "local_layout": _case_local_layout,
     "graph": _case_graph,
     "graph_registered": _case_graph_registered,
     "rank_exits": _case_rank_exits,
@@ -587,6 +701,12 @@ def test_fused_add_rmsnorm_per_token_group_quant_fp8_bit_for_bit(world: int) -> 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
+def test_one_ranks_layouts_stall_no_peer(world: int) -> None:
+    _run("local_layout", world, timeout_s=10.0, limit_s=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
 def test_cuda_graph_capture_and_replay(world: int) -> None:
     _run("graph", world)
 
@@ -625,6 +745,15 @@ def test_world_size_one() -> None:
             ref_x, ref_res = x.clone(), residual.clone()
             jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
             comm.all_reduce_fused_add_rmsnorm(x, residual, weight, 1e-6)
+            assert torch.equal(x, ref_x) and torch.equal(residual, ref_res)
+            # The static fp8 form is fused_add_rmsnorm then per_tensor_quant_fp8 (x left normalised).
+            scale = torch.tensor([0.05], dtype=torch.float32, device="cuda")
+            ref_x, ref_res = x.clone(), residual.clone()
+            jit_kernel.fused_add_rmsnorm(ref_x, ref_res, weight, 1e-6)
+            ref_q, _ = jit_kernel.per_tensor_quant_fp8(ref_x, None, scale, is_static=True)
+            out = torch.empty(4, 4096, dtype=torch.float8_e4m3fn, device="cuda")
+            assert comm.all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, 1e-6, out=out) is out
+            assert torch.equal(out.view(torch.uint8), ref_q.view(torch.uint8))
             assert torch.equal(x, ref_x) and torch.equal(residual, ref_res)
             # The per-token-group form is the norm op, x its normed output.
             ref_y = torch.empty_like(x)

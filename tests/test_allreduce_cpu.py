@@ -1,9 +1,12 @@
 """jit_kernel.distributed without a GPU: the algorithm choice, the fallbacks (world size 1; CPU
-tensors on a gloo group of two processes really run torch.distributed.all_reduce), bad input, the
-fake implementations, and the CUDA sources compiled for sm_90a."""
+tensors on a gloo group of two processes really run torch.distributed.all_reduce, on the
+fallback group; the set-up's decisions on mocked hosts and GPUs), debug mode on two gloo ranks, bad
+input, the staging of layouts one rank's tensors alone have, the fake implementations, and the
+CUDA sources compiled for sm_90a."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -118,7 +121,7 @@ def _two_rank_stub(max_bytes: int = 1 << 20) -> CustomAllReduce:
     """Rank 0 of a would-be two-rank communicator whose kernels serve (no process group, no
     regions): for the per-call decisions and the fake implementations, which touch neither."""
     comm = object.__new__(CustomAllReduce)
-    comm.world_size, comm.rank, comm.max_bytes, comm.group = 2, 0, max_bytes, None
+    comm.world_size, comm.rank, comm.max_bytes, comm.group, comm.fallback_group = 2, 0, max_bytes, None, None
     comm.disabled_reason, comm.debug, comm.device = None, False, None
     comm.timeout_s, comm.timeout_ns = 1.0, 10**9
     comm.peers = torch.zeros(2, 2, dtype=torch.int64)
@@ -226,8 +229,17 @@ import sys
 sys.path.insert(0, {tests!r})
 import torch.multiprocessing as mp
 import test_allreduce_cpu as m
-mp.spawn(m.gloo_cpu_rank, args=({world}, {init!r}), nprocs={world}, join=True)
+mp.spawn(m.{entry}, args=({world}, {init!r}), nprocs={world}, join=True)
 """
+
+
+def _spawn_gloo(entry: str, world: int) -> None:
+    """Run ``entry(rank, world, init)`` on ``world`` gloo ranks without a GPU, under a hard timeout."""
+    with tempfile.TemporaryDirectory() as tmp:
+        code = _SPAWN.format(tests=str(TESTS), entry=entry, world=world, init=f"{tmp}/init")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def gloo_cpu_rank(rank: int, world: int, init: str) -> None:
@@ -260,11 +272,482 @@ def gloo_cpu_rank(rank: int, world: int, init: str) -> None:
 
 @pytest.mark.parametrize("world", [2])
 def test_cpu_tensors_on_gloo_run_torch_all_reduce(world: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        code = _SPAWN.format(tests=str(TESTS), world=world, init=f"{tmp}/init")
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
-        assert result.returncode == 0, result.stdout + result.stderr
+    _spawn_gloo("gloo_cpu_rank", world)
+
+
+def _raises_on_this_rank(call: Any, *expected: str) -> None:
+    try:
+        call()
+    except ValueError as error:
+        assert all(text in str(error) for text in expected), (str(error), expected)
+    else:
+        raise AssertionError(f"no ValueError ({expected})")
+
+
+def gloo_debug_rank(rank: int, world: int, init: str) -> None:
+    """debug=True: shapes or dtypes that differ between the ranks raise ValueError on every rank,
+    naming each rank's, before any rank reduces; the ranks stay in step and the next call serves."""
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    # Debug mode makes collectives of its own: the ranks must agree on it.
+    _raises_on_this_rank(
+        lambda: CustomAllReduce(dist.group.WORLD, debug=rank == 0),
+        "the ranks pass different (max_bytes, graph_inputs, max_graph_calls, debug)",
+    )
+    comm = CustomAllReduce(dist.group.WORLD, debug=True)
+    x = torch.arange(6, dtype=torch.float32) + rank
+    expected = sum(torch.arange(6, dtype=torch.float32) + r for r in range(world))
+    assert torch.equal(comm.all_reduce(x), expected)  # the same shape and dtype: the check passes
+    mismatch = "the ranks pass different shapes or dtypes"
+    _raises_on_this_rank(lambda: comm.all_reduce(torch.zeros(6 + rank)), mismatch, "(6,)", "(7,)")
+    other = torch.zeros(6, dtype=torch.float64 if rank == 1 else torch.float32)
+    _raises_on_this_rank(lambda: comm.all_reduce(other), mismatch, "torch.float32", "torch.float64")
+    # The fused forms check x, residual and weight (before the norm, which takes no CPU tensors).
+    rows, width = torch.zeros(2, 128), torch.zeros(2, 128 + 128 * rank)
+    weight, scale = torch.ones(128), torch.ones(1)
+    _raises_on_this_rank(lambda: comm.all_reduce_fused_add_rmsnorm(rows, width, weight), mismatch, "(2, 256)")
+    _raises_on_this_rank(
+        lambda: comm.all_reduce_fused_add_rmsnorm_quant_fp8(rows, width, weight, scale), mismatch, "(2, 256)"
+    )
+    _raises_on_this_rank(
+        lambda: comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(rows, width, weight), mismatch
+    )
+    assert torch.equal(comm.all_reduce(x), expected)  # still in step
+    comm.close()
+    dist.destroy_process_group()
+
+
+def test_debug_mode_refuses_shapes_and_dtypes_that_differ_between_ranks() -> None:
+    _spawn_gloo("gloo_debug_rank", 2)
+
+
+def gloo_fallback_group_rank(rank: int, world: int, init: str) -> None:
+    """The fallback all-reduces on fallback_group (default: the exchange group); a fallback_group of
+    other ranks is refused on every rank; a non-contiguous out still gets the sum."""
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    fallback = dist.new_group(backend="gloo")
+    groups: list[Any] = []
+    real = dist.all_reduce
+
+    def recording(tensor: torch.Tensor, *args: Any, group: Any = None, **kwargs: Any) -> Any:
+        groups.append(group)
+        return real(tensor, *args, group=group, **kwargs)
+
+    dist.all_reduce = recording  # this rank's process only
+    x = torch.arange(6, dtype=torch.float32) + rank
+    expected = sum(torch.arange(6, dtype=torch.float32) + r for r in range(world))
+    comm = CustomAllReduce(dist.group.WORLD, fallback_group=fallback)
+    assert comm.group is dist.group.WORLD and comm.fallback_group is fallback
+    assert torch.equal(comm.all_reduce(x), expected) and groups == [fallback]
+    # A non-contiguous out (gloo would reduce its storage as if it were contiguous) and in place.
+    out = torch.zeros(6, 2)[:, 0]
+    assert comm.all_reduce(x, out=out) is out and torch.equal(out, expected)
+    strided = torch.zeros(6, 2)
+    strided[:, 0] = x
+    comm.all_reduce(strided[:, 0], out=strided[:, 0])
+    assert torch.equal(strided[:, 0], expected) and not strided[:, 1].any()
+    default = CustomAllReduce(dist.group.WORLD)
+    groups.clear()
+    assert torch.equal(default.all_reduce(x), expected) and groups == [default.group]
+    only_rank_0 = dist.new_group([0])  # collective: every rank makes it
+    _raises_on_this_rank(lambda: CustomAllReduce(dist.group.WORLD, fallback_group=only_rank_0), "fallback_group")
+    for c in (comm, default):
+        c.close()
+    dist.destroy_process_group()
+
+
+def test_fallback_runs_on_the_fallback_group() -> None:
+    _spawn_gloo("gloo_fallback_group_rank", 2)
+
+
+def test_fallback_group_arguments(single_rank_group: None) -> None:
+    with pytest.raises(ValueError, match="fallback_group must be a process group"):
+        CustomAllReduce(dist.group.WORLD, fallback_group="nccl")
+    same_ranks = dist.new_group([0])
+    comm = CustomAllReduce(dist.group.WORLD, fallback_group=same_ranks)
+    assert comm.fallback_group is same_ranks
+    comm.close()
+    assert CustomAllReduce(dist.group.WORLD).fallback_group is dist.group.WORLD  # default: the group
+
+
+def test_fallback_all_reduces_on_the_fallback_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = _two_rank_stub()
+    comm.group, comm.fallback_group = "exchange group", "device group"
+    seen: list[tuple[torch.Tensor, Any]] = []
+    monkeypatch.setattr(dist, "all_reduce", lambda t, group=None: seen.append((t, group)))
+    try:
+        x, out = torch.arange(4.0), torch.zeros(4)
+        comm.torch_all_reduce(x, out)
+        assert seen == [(out, "device group")] and torch.equal(out, x)  # reduced in out itself
+        strided = torch.zeros(4, 2)[:, 0]
+        comm.torch_all_reduce(x, strided)
+        assert seen[1][0] is not strided and seen[1][0].is_contiguous()  # a contiguous temporary
+        assert torch.equal(strided, x)  # copied back
+    finally:
+        comm.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The set-up's decisions: what each rank gathers mocked (hostnames, GPUs, peer access, the peers'
+# answers), each rank's construction run on its own, as its own process would
+
+
+@dataclasses.dataclass
+class _Ranks:
+    """A scripted group: per rank its hostname, its GPU's uuid (None: no CUDA device), the uuids
+    of the GPUs it sees (by index), and its answer to the peer-access exchange (the ranks whose GPU
+    its GPU cannot reach: checked against what it computes when it is the rank set up); the GPU
+    pairs (from, to) with peer access."""
+
+    hosts: list[str]
+    gpus: list[str | None]
+    visible: list[list[str]]
+    verdicts: list[list[int]]
+    peer: set[tuple[str, str]]
+
+
+def _set_up(
+    ranks: _Ranks,
+    rank: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    new_process: bool = True,
+) -> tuple[str | None, list[str], list[Any], list[int]]:
+    """Construct rank ``rank``'s communicator on the scripted group (in a process of its own, or in
+    the process of the previous call): its ``disabled_reason``, the lines it logged, what it passed
+    to each ``all_gather_object``, and the ranks that mapped regions."""
+    world = len(ranks.hosts)
+    sent: list[Any] = []
+    mapped: list[int] = []
+
+    def gather(out: list[Any], obj: Any, group: Any = None) -> None:
+        if len(sent) == 0:
+            answers = [(ranks.hosts[r], ranks.gpus[r], obj[2]) for r in range(world)]
+        elif len(sent) == 1:
+            answers = list(ranks.verdicts)
+        else:
+            raise AssertionError("the set-up gathers twice at most")
+        sent.append(obj)
+        answers[rank] = obj
+        out[:] = answers
+
+    visible = ranks.visible[rank]
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr(distributed.socket, "gethostname", lambda: ranks.hosts[rank])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: ranks.gpus[rank] is not None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(distributed, "_device_uuid", lambda device: visible[device.index])
+    monkeypatch.setattr(
+        torch.cuda, "can_device_access_peer", lambda device, peer: (visible[device.index], visible[peer]) in ranks.peer
+    )
+    monkeypatch.setattr(CustomAllReduce, "_map_regions", lambda self, dist: mapped.append(self.rank))
+    if new_process:
+        monkeypatch.setattr(distributed, "_LOGGED", set())
+    caplog.clear()
+    gpu = ranks.gpus[rank]
+    with caplog.at_level(logging.WARNING, logger="jit_kernel.distributed"):
+        comm = CustomAllReduce("group", device=None if gpu is None else visible.index(gpu))
+    reason = comm.disabled_reason
+    comm.device = None  # nothing was mapped: close() frees nothing
+    comm.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "jit_kernel.distributed"]
+    return reason, lines, sent, mapped
+
+
+GPUS = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]
+BOTH_WAYS = {(a, b) for a in GPUS for b in GPUS if a != b}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "reason"),
+    [
+        pytest.param(
+            _Ranks(["node-b", "node-a"], GPUS[:2], [GPUS[:2]] * 2, [[], []], BOTH_WAYS),
+            "the group spans hosts (node-a, node-b)",
+            id="spans-hosts",
+        ),
+        pytest.param(
+            _Ranks(["node"] * 2, GPUS[:2], [GPUS[:2]] * 2, [[], [0]], {(GPUS[0], GPUS[1])}),
+            "no peer access (P2P) from rank 1's GPU to rank(s) [0]",
+            id="one-way-peer-access",
+        ),
+        pytest.param(
+            _Ranks(["node"] * 2, GPUS[:2], [[GPUS[0]], [GPUS[1]]], [[1], [0]], BOTH_WAYS),
+            "no peer access (P2P) from rank 0's GPU to rank(s) [1]",
+            id="peer-gpu-not-visible",
+        ),
+        pytest.param(
+            _Ranks(["node"] * 3, [GPUS[0], None, GPUS[1]], [GPUS[:2], [], GPUS[:2]], [[], [], []], BOTH_WAYS),
+            "rank(s) [1] have no CUDA device",
+            id="a-rank-without-gpu",
+        ),
+    ],
+)
+def test_set_up_falls_back_on_every_rank_with_one_line_each(
+    ranks: _Ranks, reason: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for rank in range(len(ranks.hosts)):
+        got, lines, sent, mapped = _set_up(ranks, rank, monkeypatch, caplog)
+        assert got == reason, (rank, got)
+        assert lines == [f"custom all-reduce falls back to torch.distributed.all_reduce: {reason}"], (rank, lines)
+        assert sent[0][:2] == (ranks.hosts[rank], ranks.gpus[rank]), rank
+        if reason.startswith("no peer access"):
+            assert sent[1] == ranks.verdicts[rank], (rank, sent)  # the scripted answers are what ranks compute
+        else:
+            assert len(sent) == 1, rank  # decided on the first exchange
+        assert mapped == [], rank  # nothing shared
+
+
+def test_set_up_serves_where_every_pair_has_peer_access(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three ranks, two sharing a GPU (always reachable: peer access of a GPU to itself is never
+    asked, and the script grants none)."""
+    ranks = _Ranks(["node"] * 3, [GPUS[0], GPUS[0], GPUS[1]], [GPUS[:2]] * 3, [[], [], []], BOTH_WAYS)
+    for rank in range(3):
+        got, lines, sent, mapped = _set_up(ranks, rank, monkeypatch, caplog)
+        assert got is None and lines == [] and mapped == [rank], (rank, got, lines)
+        assert sent[1] == [], rank
+
+
+def test_a_reason_is_logged_once_per_process(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    ranks = _Ranks(["node-b", "node-a"], GPUS[:2], [GPUS[:2]] * 2, [[], []], BOTH_WAYS)
+    reason, lines, _, _ = _set_up(ranks, 0, monkeypatch, caplog)
+    assert reason is not None and len(lines) == 1
+    again, lines, _, _ = _set_up(ranks, 0, monkeypatch, caplog, new_process=False)  # a second communicator
+    assert again == reason and lines == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts one rank's tensors alone have (strides, addresses): staged, never refused by the launcher
+# on that rank alone while its peers wait in the kernel. The plans run on CPU tensors (real
+# addresses) of a communicator whose kernels serve them.
+
+
+@pytest.fixture
+def serving(monkeypatch: pytest.MonkeyPatch) -> Iterator[CustomAllReduce]:
+    comm = _two_rank_stub()
+    monkeypatch.setattr(comm, "fallback_reason", lambda x: None)
+    try:
+        yield comm
+    finally:
+        comm.close()
+
+
+def _misaligned(shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A contiguous tensor whose data starts one element past a 16-byte boundary."""
+    numel = int(numpy.prod(shape))
+    base = torch.zeros(numel + 16, dtype=dtype)
+    offset = next(i for i in range(1, 16) if (base.data_ptr() + i * base.element_size()) % 16)
+    t = base[offset : offset + numel].view(shape)
+    assert t.is_contiguous() and t.data_ptr() % 16
+    return t
+
+
+def _strided(shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A tensor of ``shape`` whose last dimension has stride 2."""
+    t = torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+    assert not t.is_contiguous()
+    return t
+
+
+def _is_aligned_contiguous(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def test_needs_staging() -> None:
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    assert not ops.needs_staging(x)
+    assert ops.needs_staging(_misaligned((64,)))
+    assert ops.needs_staging(_strided((8, 64)))
+    with fake_cuda():  # a fake has no address: its strides only
+        assert not ops.needs_staging(torch.empty(8, 64, device="cuda"))
+        assert ops.needs_staging(torch.empty_strided((8, 64), (128, 2), device="cuda"))
+
+
+def _launches(planned: Any) -> list[Any]:
+    """A plan's launches as a list (one launch is a tuple)."""
+    return [planned] if type(planned) is tuple else planned
+
+
+def _run_copies(launches: list[Any]) -> None:
+    for kernels, key, args, _ in launches:
+        assert kernels is ops._COPY
+        kernels[key](*args)
+
+
+@pytest.mark.parametrize("layout", ["misaligned", "strided"])
+def test_all_reduce_stages_an_out_it_cannot_take(serving: CustomAllReduce, layout: str) -> None:
+    plan = ops.custom_all_reduce.op.plan
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    out = torch.zeros(8, 64, dtype=torch.bfloat16)
+    launch = plan(x, serving.handle, out)
+    assert type(launch) is tuple and launch[0] is ops._ALL_REDUCE and launch[2][0] is out and launch[3] is out
+    out = _misaligned((8, 64)) if layout == "misaligned" else _strided((8, 64))
+    (kernels, key, args, _), *copies = _launches(plan(x, serving.handle, out))
+    assert kernels is ops._ALL_REDUCE and key == torch.bfloat16 and args[1] is x  # the same kernel
+    target = args[0]
+    assert target is not out and _is_aligned_contiguous(target) and target.shape == out.shape
+    assert [(c[2][0], c[2][1], c[3]) for c in copies] == [(out, target, out)]  # copied back; the op returns out
+    target.copy_(x)  # what the kernel would write
+    _run_copies(copies)
+    assert torch.equal(out, x)
+
+
+@pytest.mark.parametrize("layout", ["misaligned", "strided"])
+def test_all_reduce_in_place_on_a_tensor_it_cannot_take(serving: CustomAllReduce, layout: str) -> None:
+    x = _misaligned((8, 64)) if layout == "misaligned" else _strided((8, 64))
+    x.copy_(torch.randn(8, 64))
+    before = x.clone()
+    (_, _, args, _), *copies = _launches(ops.custom_all_reduce.op.plan(x, serving.handle, x))
+    target, source = args[0], args[1]
+    assert _is_aligned_contiguous(source) and torch.equal(source, before)  # the input, staged
+    assert _is_aligned_contiguous(target) and target is not source
+    target.fill_(3)
+    _run_copies(copies)
+    assert torch.equal(x, torch.full_like(x, 3))
+
+
+def _fused_tensors(rows: int = 4, dim: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(rows, dim).to(torch.bfloat16)
+    return x, torch.randn_like(x), torch.randn(dim).to(torch.bfloat16)
+
+
+def _placed(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """``t``'s values in a tensor of ``layout`` ("as is", "misaligned", "strided")."""
+    if layout == "as is":
+        return t
+    placed = _misaligned(tuple(t.shape), t.dtype) if layout == "misaligned" else _strided(tuple(t.shape), t.dtype)
+    return placed.copy_(t)
+
+
+@pytest.mark.parametrize(
+    ("x_layout", "residual_layout", "weight_layout"),
+    [
+        ("misaligned", "as is", "as is"),
+        ("as is", "misaligned", "as is"),
+        ("as is", "as is", "misaligned"),
+        ("strided", "strided", "strided"),
+    ],
+)
+def test_fused_form_stages_what_it_cannot_take_and_keeps_its_one_launch(
+    serving: CustomAllReduce, x_layout: str, residual_layout: str, weight_layout: str
+) -> None:
+    """The one launch is chosen as for aligned contiguous tensors (every rank must make the same
+    launch); x and residual, which it writes, are copied back; the weight is only read."""
+    plan = ops.custom_all_reduce_fused_add_rmsnorm.op.plan
+    x0, r0, w0 = _fused_tensors()
+    launch = plan(x0.clone(), r0.clone(), w0, 1e-6, serving.handle)
+    assert type(launch) is tuple and launch[0] is ops._FUSED
+    x, residual, weight = (
+        _placed(x0.clone(), x_layout),
+        _placed(r0.clone(), residual_layout),
+        _placed(w0, weight_layout),
+    )
+    (kernels, key, args, _), *copies = _launches(plan(x, residual, weight, 1e-6, serving.handle))
+    assert kernels is ops._FUSED and key == torch.bfloat16 and args[6] == launch[2][6]  # the same launch, kper
+    given = {"x": x, "residual": residual, "weight": weight}
+    staged = dict(zip(given, args[:3], strict=True))
+    for name, t in given.items():
+        assert _is_aligned_contiguous(staged[name]), name
+        assert (staged[name] is t) == (not ops.needs_staging(t)), name
+        assert torch.equal(staged[name], t), name  # read: staged with its values
+    written = [name for name in ("x", "residual") if staged[name] is not given[name]]
+    assert [c[2] for c in copies] == [(given[name], staged[name]) for name in written]
+    for name in written:
+        staged[name].fill_(5)
+    _run_copies(copies)
+    for name in written:
+        assert torch.equal(given[name], torch.full_like(given[name], 5)), name
+
+
+def test_static_fp8_form_stages_a_misaligned_out(serving: CustomAllReduce) -> None:
+    plan = ops.custom_all_reduce_fused_add_rmsnorm_quant_fp8.op.plan
+    x, residual, weight = _fused_tensors()
+    scale = torch.ones(1)
+    out = _misaligned((4, 512), torch.float8_e4m3fn)
+    (kernels, _, args, result), *copies = _launches(plan(x, residual, weight, scale, 1e-6, serving.handle, out))
+    assert kernels is ops._FUSED_QUANT and result is out
+    q = args[0]
+    assert q is not out and _is_aligned_contiguous(q) and q.dtype == torch.float8_e4m3fn
+    assert [(c[2], c[3]) for c in copies] == [((out, q), out)]  # the op still returns out
+    q.view(torch.uint8).fill_(0x38)  # 1.0
+    _run_copies(copies)
+    assert torch.equal(out.float(), torch.ones(4, 512))
+
+
+def test_group_form_stages_a_strided_output_q(serving: CustomAllReduce) -> None:
+    plan = ops.custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8.op.plan
+    x, residual, weight = _fused_tensors()
+    q, s = _strided((4, 512), torch.float8_e4m3fn), torch.zeros(4, 4)
+    (kernels, _, args, _), *copies = _launches(plan(x, residual, weight, q, s, 128, 1e-6, 1e-10, False, serving.handle))
+    assert kernels is ops._FUSED_GROUP and args[1] is s  # scales: any layout, where they lie
+    assert args[0] is not q and _is_aligned_contiguous(args[0])
+    assert [c[2] for c in copies] == [(q, args[0])]
+
+
+def test_static_fp8_form_at_world_size_one_is_the_norm_ops(
+    single_rank_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """World size 1: jit_kernel.fused_add_rmsnorm, then per_tensor_quant_fp8 of the normalised x
+    with the static scale into out; the quantised tensor is returned."""
+    from jit_kernel.ops import norm, quant
+
+    calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+    q = torch.zeros(3, 512, dtype=torch.float8_e4m3fn)
+    monkeypatch.setattr(norm, "fused_add_rmsnorm", lambda *a, **k: calls.append(("norm", a, k)))
+
+    def quantise(*args: object, **kwargs: object) -> tuple[torch.Tensor, object]:
+        calls.append(("quant", args, kwargs))
+        return q, args[2]
+
+    monkeypatch.setattr(quant, "per_tensor_quant_fp8", quantise)
+    comm = CustomAllReduce(dist.group.WORLD)
+    x, residual, weight, scale = torch.zeros(3, 512), torch.zeros(3, 512), torch.ones(512), torch.ones(1)
+    assert comm.all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, 1e-5) is q
+    assert calls == [("norm", (x, residual, weight, 1e-5), {}), ("quant", (x, None, scale), {"is_static": True})]
+    calls.clear()
+    assert comm.all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, out=q) is q
+    assert calls[1] == ("quant", (x, q, scale), {"is_static": True}) and calls[0][1][3] == 1e-6
+    comm.close()
+
+
+@pytest.mark.parametrize("form", ["rmsnorm", "rmsnorm_fp8"])
+def test_fused_forms_under_torch_compile(form: str) -> None:
+    """The compiled graph keeps the fused collective as its one node (the fake runs the plan and the
+    launcher's checks), a strided residual included (staged in the fake plan too)."""
+    comm = _two_rank_stub()
+    name = "custom_all_reduce_fused_add_rmsnorm" + ("_quant_fp8" if form == "rmsnorm_fp8" else "")
+    try:
+        with fake_cuda():
+            x = torch.empty(8, 4096, dtype=torch.bfloat16, device="cuda")
+            weight = torch.empty(4096, dtype=torch.bfloat16, device="cuda")
+            scale = torch.empty(1, dtype=torch.float32, device="cuda")
+
+            def step(t: torch.Tensor, r: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+                if form == "rmsnorm":
+                    comm.all_reduce_fused_add_rmsnorm(t, r, w, 1e-6)
+                    return t * 2
+                return comm.all_reduce_fused_add_rmsnorm_quant_fp8(t, r, w, s, 1e-6)
+
+            from torch._dynamo.testing import EagerAndRecordGraphs
+
+            for residual in (
+                torch.empty_like(x),
+                torch.empty_strided((8, 4096), (8192, 2), dtype=torch.bfloat16, device="cuda"),
+            ):
+                backend = EagerAndRecordGraphs()
+                torch._dynamo.reset()
+                result = torch.compile(step, backend=backend, fullgraph=True)(x, residual, weight, scale)
+                code = backend.graphs[0].code
+                assert f"torch.ops.jit_kernel.{name}(" in code, code
+                assert code.count("jit_kernel.custom_all_reduce") == 1, code
+                expected = torch.bfloat16 if form == "rmsnorm" else torch.float8_e4m3fn
+                assert result.shape == x.shape and result.dtype == expected
+    finally:
+        torch._dynamo.reset()
+        comm.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,9 +807,9 @@ def test_group_form_bad_inputs_name_the_argument() -> None:
             with pytest.raises(TypeError, match="output_q"):
                 _group_call(comm, x, torch.empty(8, 4096, dtype=torch.float8_e5m2, device="cuda"), s)
             with pytest.raises(ValueError, match="output_q"):
-                _group_call(
-                    comm, x, torch.empty_strided((8, 4096), (8192, 2), dtype=torch.float8_e4m3fn, device="cuda"), s
-                )
+                _group_call(comm, x, torch.empty(8, 2048, dtype=torch.float8_e4m3fn, device="cuda"), s)
+            # A strided output_q is a layout, not an error: it is staged (see the staging tests).
+            _group_call(comm, x, torch.empty_strided((8, 4096), (8192, 2), dtype=torch.float8_e4m3fn, device="cuda"), s)
             with pytest.raises(TypeError, match="output_s"):
                 _group_call(comm, x, q, torch.empty(8, 32, dtype=torch.float16, device="cuda"))
             with pytest.raises(ValueError, match="output_s"):

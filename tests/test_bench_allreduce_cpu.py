@@ -168,6 +168,8 @@ def fake_results() -> dict[tuple[str, int, str], Timing]:
         ("rmsnorm", FUSED[0].numel, "unfused"): Timing(8.0, 8.0),
         ("rmsnorm", FUSED[0].numel, "nccl_unfused"): Timing.missing(SHARED),
         ("rmsnorm_fp8", FUSED[0].numel, "fused"): Timing(NAN, NAN, reason="rank 0: ValueError: bad"),
+        ("rmsnorm_group_fp8", FUSED[0].numel, "fused"): Timing(6.0, 6.5, check="bits = unfused"),
+        ("rmsnorm_group_fp8", FUSED[0].numel, "unfused"): Timing(9.0, 9.0),
     }
 
 
@@ -210,12 +212,15 @@ def test_fused_rows_from_fake_measurements() -> None:
     assert rows == [[1, 16384, "5.00 (6.00)", "8.00 (8.00)", "n/a", "1.60x", "n/a", "fused: bits = unfused"]]
     assert bench.fused_rows(fake_results(), "rmsnorm_fp8", FUSED)[0][2] == "n/a"
     assert bench.fused_rows({}, "rmsnorm", FUSED) == []
+    group = bench.fused_rows(fake_results(), "rmsnorm_group_fp8", FUSED)
+    assert group == [[1, 16384, "6.00 (6.50)", "9.00 (9.00)", "n/a", "1.50x", "n/a", "fused: bits = unfused"]]
 
 
 def test_output_markdown_json_and_notes() -> None:
     info = RunInfo(world=2, gpus=1, shared=True, calls=5, reps=10, custom_path="custom kernels")
     markdown, tables, notes = bench.output(fake_results(), info, SIZES, FUSED)
-    assert markdown.count("### ") == 3
+    assert markdown.count("### ") == 4
+    assert "all-reduce + fused_add_rmsnorm_per_token_group_quant_fp8 (fp8, groups of 128)" in markdown
     assert "| size | bytes | jit_kernel us | jit_kernel registered us | NCCL us | symm_mem one-shot us |" in markdown
     assert "all_reduce, jit_kernel registered: not measured: rank 0: ValueError: differ" in notes
     assert "| tokens | bytes | fused us | unfused us | NCCL + norm us |" in markdown
@@ -224,7 +229,7 @@ def test_output_markdown_json_and_notes() -> None:
     assert "all_reduce, symm_mem one-shot: not measured: rank 1: RuntimeError: no" in notes
     assert "rmsnorm_fp8, fused: not measured: rank 0: ValueError: bad" in notes
     assert all(f"- {note}" in markdown for note in notes)
-    assert [t["name"] for t in tables] == ["all_reduce", "rmsnorm", "rmsnorm_fp8"]
+    assert [t["name"] for t in tables] == ["all_reduce", "rmsnorm", "rmsnorm_fp8", "rmsnorm_group_fp8"]
     assert all(t["kind"] == "cells" for t in tables)
     assert tables[0]["header"] == bench.ALL_REDUCE_HEADER and len(tables[0]["rows"]) == 2
     line = bench.header_line(info)
@@ -252,8 +257,102 @@ def test_write_output_prints_and_writes_strict_json(
     assert doc["script"] == "bench_allreduce" and doc["complete"] is False
     assert doc["command"].startswith("python -m jit_kernel.benchmark.bench_allreduce --json-dir")
     assert doc["summary"].startswith("Tensor-parallel all-reduce: jit_kernel.distributed.CustomAllReduce")
-    assert [t["name"] for t in doc["tables"]] == ["all_reduce", "rmsnorm", "rmsnorm_fp8"]
+    assert [t["name"] for t in doc["tables"]] == ["all_reduce", "rmsnorm", "rmsnorm_fp8", "rmsnorm_group_fp8"]
     assert results.load(tmp_path / "json")[0]["script"] == "bench_allreduce"
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused forms' steps: what each form calls, fused and unfused, and what its check compares
+
+
+class _Recorder:
+    """Stands for the communicator and the jit_kernel ops: records each call by name."""
+
+    def __init__(self, calls: list[tuple[str, tuple[object, ...], dict[str, object]]]) -> None:
+        self.calls = calls
+
+    def __getattr__(self, name: str) -> object:
+        def call(*args: object, **kwargs: object) -> None:
+            self.calls.append((name, args, kwargs))
+
+        return call
+
+
+def _fused_tensors(tokens: int = 2) -> bench.FusedTensors:
+    x = torch.randn(tokens, bench.HIDDEN).to(bench.DTYPE)
+    q = torch.zeros(tokens, bench.HIDDEN, dtype=torch.float8_e4m3fn)
+    return bench.FusedTensors(x, torch.randn_like(x), q, torch.rand(tokens, bench.HIDDEN // bench.GROUP_SIZE))
+
+
+def test_each_fused_form_calls_its_fused_and_unfused_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jit_kernel
+
+    calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+    ops = _Recorder(calls)
+    for name in ("fused_add_rmsnorm", "fused_add_rmsnorm_quant_fp8", "fused_add_rmsnorm_per_token_group_quant_fp8"):
+        monkeypatch.setattr(jit_kernel, name, getattr(ops, name))
+    comm, t = _Recorder(calls), _fused_tensors()
+    weight, scale = torch.ones(bench.HIDDEN, dtype=bench.DTYPE), torch.tensor([bench.FP8_SCALE])
+    eps, group = bench.EPS, bench.GROUP_SIZE
+    expected = {
+        "rmsnorm": (
+            [("all_reduce_fused_add_rmsnorm", (t.x, t.residual, weight, eps), {})],
+            [("fused_add_rmsnorm", (t.x, t.residual, weight, eps), {})],
+        ),
+        "rmsnorm_fp8": (
+            [("all_reduce_fused_add_rmsnorm_quant_fp8", (t.x, t.residual, weight, scale, eps), {"out": t.q})],
+            [("fused_add_rmsnorm_quant_fp8", (t.x, t.residual, weight, scale, eps), {"out": t.q})],
+        ),
+        "rmsnorm_group_fp8": (
+            [
+                (
+                    "all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8",
+                    (t.x, t.residual, weight, group, eps),
+                    {"output_q": t.q, "output_s": t.s},
+                )
+            ],
+            [
+                (
+                    "fused_add_rmsnorm_per_token_group_quant_fp8",
+                    (t.x, t.residual, weight, group, eps),
+                    {"output_q": t.q, "output_s": t.s, "normed_out": t.x},
+                )
+            ],
+        ),
+    }
+    assert set(expected) == set(bench.FUSED_FORMS)  # every form has its expectation here
+    for form, (fused, norm) in expected.items():
+        calls.clear()
+        bench.fused_step(form, comm, t, weight, scale)
+        assert calls == fused, form
+        calls.clear()
+        bench.unfused_step(form, lambda x: calls.append(("all_reduce", (x,), {})), t, weight, scale)
+        assert calls == [("all_reduce", (t.x,), {}), *norm], form
+    with pytest.raises(ValueError, match="unknown fused form 'nope'"):
+        bench.fused_step("nope", comm, t, weight, scale)
+    with pytest.raises(ValueError, match="unknown fused form"):
+        bench.unfused_step("nope", lambda x: pytest.fail("no all-reduce for an unknown form"), t, weight, scale)
+
+
+def test_fused_checks_compare_what_each_form_writes() -> None:
+    a = _fused_tensors()
+
+    def changed(field: str) -> bench.FusedTensors:
+        b = bench.FusedTensors(a.x.clone(), a.residual.clone(), a.q.clone(), a.s.clone())
+        tensor = getattr(b, field)
+        tensor.view(torch.uint8).view(-1)[0] += 1  # one bit pattern of one element
+        return b
+
+    same = bench.FusedTensors(a.x.clone(), a.residual.clone(), a.q.clone(), a.s.clone())
+    compared = {"rmsnorm": {"residual", "x"}, "rmsnorm_fp8": {"residual", "q"}}
+    compared["rmsnorm_group_fp8"] = {"residual", "x", "q", "s"}
+    assert set(compared) == set(bench.FUSED_FORMS)
+    for form, fields in compared.items():
+        assert bench.same_outputs(form, a, same), form
+        for field in ("x", "residual", "q", "s"):
+            assert bench.same_outputs(form, a, changed(field)) is (field not in fields), (form, field)
+    nan = bench.FusedTensors(a.x, a.residual, a.q, torch.full_like(a.s, float("nan")))
+    assert bench.same_outputs("rmsnorm_group_fp8", nan, nan)  # scales compare by their bits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,10 +409,12 @@ def test_two_ranks_on_one_gpu(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "bench_allreduce.json").read_text())
     assert doc["complete"] is True
     rows = {t["name"]: t["rows"] for t in doc["tables"]}
-    assert len(rows["all_reduce"]) == 4 and len(rows["rmsnorm"]) == 2 and len(rows["rmsnorm_fp8"]) == 2
+    assert len(rows["all_reduce"]) == 4
+    assert all(len(rows[form]) == 2 for form in bench.FUSED_FORMS), rows
     # Both variants of ours timed, NCCL not; the registered one checked on its replays.
     assert all(row[2] != "n/a" and row[3] != "n/a" and row[4] == "n/a" for row in rows["all_reduce"]), rows
     assert all("jit: bits" in row[-1] and "jit_registered: bits" in row[-1] for row in rows["all_reduce"]), rows
     assert not any("copied in" in row[-1] for row in rows["all_reduce"]), rows
-    assert all(row[2] != "n/a" and "fused: bits = unfused" in row[-1] for row in rows["rmsnorm"] + rows["rmsnorm_fp8"])
+    fused_rows = [row for form in bench.FUSED_FORMS for row in rows[form]]
+    assert all(row[2] != "n/a" and "fused: bits = unfused" in row[-1] for row in fused_rows), rows
     assert any("share a GPU" in note for note in doc["notes"])

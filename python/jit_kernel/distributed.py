@@ -13,9 +13,11 @@ device, more than :data:`~jit_kernel.ops.allreduce.MAX_RANKS` ranks) every call 
 ``torch.distributed.all_reduce``; a call they cannot serve (CPU tensors, a dtype other than bf16,
 fp16 or fp32, more than ``max_bytes``) goes there too. Each reason is logged once, on the
 ``jit_kernel.distributed`` logger. These decisions read only what every rank shares, so all ranks
-take the same path. World size 1: ``all_reduce(x)`` returns ``x`` itself (``out``, when given,
-receives a copy), and the fused forms are the norm ops they equal (``jit_kernel.fused_add_rmsnorm``
-and its fp8 forms).
+take the same path. The fallback all-reduces on ``fallback_group`` (default: the group the handles
+were exchanged over; with a gloo group for the exchange, pass the NCCL group here so that CUDA
+tensors are not reduced by gloo). World size 1: ``all_reduce(x)`` returns ``x`` itself (``out``,
+when given, receives a copy), and the fused forms are the norm ops they equal
+(``jit_kernel.fused_add_rmsnorm`` and its fp8 forms).
 
 Failure of a peer: every wait on a flag gives up after ``timeout_s`` of GPU time, records the
 ranks that did not arrive in a word of pinned host memory and lets the call finish (its output is
@@ -23,7 +25,13 @@ then undefined). The host reads that word without a sync: at the start of every 
 graph capture (so an eager call raises for a failure of an earlier call), and in :meth:`check`,
 which synchronises the stream first. The error is a :class:`PeerTimeoutError` naming the ranks;
 after it the communicator refuses every call. ``debug=True`` checks after every eager call (a
-sync each) and checks before each call that every rank passes the same shape and dtype.
+sync each) and checks before each call that every rank passes the same shapes and dtypes (a
+``ValueError`` on every rank, before any rank launches; without it a difference is not detected).
+
+What only one rank's tensors can get wrong (their strides and addresses: a non-contiguous or not
+16-byte aligned ``out``, ``residual``, ``weight``...) never fails that rank alone, which would leave
+its peers waiting in the kernel: the plans route such a tensor through a contiguous, aligned
+temporary (see :func:`jit_kernel.ops.allreduce.needs_staging`).
 
 CUDA graphs (:meth:`CustomAllReduce.capture`), two variants, chosen by ``graph_inputs``:
 
@@ -141,6 +149,24 @@ def _function(export: str) -> Any:
     return _ops._DISPATCH.function(export, ("bf16_t",))
 
 
+def _check_same_ranks(dist: Any, group: Any, fallback_group: Any) -> None:
+    """Raise ``ValueError`` unless ``fallback_group`` holds the ranks of ``group`` (what every rank
+    knows alike: the groups' global ranks)."""
+
+    def members(g: Any) -> list[int]:
+        return sorted(dist.get_process_group_ranks(dist.group.WORLD if g is None else g))
+
+    try:
+        ours, theirs = members(group), members(fallback_group)
+    except Exception as error:  # not a process group, or one this rank is not in
+        raise ValueError(
+            f"CustomAllReduce: fallback_group must be a process group of group's ranks ({type(error).__name__}: "
+            f"{error})"
+        ) from None
+    if ours != theirs:
+        raise ValueError(f"CustomAllReduce: fallback_group must hold the ranks of group {ours}, got ranks {theirs}")
+
+
 def _device_uuid(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
@@ -162,10 +188,13 @@ class CustomAllReduce:
     ``"copy"`` or ``"register"``, how ``all_reduce`` calls captured in :meth:`capture` get their
     inputs (see the module's text); ``max_graph_calls``: with ``"register"``, the slots of the
     registered-inputs table (``max_graph_calls * 64`` bytes on the device; captured calls beyond it
-    copy in).
+    copy in). ``fallback_group``: the process group ``torch.distributed.all_reduce`` runs on where a
+    call falls back (default: ``group``), with the same ranks as ``group``: e.g. the NCCL group when
+    ``group`` is a gloo group made for the exchange. ``debug``: see the module's text.
 
     Construction is collective: every rank of ``group`` must make it, in the same order as any other
-    collective on the group, with the same ``max_bytes``, ``graph_inputs`` and ``max_graph_calls``.
+    collective on the group, with the same ``max_bytes``, ``graph_inputs``, ``max_graph_calls`` and
+    ``debug``.
     """
 
     def __init__(
@@ -178,6 +207,7 @@ class CustomAllReduce:
         debug: bool = False,
         graph_inputs: str = "copy",
         max_graph_calls: int = 32768,
+        fallback_group: Any = None,
     ) -> None:
         import torch.distributed as dist
 
@@ -189,13 +219,17 @@ class CustomAllReduce:
             raise ValueError(f"CustomAllReduce: graph_inputs must be 'copy' or 'register', got {graph_inputs!r}")
         if type(max_graph_calls) is not int or max_graph_calls <= 0:
             raise ValueError(f"CustomAllReduce: max_graph_calls must be a positive int, got {max_graph_calls!r}")
+        if fallback_group is not None and fallback_group is not group:
+            _check_same_ranks(dist, group, fallback_group)
         self.group = group
+        #: The group the fallback's torch.distributed.all_reduce runs on.
+        self.fallback_group = group if fallback_group is None else fallback_group
         self.world_size: int = dist.get_world_size(group)
         self.rank: int = dist.get_rank(group)
         self.max_bytes = max_bytes
         self.timeout_s = float(timeout_s)
         self.timeout_ns = max(1, int(self.timeout_s * 1e9))
-        self.debug = debug
+        self.debug = bool(debug)
         #: Why every call falls back to torch.distributed.all_reduce (None: the kernels serve).
         self.disabled_reason: str | None = None
         self.peers = torch.zeros(2, max(self.world_size, 1), dtype=torch.int64)
@@ -245,12 +279,12 @@ class CustomAllReduce:
                 device = torch.device("cuda", torch.cuda.current_device())
             self.device = device
             uuid = _device_uuid(device)
-        settings = (self.max_bytes, self.graph_inputs, self.max_graph_calls)
+        settings = (self.max_bytes, self.graph_inputs, self.max_graph_calls, self.debug)
         facts: list[Any] = [None] * self.world_size
         dist.all_gather_object(facts, (socket.gethostname(), uuid, settings), group=self.group)
         if any(theirs != settings for _, _, theirs in facts):
             raise ValueError(
-                "CustomAllReduce: the ranks pass different (max_bytes, graph_inputs, max_graph_calls): "
+                "CustomAllReduce: the ranks pass different (max_bytes, graph_inputs, max_graph_calls, debug): "
                 + str([theirs for _, _, theirs in facts])
             )
         if len({host for host, _, _ in facts}) > 1:
@@ -329,7 +363,9 @@ class CustomAllReduce:
         return None
 
     def torch_all_reduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        """The fallback: ``out`` = ``torch.distributed.all_reduce`` of ``x`` over the group."""
+        """The fallback: ``out`` = ``torch.distributed.all_reduce`` of ``x`` over ``fallback_group``
+        (through a contiguous temporary where ``out`` is not contiguous: NCCL refuses such a tensor
+        and gloo reduces its storage as if it were contiguous)."""
         import torch.distributed as dist
 
         reason = self.fallback_reason(x)
@@ -340,10 +376,13 @@ class CustomAllReduce:
                     f"back to torch.distributed.all_reduce ({reason})"
                 )
             _log_once(reason)
-        if out is not x:
-            out.copy_(x)
+        target = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        if target is not x:
+            target.copy_(x)
         if self.world_size > 1:
-            dist.all_reduce(out, group=self.group)
+            dist.all_reduce(target, group=self.fallback_group)
+        if target is not out:
+            out.copy_(target)
 
     def before_call(self) -> None:
         """Refuse a failed communicator; outside capture, raise for a failure recorded by an earlier
@@ -370,6 +409,8 @@ class CustomAllReduce:
         self.before_call()
 
     def _debug_checks(self, *tensors: torch.Tensor) -> None:
+        """``debug=True``: raise ``ValueError`` on every rank where the ranks' tensors differ in shape
+        or dtype (an ``all_gather_object`` of them over the group, before any rank launches)."""
         import torch.distributed as dist
 
         described = [(tuple(t.shape), str(t.dtype)) for t in tensors]

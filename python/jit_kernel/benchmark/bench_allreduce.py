@@ -1,9 +1,9 @@
 """Tensor-parallel all-reduce: jit_kernel.distributed.CustomAllReduce against NCCL
 (``torch.distributed.all_reduce``) and torch's symmetric-memory one-shot all-reduce, at the
 activation sizes of tensor-parallel serving (hidden 8192, bf16, 1 to 2048 tokens), and its fused
-forms (all-reduce + residual add + RMSNorm, and the same with static fp8 quantisation) against the
-same work unfused. Times are medians in microseconds of CUDA-graph replays, per call, measured by
-every rank at once.
+forms (all-reduce + residual add + RMSNorm, and the same with static per-tensor or per-token-group
+fp8 quantisation) against the same work unfused. Times are medians in microseconds of CUDA-graph
+replays, per call, measured by every rank at once.
 
     python -m jit_kernel.benchmark.bench_allreduce                      # one rank per GPU (2 ranks on a 1-GPU host)
     python -m jit_kernel.benchmark.bench_allreduce --world 4            # 4 ranks spread over the GPUs
@@ -35,9 +35,12 @@ Sizes: 512 B, then ``[tokens, 8192]`` bf16 for 1, 8, 32, 128, 512 and 2048 token
   once with ``symm_mem.empty`` and ``rendezvous``) and ``torch.ops.symm_mem.one_shot_all_reduce_out``,
   where it imports and works (its error is reported otherwise);
 - fused forms: ``comm.all_reduce_fused_add_rmsnorm`` against ``comm.all_reduce`` then
-  ``jit_kernel.fused_add_rmsnorm``, and ``comm.all_reduce_fused_add_rmsnorm_quant_fp8`` against
-  ``comm.all_reduce`` then ``jit_kernel.fused_add_rmsnorm_quant_fp8``; each also after an NCCL
-  all-reduce where NCCL runs.
+  ``jit_kernel.fused_add_rmsnorm``, ``comm.all_reduce_fused_add_rmsnorm_quant_fp8`` against
+  ``comm.all_reduce`` then ``jit_kernel.fused_add_rmsnorm_quant_fp8``, and
+  ``comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8`` (groups of 128, row-major
+  float32 scales) against ``comm.all_reduce`` then
+  ``jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8`` (``normed_out=x``, as the fused form
+  leaves ``x``); each also after an NCCL all-reduce where NCCL runs.
 
 Timing: every provider's calls are first made eagerly and checked (jit_kernel bit for bit against
 the fp32 sum in rank order, NCCL and symm_mem within bf16 rounding, each fused form bit for bit
@@ -83,6 +86,7 @@ TOKENS = get_benchmark_range([1, 8, 32, 128, 512, 2048], [1, 128, 2048])
 FUSED_TOKENS = get_benchmark_range([1, 8, 32, 128], [1, 128])
 EPS = 1e-6
 FP8_SCALE = 0.05
+GROUP_SIZE = 128  # the per-token-group form's group
 MAX_RANKS = 8  # jit_kernel.ops.allreduce.MAX_RANKS (not imported here: that module loads the kernels' spec)
 DECODE_TOKENS = 128  # rows up to this many tokens are decode-sized: "vs empty" is shown for them
 
@@ -100,6 +104,7 @@ FUSED_PROVIDERS = {"fused": "fused", "unfused": "unfused", "nccl_unfused": "NCCL
 FUSED_FORMS = {
     "rmsnorm": "all-reduce + fused_add_rmsnorm",
     "rmsnorm_fp8": "all-reduce + fused_add_rmsnorm_quant_fp8 (static fp8)",
+    "rmsnorm_group_fp8": f"all-reduce + fused_add_rmsnorm_per_token_group_quant_fp8 (fp8, groups of {GROUP_SIZE})",
 }
 EMPTY = "empty"
 
@@ -411,6 +416,72 @@ def output(
 
 
 # ---------------------------------------------------------------------------------------------
+# The fused forms' steps (what a rank calls; pure but for the calls)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedTensors:
+    """One fused-form step's tensors: ``x`` and ``residual`` (written in place), the fp8 output ``q``
+    and the per-token-group form's scales ``s`` (float32 ``[tokens, HIDDEN // GROUP_SIZE]``)."""
+
+    x: torch.Tensor
+    residual: torch.Tensor
+    q: torch.Tensor
+    s: torch.Tensor
+
+
+def _check_form(form: str) -> None:
+    if form not in FUSED_FORMS:
+        raise ValueError(f"unknown fused form {form!r}; one of {sorted(FUSED_FORMS)}")
+
+
+def fused_step(form: str, comm: Any, t: FusedTensors, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    """``form``'s one launch on ``comm`` (a :class:`~jit_kernel.distributed.CustomAllReduce`)."""
+    _check_form(form)
+    if form == "rmsnorm":
+        comm.all_reduce_fused_add_rmsnorm(t.x, t.residual, weight, EPS)
+    elif form == "rmsnorm_fp8":
+        comm.all_reduce_fused_add_rmsnorm_quant_fp8(t.x, t.residual, weight, scale, EPS, out=t.q)
+    else:
+        comm.all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
+            t.x, t.residual, weight, GROUP_SIZE, EPS, output_q=t.q, output_s=t.s
+        )
+
+
+def unfused_step(
+    form: str, all_reduce: Callable[[torch.Tensor], object], t: FusedTensors, weight: torch.Tensor, scale: torch.Tensor
+) -> None:
+    """The same work unfused: ``all_reduce(x)`` (in place), then the norm op ``form`` fuses."""
+    import jit_kernel
+
+    _check_form(form)
+    all_reduce(t.x)
+    if form == "rmsnorm":
+        jit_kernel.fused_add_rmsnorm(t.x, t.residual, weight, EPS)
+    elif form == "rmsnorm_fp8":
+        jit_kernel.fused_add_rmsnorm_quant_fp8(t.x, t.residual, weight, scale, EPS, out=t.q)
+    else:
+        jit_kernel.fused_add_rmsnorm_per_token_group_quant_fp8(
+            t.x, t.residual, weight, GROUP_SIZE, EPS, output_q=t.q, output_s=t.s, normed_out=t.x
+        )
+
+
+def same_outputs(form: str, a: FusedTensors, b: FusedTensors) -> bool:
+    """Whether two steps of ``form`` left the same bits in what the form writes: the residual, and
+    ``x`` (the plain and per-token-group forms leave it normalised), ``q`` (the fp8 forms), ``s``
+    (the per-token-group form)."""
+    _check_form(form)
+    pairs = [(a.residual, b.residual)]
+    if form != "rmsnorm_fp8":
+        pairs.append((a.x, b.x))
+    if form != "rmsnorm":
+        pairs.append((a.q.view(torch.uint8), b.q.view(torch.uint8)))
+    if form == "rmsnorm_group_fp8":
+        pairs.append((a.s.view(torch.int32), b.s.view(torch.int32)))
+    return all(torch.equal(p, q) for p, q in pairs)
+
+
+# ---------------------------------------------------------------------------------------------
 # A rank
 
 
@@ -654,48 +725,36 @@ class Rank(RankGroup):
         return make
 
     def fused_case(self, form: str, size: Size, provider: str) -> Callable[[], Callable[[], object]]:
-        import jit_kernel
-
         tokens, seed = size.tokens or 1, 7919 + size.numel % 100_003
         weight = self.inputs(seed + 1, HIDDEN, rank=0)
         scale = torch.tensor([FP8_SCALE], dtype=torch.float32, device=self.device)
         comm, nccl = self.comm, self.nccl
 
-        def tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def tensors() -> FusedTensors:
             x = self.inputs(seed, size.numel).view(tokens, HIDDEN)
             residual = self.inputs(seed + 2, size.numel, rank=0).view(tokens, HIDDEN)
             q = torch.empty(tokens, HIDDEN, dtype=torch.float8_e4m3fn, device=self.device)
-            return x, residual, q
+            s = torch.empty(tokens, HIDDEN // GROUP_SIZE, dtype=torch.float32, device=self.device)
+            return FusedTensors(x, residual, q, s)
 
-        def run(which: str, x: torch.Tensor, residual: torch.Tensor, q: torch.Tensor) -> None:
-            if which == "fused":
-                if form == "rmsnorm":
-                    comm.all_reduce_fused_add_rmsnorm(x, residual, weight, EPS)
-                else:
-                    comm.all_reduce_fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, EPS, out=q)
-                return
-            if which == "unfused":
-                comm.all_reduce(x, out=x)
-            else:
-                self.dist.all_reduce(x, group=nccl)
-            if form == "rmsnorm":
-                jit_kernel.fused_add_rmsnorm(x, residual, weight, EPS)
-            else:
-                jit_kernel.fused_add_rmsnorm_quant_fp8(x, residual, weight, scale, EPS, out=q)
+        def ours(x: torch.Tensor) -> None:
+            comm.all_reduce(x, out=x)
+
+        def nccl_all_reduce(x: torch.Tensor) -> None:
+            self.dist.all_reduce(x, group=nccl)
 
         def make() -> Callable[[], object]:
-            x, residual, q = tensors()
+            t = tensors()
             if provider == "fused":  # checked bit for bit against the unfused form on the same inputs
-                rx, rres, rq = tensors()
-                run("unfused", rx, rres, rq)
-                run("fused", x, residual, q)
-                same = torch.equal(residual, rres) and (
-                    torch.equal(x, rx) if form == "rmsnorm" else torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
-                )
+                reference = tensors()
+                unfused_step(form, ours, reference, weight, scale)
+                fused_step(form, comm, t, weight, scale)
+                same = same_outputs(form, t, reference)
                 self.checks[(form, size.numel, provider)] = "bits = unfused" if same else "WRONG: differs from unfused"
-                x, residual, q = tensors()
-            which = {"fused": "fused", "unfused": "unfused", "nccl_unfused": "nccl"}[provider]
-            return lambda: run(which, x, residual, q)
+                t = tensors()
+                return lambda: fused_step(form, comm, t, weight, scale)
+            all_reduce = ours if provider == "unfused" else nccl_all_reduce
+            return lambda: unfused_step(form, all_reduce, t, weight, scale)
 
         return make
 

@@ -18,6 +18,12 @@ kernels' barriers need (csrc/allreduce/allreduce.cuh). A call captured in a CUDA
 communicator made with ``graph_inputs="register"`` passes the device address of its slot in the
 registered-inputs table (:meth:`Communicator.graph_input_slot`); every other call passes 0 and
 copies its input in.
+
+Which launch a call makes is decided on shared facts only; the layout of a tensor (its strides, its
+address) is this rank's alone. A launcher check that failed on it would raise on this rank before
+its launch while the peers wait in theirs until the timeout, so the plans never leave one to the
+launcher: a tensor the kernels cannot take where it lies (:func:`needs_staging`) is replaced by a
+contiguous, aligned temporary, copied back after the kernel where the kernel writes it.
 """
 
 from __future__ import annotations
@@ -134,27 +140,65 @@ def communicator(op: str, handle: int) -> Communicator:
         raise ValueError(f"{op}: no communicator has handle {handle!r} in this process") from None
 
 
-class _TorchCalls:
-    """A kernel table whose one entry runs ``torch.distributed.all_reduce`` (the fallback), so that a
-    plan returns it like a launch. A fake call runs nothing."""
+class _PythonCalls:
+    """A kernel table whose one entry is a Python function, so that a plan returns it like a launch
+    (the fallback, the copies out of staged tensors). A fake call runs nothing."""
+
+    def __init__(self, function: Any) -> None:
+        self._function = function
 
     def __getitem__(self, key: str) -> Any:
-        return _torch_all_reduce
+        return self._function
 
     def get_kernel(self, key: str, run: Any) -> Any:
-        return _torch_all_reduce if run is True else None
+        return self._function if run is True else None
 
 
 def _torch_all_reduce(comm: Communicator, x: torch.Tensor, out: torch.Tensor) -> None:
     comm.torch_all_reduce(x, out)
 
 
-_TORCH = _TorchCalls()
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+#: ``torch.distributed.all_reduce`` (the fallback), as a launch.
+_TORCH = _PythonCalls(_torch_all_reduce)
+#: ``dst.copy_(src)``, as a launch: a staged tensor's contents back into the caller's.
+_COPY = _PythonCalls(_copy)
 
 
 def _misaligned(t: torch.Tensor) -> bool:
     """Whether ``t``'s data is not 16-byte aligned (a fake tensor has no address: False)."""
     return not isinstance(t, FakeTensor) and t.data_ptr() % 16 != 0
+
+
+def needs_staging(t: torch.Tensor) -> bool:
+    """Whether the kernels cannot take ``t`` where it lies: it is not contiguous, or its data is not
+    16-byte aligned (a fake tensor has no address: its strides only). Facts of this rank's tensor
+    alone, so a plan stages such a tensor (:func:`_stage`) rather than let the launcher refuse it on
+    this rank while the peers wait in the kernel."""
+    return not t.is_contiguous() or _misaligned(t)
+
+
+def _stage(t: torch.Tensor, copies: list[Launch] | None, *, read: bool = True, result: Any = None) -> torch.Tensor:
+    """``t``, or, where :func:`needs_staging`, a contiguous aligned temporary that stands for it in
+    the launch: a copy of ``t`` where the kernel reads it (``read``), else uninitialised. Where the
+    kernel writes it (``copies`` given), the launch copying the temporary back into ``t`` is
+    appended to ``copies`` (its result ``result``, the op's when it is the plan's last launch)."""
+    if not needs_staging(t):
+        return t
+    if read:
+        staged = t.clone(memory_format=torch.contiguous_format)
+    else:
+        staged = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    if copies is not None:
+        copies.append((_COPY, "copy", (t, staged), result))
+    return staged
+
+
+def _launches(planned: Launch | list[Launch]) -> list[Launch]:
+    return [planned] if type(planned) is tuple else list(planned)
 
 
 @kernel_op("custom_all_reduce", out="out")
@@ -168,27 +212,23 @@ def custom_all_reduce(x: torch.Tensor, handle: int, out: torch.Tensor | None = N
     if reason is not None:
         return _TORCH, "all_reduce", (comm, x, out), out
     comm.before_call()
-    if not x.is_contiguous():
-        x = x.contiguous()
-    elif _misaligned(x):  # the kernel's 16-byte units need an aligned copy (a local choice)
-        x = x.clone()
+    x = _stage(x, None)  # the kernel reads whole 16-byte units of a contiguous input
+    copies: list[Launch] = []
+    target = _stage(out, copies, read=False, result=out)
     algo = choose_algorithm(x.numel() * x.element_size(), comm.world_size)
-    inputs = comm.graph_input_slot(x, out, algo)  # 0 (copy-in) but for a registered captured call
-    args = (out, x, comm.peers, comm.rank, algo, comm.error_address, comm.timeout_ns, comm.max_bytes, inputs)
+    inputs = comm.graph_input_slot(x, target, algo)  # 0 (copy-in) but for a registered captured call
+    args = (target, x, comm.peers, comm.rank, algo, comm.error_address, comm.timeout_ns, comm.max_bytes, inputs)
+    if copies:
+        return [(_ALL_REDUCE, x.dtype, args, target), *copies]
     return _ALL_REDUCE, x.dtype, args, out
 
 
 def _one_launch_kper(comm: Communicator, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> int:
-    """The fused kernel's vectors per thread for this call, or 0 when it runs as separate calls."""
+    """The fused kernel's vectors per thread for this call, or 0 when it runs as separate calls. It
+    reads what every rank shares (the shapes, the dtype, the communicator), never a layout: every
+    rank must launch the same kernel, and a layout the kernel cannot take is staged."""
     kper = fused_vectors_per_thread(weight.numel(), x.dtype) if x.dtype in SUPPORTED_DTYPES else 0
-    one_launch = (
-        kper > 0
-        and x.dim() >= 2
-        and x.shape == residual.shape
-        and x.is_contiguous()
-        and residual.is_contiguous()
-        and comm.fallback_reason(x) is None
-    )
+    one_launch = kper > 0 and x.dim() >= 2 and x.shape == residual.shape and comm.fallback_reason(x) is None
     return kper if one_launch else 0
 
 
@@ -210,10 +250,13 @@ def custom_all_reduce_fused_add_rmsnorm(
     kper = _one_launch_kper(comm, x, residual, weight)
     if kper == 0:
         reduced = custom_all_reduce.op.plan(x, handle, x)
-        return [reduced, fused_add_rmsnorm.op.plan(x, residual, weight, eps)]
+        return [*_launches(reduced), *_launches(fused_add_rmsnorm.op.plan(x, residual, weight, eps))]
     comm.before_call()
+    copies: list[Launch] = []
+    x, residual, weight = _stage(x, copies), _stage(residual, copies), _stage(weight, None)
     args = (_as_rows(x), _as_rows(residual), weight, eps, comm.peers, comm.rank, kper)
-    return _FUSED, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), None
+    launch = (_FUSED, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), None)
+    return [launch, *copies] if copies else launch
 
 
 @kernel_op("custom_all_reduce_fused_add_rmsnorm_quant_fp8", mutates=("x", "residual"), out="out")
@@ -239,10 +282,15 @@ def custom_all_reduce_fused_add_rmsnorm_quant_fp8(
     if kper == 0:
         fused = custom_all_reduce_fused_add_rmsnorm.op.plan(x, residual, weight, eps, handle)
         kernels, key, args, _ = _quant.op.plan(x, out, scale, True)
-        return [*(fused if isinstance(fused, list) else [fused]), (kernels, key, args, out)]
+        return [*_launches(fused), (kernels, key, args, out)]
     comm.before_call()
-    args = (_as_rows(out), _as_rows(x), _as_rows(residual), weight, scale, eps, comm.peers, comm.rank, kper)
-    return _FUSED_QUANT, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), out
+    copies: list[Launch] = []
+    q = _stage(out, copies, read=False, result=out)
+    x, residual = _stage(x, copies, result=out), _stage(residual, copies, result=out)
+    weight = _stage(weight, None)
+    args = (_as_rows(q), _as_rows(x), _as_rows(residual), weight, scale, eps, comm.peers, comm.rank, kper)
+    launch = (_FUSED_QUANT, x.dtype, (*args, comm.error_address, comm.timeout_ns, comm.max_bytes), out)
+    return [launch, *copies] if copies else launch
 
 
 def group_outputs(
@@ -310,8 +358,12 @@ def custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
     if kper == 0:
         reduced = custom_all_reduce.op.plan(x, handle, x)
         args = (x, residual, weight, output_q, output_s, group_size, eps, quant_eps, scale_ue8m0, x, None)
-        return [reduced, _fused_add_rmsnorm_group.op.plan(*args)]
+        return [*_launches(reduced), *_launches(_fused_add_rmsnorm_group.op.plan(*args))]
     comm.before_call()
+    # output_s is not staged: the kernel takes any of its layouts where it lies, by its strides.
+    copies: list[Launch] = []
+    output_q = _stage(output_q, copies, read=False)
+    x, residual, weight = _stage(x, copies), _stage(residual, copies), _stage(weight, None)
     if x.dim() == 2:  # the rows the kernel takes as they are; C++ matches the outputs against them
         q_rows, s_rows = output_q, output_s
     else:
@@ -324,9 +376,10 @@ def custom_all_reduce_fused_add_rmsnorm_per_token_group_quant_fp8(
             )
         s_rows = rows(_GROUP, "output_s", output_s)
     args = (q_rows, s_rows, _as_rows(x), _as_rows(residual), weight, group_size, eps, quant_eps, scale_ue8m0)
-    return (
+    launch = (
         _FUSED_GROUP,
         x.dtype,
         (*args, comm.peers, comm.rank, kper, comm.error_address, comm.timeout_ns, comm.max_bytes),
         None,
     )
+    return [launch, *copies] if copies else launch
