@@ -1275,16 +1275,31 @@ def test_bench_dispatch_has_a_row_for_every_public_op() -> None:
     assert all(bench_dispatch.NO_ROW.values())
 
 
+def test_bench_dispatch_ops_selects_rows_by_op() -> None:
+    from jit_kernel.benchmark import bench_dispatch
+
+    assert bench_dispatch.selected(None) == list(bench_dispatch.OPS)
+    assert bench_dispatch.selected(["decode_linear", "fused_add_rmsnorm"]) == [
+        "fused_add_rmsnorm",
+        "decode_linear (out=)",
+        "decode_linear (functional)",
+    ]
+    with pytest.raises(ValueError, match=r"unknown ops \['decode_linea'\]; known: \["):
+        bench_dispatch.selected(["decode_linea"])
+    with pytest.raises(SystemExit):
+        bench_dispatch.main(["--ops", "no_such_op", "--cpu-only"])
+
+
 def _launcher_params(spec: KernelSpec, export: str) -> list[str]:
     """The parameter types of the C++ function ``spec`` exports as ``export``, read from its sources:
-    ``ns::Struct<{args}>::name`` is Struct's ``static void name(...)``, ``ns::name<{args}>`` a free
-    ``void name(...)``."""
+    ``ns::Struct<{args}>::name`` is Struct's ``static void name(...)`` (or ``static bool``: a
+    launcher that may decline), ``ns::name<{args}>`` a free ``void name(...)``."""
     from jit_kernel.engine import env
 
     *_, owner, name = (re.sub(r"<.*?>", "", part) for part in spec.exports[export].split("::"))
     text = "\n".join((env.CSRC_DIR / source).read_text() for source in spec.sources)
     struct = re.search(rf"\bstruct {owner}\b[^;{{]*{{", text)
-    pattern = rf"\bstatic void {name}\(" if struct else rf"\bvoid {name}\("
+    pattern = rf"\bstatic (?:void|bool) {name}\(" if struct else rf"\bvoid {name}\("
     found = re.compile(pattern).search(text, struct.end() if struct else 0)
     assert found is not None, f"{spec.exports[export]}: no {pattern} in {spec.sources}"
     depth, params, current = 0, [], ""
@@ -1314,6 +1329,11 @@ def _accepts(cpp_type: str, value: object) -> bool:
     expected = {"double": float, "bool": bool, "int64_t": int, "int32_t": int}.get(scalar)
     assert expected is not None, f"unknown launcher parameter type {cpp_type!r}"
     return type(value) is expected
+
+
+# Ops that give tensors off the GPU to their fallback before any launch: their launches are checked
+# on CUDA FakeTensors instead (decode_linear: tests/test_gemm_cpu.py).
+OFF_GPU_FALLBACK = {"decode_linear"}
 
 
 def test_bench_dispatch_calls_match_the_ops_and_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1350,6 +1370,11 @@ def test_bench_dispatch_calls_match_the_ops_and_the_launchers(monkeypatch: pytes
         for row in bench_dispatch.OPS:
             spec = bench_dispatch.SPECS[row.split(" (")[0]][1](inputs)
             inspect.signature(spec.op).bind(*spec.args, **spec.kwargs)
+            if row.split(" (")[0] in OFF_GPU_FALLBACK:
+                calls.clear()
+                spec.op(*spec.args, **spec.kwargs)
+                assert calls == [], f"{row}: launched on CPU tensors"
+                continue
             eager, raw, _ = bench_dispatch.OPS[row](inputs)
             calls.clear()
             eager()

@@ -48,6 +48,7 @@ device and the command line (also saved as ``bench_dispatch.md`` with ``--save-p
 ``$BENCH_JSON_DIR``, for ``python -m jit_kernel.benchmark.report``)::
 
     python -m jit_kernel.benchmark.bench_dispatch
+    python -m jit_kernel.benchmark.bench_dispatch --ops decode_linear rmsnorm   # those ops' rows only
     python -m jit_kernel.benchmark.bench_dispatch --cpu-only --calls 2000   # quick, no GPU needed
 """
 
@@ -986,14 +987,30 @@ def graph_header() -> list[str]:
 Section = tuple[str, str, list[str], list[list[object]]]  # (name, title, header, rows)
 
 
-def sections(calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool) -> list[Section]:
-    """Run every section this machine can. Each is appended to ``SECTIONS`` as it completes, so an
-    interrupted run keeps the ones measured."""
+def selected(ops: Sequence[str] | None) -> list[str]:
+    """The rows of the ops named in ``ops`` (a row's op is its name before the form: ``decode_linear``
+    selects ``decode_linear (out=)`` and ``decode_linear (functional)``), every row for None; an
+    unknown name raises ``ValueError`` listing the known ones."""
+    if ops is None:
+        return list(OPS)
+    known = {name.split(" (")[0] for name in OPS}
+    unknown = sorted(set(ops) - known)
+    if unknown:
+        raise ValueError(f"unknown ops {unknown}; known: {sorted(known)}")
+    return [name for name in OPS if name.split(" (")[0] in ops]
+
+
+def sections(
+    calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool, ops: Sequence[str] | None = None
+) -> list[Section]:
+    """Run every section this machine can (the eager and graph sections for the rows of ``ops``,
+    every op's for None). Each is appended to ``SECTIONS`` as it completes, so an interrupted run
+    keeps the ones measured."""
     cuda = torch.cuda.is_available() and not cpu_only
+    names = selected(ops)
     SECTIONS.clear()
     if cuda:
         torch.manual_seed(0)
-        names = list(OPS)
         measured: dict[str, tuple[float, float]] = {}
         SECTIONS.append(
             (
@@ -1070,14 +1087,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--graph-calls", type=int, default=100, help="op calls per CUDA graph (default 100)")
     parser.add_argument("--replays", type=int, default=50, help="timed replays of each graph (default 50)")
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU section, even with a GPU")
+    parser.add_argument(
+        "--ops", nargs="+", metavar="OP", help="only these ops' eager and graph rows (e.g. decode_linear rmsnorm)"
+    )
     args = parser.parse_args(argv)
     if min(args.calls, args.repeats, args.graph_calls, args.replays) < 1:
         parser.error("--calls, --repeats, --graph-calls and --replays must be positive")
+    try:
+        selected(args.ops)
+    except ValueError as error:
+        parser.error(str(error))
     args_line = " ".join([COMMAND, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     complete = True
     with results.stoppable():
         try:
-            measured = sections(args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only)
+            measured = sections(args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only, args.ops)
         except KeyboardInterrupt:  # stopped at its time bound: keep the sections measured
             complete, measured = False, list(SECTIONS)
     text = markdown(args_line, measured, args.cpu_only)
