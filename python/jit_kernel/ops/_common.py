@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from jit_kernel.engine import env, target
 from jit_kernel.engine.dispatch import Dispatcher
@@ -452,7 +453,7 @@ class Op:
         if planned is DECLINED:
             return False
         for kernels, key, launch_args, result in (planned,) if type(planned) is tuple else planned:
-            passed = [without_data(a) if a is result or _is_fake(a) else a for a in launch_args]
+            passed = [without_data(a) if a is result or isinstance(a, FakeTensor) else a for a in launch_args]
             if kernels[key](*passed) is False:
                 return False
         return True
@@ -514,12 +515,6 @@ class Op:
         op = torch.library.custom_op(f"jit_kernel::{name}", implementation(True), mutates_args=mutates)
         op.register_fake(implementation(False))
         return getattr(torch.ops.jit_kernel, name)
-
-
-def _is_fake(value: object) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(value, FakeTensor)
 
 
 def kernel_op(
