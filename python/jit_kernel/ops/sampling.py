@@ -81,6 +81,25 @@ def _split(op: str, name: str, value: Param, integer: bool = False) -> tuple[tor
     return None, float(value)
 
 
+def _split_all(op: str, temperature: Param, top_k: Param, top_p: Param, min_p: Param) -> tuple[Any, ...]:
+    """The four per-request parameters as the launcher takes them, each ``_split``: ``(temperature,
+    temperature_value, top_k, top_k_value, top_p, top_p_value, min_p, min_p_value)``. Tensors and
+    None, what engines pass on every step, pass through as they are."""
+    if (
+        (temperature is None or type(temperature) is torch.Tensor)
+        and (top_k is None or type(top_k) is torch.Tensor)
+        and (top_p is None or type(top_p) is torch.Tensor)
+        and (min_p is None or type(min_p) is torch.Tensor)
+    ):
+        return temperature, None, top_k, None, top_p, None, min_p, None
+    return (
+        *_split(op, "temperature", temperature),
+        *_split(op, "top_k", top_k, integer=True),
+        *_split(op, "top_p", top_p),
+        *_split(op, "min_p", min_p),
+    )
+
+
 def philox_inputs(
     op: str, seed: object, offset: object, device: torch.device, generator: torch.Generator | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, int, int]:
@@ -88,6 +107,8 @@ def philox_inputs(
     numbers (the sampler's and the speculative ops'): both int64 tensors (C++ checks them), ints
     (``offset`` defaults to 0), or neither: a seed drawn from ``generator`` (torch's CUDA generator
     by default) on the device, so that CUDA-graph replays draw fresh numbers."""
+    if type(seed) is torch.Tensor and type(offset) is torch.Tensor:  # each request's own stream
+        return seed, offset, 0, 0
     if seed is None:
         if offset is not None:
             raise ValueError(f"{op}: offset is given without seed; pass both, or neither to draw from torch")
@@ -206,11 +227,11 @@ def _filter(
 
 def _rows(op: str, name: str, input: object) -> int:
     """The rows of ``input [B, V]``; the errors the shared declared op cannot name the op in."""
-    if not isinstance(input, torch.Tensor):
+    if type(input) is not torch.Tensor and not isinstance(input, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(input).__name__}")
     if input.dtype not in FLOAT_DTYPES:
         float_dtype(op, name, input.dtype)
-    if input.dim() != 2:
+    if input.ndim != 2:
         raise ValueError(f"{op}: {name} must have 2 dimensions [batch, vocab], got shape {tuple(input.shape)}")
     return input.shape[0]
 
@@ -241,17 +262,14 @@ def _draw_call(
     batch = indices.shape[0] if indices is not None and indices.dim() == 1 else rows
     if out is None:
         dtype = indices.dtype if indices is not None and indices.dtype in (torch.int32, torch.int64) else torch.int32
-        out = torch.empty(batch, dtype=dtype, device=input.device)
-    logprobs = torch.empty(batch, dtype=torch.float32, device=input.device) if return_logprobs else None
-    t, tv = _split(op, "temperature", temperature)
-    k, kv = _split(op, "top_k", top_k, integer=True)
-    p, pv = _split(op, "top_p", top_p)
-    m, mv = _split(op, "min_p", min_p)
-    if seed is None and offset is None and t is None and tv == 0.0:
-        s, o, sv, ov = None, None, 0, 0  # every row greedy: no random numbers to draw
+        out = input.new_empty(batch, dtype=dtype)
+    logprobs = input.new_empty(batch, dtype=torch.float32) if return_logprobs else None
+    filters = _split_all(op, temperature, top_k, top_p, min_p)
+    if seed is None and offset is None and filters[0] is None and filters[1] == 0.0:
+        philox = None, None, 0, 0  # every row greedy: no random numbers to draw
     else:
-        s, o, sv, ov = philox_inputs(op, seed, offset, input.device, generator)
-    _draw(out, logprobs, input, indices, t, tv, k, kv, p, pv, m, mv, s, o, sv, ov, probs, joint, advance, enable_pdl)
+        philox = philox_inputs(op, seed, offset, input.device, generator)
+    _draw(out, logprobs, input, indices, *filters, *philox, probs, joint, advance, enable_pdl)
     return out, logprobs
 
 
@@ -333,11 +351,7 @@ def _filtered(
     _rows(op, "probs" if renorm else "logits", input)
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    t, tv = _split(op, "temperature", temperature)
-    k, kv = _split(op, "top_k", top_k, integer=True)
-    p, pv = _split(op, "top_p", top_p)
-    m, mv = _split(op, "min_p", min_p)
-    _filter(out, input, t, tv, k, kv, p, pv, m, mv, renorm, joint, enable_pdl)
+    _filter(out, input, *_split_all(op, temperature, top_k, top_p, min_p), renorm, joint, enable_pdl)
     return out
 
 
