@@ -206,6 +206,13 @@ def test_rule(case: str, make: Callable[[], tuple[object, ...]], served: bool) -
         assert decode_linear_serves(*make()) is served
 
 
+@pytest.mark.parametrize(("rows", "served"), [(1, True), (16, True), (17, False), (64, False), (0, False)])
+def test_rule_with_out_given_counts_the_rows_in_the_launcher(rows: int, served: bool) -> None:
+    """With ``out`` given the op reads only the device and the dtype: the launcher bounds the rows."""
+    with fake_cuda():
+        assert decode_linear.op.serves(_e(rows, 64), _e(32, 64), out=_e(rows, 32)) is served
+
+
 @pytest.mark.parametrize(
     ("n", "k", "served"),
     [(4096, 14336, True), (7168, 8192, True), (8192, 8192, True), (8193, 8192, False), (28672, 4096, False)],

@@ -358,12 +358,13 @@ inline constexpr int64_t kMaxWeightBytes = int64_t{128} << 20;
 
 // The launcher: out = input @ weight^T (+ bias) where the kernel serves the arguments, returning
 // true; false, with nothing launched or written, where it does not (the op then calls cuBLAS). This
-// is the rule, and the one place it is written, apart from the two facts the op reads before it
-// calls here: input's dtype picks T (fp16 or bf16) and input has 1 to kMaxRows rows.
+// is the rule, and the one place it is written: the op reads only the device and the dtype (which
+// picks T, fp16 or bf16) before it calls here, and the row count where it allocates `out`, so as not
+// to allocate for a call it would decline.
 //
-// Served: `input` [..., K] whose leading dimensions collapse into rows at one stride, the last one
-// contiguous, rows starting on 16 bytes (an aligned pointer, a row stride that is a multiple of 8
-// where there are several rows); `weight` [N, K] of T, contiguous, on 16 bytes, of at most
+// Served: `input` [..., K] of 1 to kMaxRows rows whose leading dimensions collapse into one stride,
+// the last one contiguous, rows starting on 16 bytes (an aligned pointer, a row stride that is a
+// multiple of 8 where there are several rows); `weight` [N, K] of T, contiguous, on 16 bytes, of at most
 // kMaxWeightBytes; K a positive multiple of 8; `bias` [N] of T at any stride, or none. Errors, naming
 // the tensor: tensors off the GPU or on different GPUs, and `out` that is not input's leading
 // dimensions by N in T, in rows with a contiguous last dimension.
@@ -380,6 +381,7 @@ struct DecodeLinear {
     using host::is_type;
     if (weight.ndim() != 2 || !is_type<T>(weight.dtype()) || !is_type<T>(input.dtype())) return false;
     const int64_t n = weight.size(0), k = weight.size(1);
+    if (x.count < 1 || x.count > kMaxRows) return false;
     if (k == 0 || k % 8 != 0 || x.width != k || !x.ok || !weight.is_contiguous()) return false;
     if (n * k * int64_t{sizeof(T)} > kMaxWeightBytes) return false;
     if (!detail::aligned16(weight.data_ptr()) || !detail::aligned16(input.data_ptr())) return false;
@@ -397,8 +399,6 @@ struct DecodeLinear {
     using namespace host;
     const detail::Rows x = detail::rows_of(input);
     if (!serves(input, x, weight, bias)) return false;
-    RuntimeCheck(
-        x.count >= 1 && x.count <= kMaxRows, "decode_linear: input must have 1 to ", kMaxRows, " rows, got ", x.count);
     const DLDevice dev = input.device();
     RuntimeCheck(
         dev.device_type == kDLCUDA, "decode_linear: input must be a CUDA tensor, got ", details::device_name(dev));

@@ -95,12 +95,15 @@ def decode_linear(
     no kernel's output: pass ``enable_pdl=False`` where the kernel launched just before writes the
     weight (an in-place weight update, say)."""
     dtype = input.dtype
-    shape = input.shape
-    # The facts read here: the device and the dtype pick the kernel, and the row count bounds what
-    # is allocated; the launcher decides the rest, and returns False for what it does not serve.
-    if not input.is_cuda or dtype not in _DTYPES or not shape or not 0 < input.numel() <= MAX_ROWS * shape[-1]:
+    # The facts read here: the device and the dtype pick the kernel, and where out is allocated, the
+    # row count (no output is allocated for a call the launcher would decline); the launcher decides
+    # the rest, the row count included, and returns False for what it does not serve.
+    if not input.is_cuda or dtype not in _DTYPES:
         return DECLINED
     if out is None:
+        shape = input.shape
+        if not shape or not 0 < input.numel() <= MAX_ROWS * shape[-1]:
+            return DECLINED
         size = list(shape)  # the input's leading dimensions by N
         size[-1] = weight.shape[0] if weight.ndim else 0
         out = input.new_empty(size)
