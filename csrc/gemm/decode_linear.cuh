@@ -40,8 +40,8 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 
-#include <cooperative_groups.h>
 #include <algorithm>
+#include <cooperative_groups.h>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -405,7 +405,11 @@ struct DecodeLinear {
     const auto on_device = [&](const tvm::ffi::TensorView& t, const char* name) {
       RuntimeCheck(
           t.device() == dev,
-          "decode_linear: ", name, " must be on input's device (", details::device_name(dev), "), got ",
+          "decode_linear: ",
+          name,
+          " must be on input's device (",
+          details::device_name(dev),
+          "), got ",
           details::device_name(t.device()));
     };
     on_device(weight, "weight");
@@ -414,8 +418,8 @@ struct DecodeLinear {
     int64_t bias_stride = 0;
     if (bias.has_value()) {
       on_device(*bias, "bias");
-      RuntimeCheck((*bias).size(0) == n, "decode_linear: bias must have out_features (", n, ") elements, got ",
-                   (*bias).size(0));
+      RuntimeCheck(
+          (*bias).size(0) == n, "decode_linear: bias must have out_features (", n, ") elements, got ", (*bias).size(0));
       bias_ptr = (*bias).data_ptr();
       bias_stride = (*bias).stride(0);
     }
@@ -424,18 +428,22 @@ struct DecodeLinear {
     for (int32_t d = 0; out_shape && d + 1 < input.ndim(); ++d) out_shape = out.size(d) == input.size(d);
     RuntimeCheck(
         out_shape,
-        "decode_linear: out must have shape ", detail::shape_text(input, input.ndim() - 1, n), ", got ",
+        "decode_linear: out must have shape ",
+        detail::shape_text(input, input.ndim() - 1, n),
+        ", got ",
         detail::shape_text(out, out.ndim()));
     if (!is_type<T>(out.dtype())) {
       details::fail(
-          "Runtime check failed", ErrorKind::TypeError, {},
-          "decode_linear: out must have input's dtype, got ", details::dtype_name(out.dtype()));
+          "Runtime check failed",
+          ErrorKind::TypeError,
+          {},
+          "decode_linear: out must have input's dtype, got ",
+          details::dtype_name(out.dtype()));
     }
     on_device(out, "out");
     const detail::Rows y = detail::rows_of(out);
     RuntimeCheck(
-        y.ok,
-        "decode_linear: out must be rows: a contiguous last dimension, the leading dimensions at one stride");
+        y.ok, "decode_linear: out must be rows: a contiguous last dimension, the leading dimensions at one stride");
     RuntimeCheck(k < (int64_t{1} << 31), "decode_linear: in_features must be below 2^31, got ", k);
     RuntimeCheck(
         n <= int64_t{kColumns} * 0x7fffffff / kMaxSplit, "decode_linear: out_features too large for the grid, got ", n);
