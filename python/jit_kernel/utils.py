@@ -109,8 +109,9 @@ class ArchInfo:
 def get_jit_cuda_arch() -> ArchInfo:
     """The arch ``load_jit`` compiles for (:func:`jit_kernel.engine.target.compile_arch` owns the
     rule: ``$JIT_KERNEL_CUDA_ARCH`` if set, else the current GPU's, with ``a`` for Hopper and
-    datacenter Blackwell); 0.0, with a warning, when neither is there, so that a seed-style wrapper
-    can still be imported and asked, while any build for it raises (``load_jit`` takes the same rule).
+    datacenter Blackwell); ``ArchInfo(0, 0, "")`` (``target_name`` "0.0"), with a warning, when
+    neither is there, so that a seed-style wrapper can still be imported and asked, while any build
+    for it raises (``load_jit`` takes the same rule).
     An invalid ``$JIT_KERNEL_CUDA_ARCH`` raises ``ValueError`` naming the variable."""
     try:
         arch = target.compile_arch()

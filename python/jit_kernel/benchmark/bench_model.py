@@ -7,7 +7,7 @@ bound by the host (transformers' Python and, in the fp8 model, the host side of 
 ``torch._scaled_mm``): they follow the machine's CPU more than the kernels, and the CUDA-graph and
 compiled rows are the ones that compare kernels.
 
-    python -m jit_kernel.benchmark.bench_model                       # the three models, 4 layers
+    python -m jit_kernel.benchmark.bench_model                       # the four models, 4 layers
     python -m jit_kernel.benchmark.bench_model --quick               # 1 layer, batch 1: a smoke test
     python -m jit_kernel.benchmark.bench_model --json-dir bench-json # + JSON results (report.py)
     python -m jit_kernel.benchmark.bench_model --attention           # + jit_kernel with each other

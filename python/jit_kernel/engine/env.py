@@ -102,8 +102,9 @@ ENVIRON_DATA: dict[object, object] = (
 
 
 def check_indices() -> bool:
-    """``JIT_KERNEL_CHECK_INDICES=1``: hicache, rope and the KV-cache store validate indices before
-    a launch (one reduction and a sync); read at every call so that it can be toggled at run time."""
+    """``JIT_KERNEL_CHECK_INDICES=1``: the hicache transfers, rope, the KV-cache store and the
+    speculative-sampling ops validate indices before a launch (one reduction and a sync); read at
+    every call so that it can be toggled at run time."""
     if CHECK_INDICES_KEY not in ENVIRON_DATA:
         return False  # the common case: one dict lookup (see ENVIRON_DATA)
     return _flag("JIT_KERNEL_CHECK_INDICES")
