@@ -83,15 +83,7 @@ def _split(op: str, name: str, value: Param, integer: bool = False) -> tuple[tor
 
 def _split_all(op: str, temperature: Param, top_k: Param, top_p: Param, min_p: Param) -> tuple[Any, ...]:
     """The four per-request parameters as the launcher takes them, each ``_split``: ``(temperature,
-    temperature_value, top_k, top_k_value, top_p, top_p_value, min_p, min_p_value)``. Tensors and
-    None, what engines pass on every step, pass through as they are."""
-    if (
-        (temperature is None or type(temperature) is torch.Tensor)
-        and (top_k is None or type(top_k) is torch.Tensor)
-        and (top_p is None or type(top_p) is torch.Tensor)
-        and (min_p is None or type(min_p) is torch.Tensor)
-    ):
-        return temperature, None, top_k, None, top_p, None, min_p, None
+    temperature_value, top_k, top_k_value, top_p, top_p_value, min_p, min_p_value)``."""
     return (
         *_split(op, "temperature", temperature),
         *_split(op, "top_k", top_k, integer=True),
@@ -107,8 +99,6 @@ def philox_inputs(
     numbers (the sampler's and the speculative ops'): both int64 tensors (C++ checks them), ints
     (``offset`` defaults to 0), or neither: a seed drawn from ``generator`` (torch's CUDA generator
     by default) on the device, so that CUDA-graph replays draw fresh numbers."""
-    if type(seed) is torch.Tensor and type(offset) is torch.Tensor:  # each request's own stream
-        return seed, offset, 0, 0
     if seed is None:
         if offset is not None:
             raise ValueError(f"{op}: offset is given without seed; pass both, or neither to draw from torch")
@@ -227,7 +217,7 @@ def _filter(
 
 def _rows(op: str, name: str, input: object) -> int:
     """The rows of ``input [B, V]``; the errors the shared declared op cannot name the op in."""
-    if type(input) is not torch.Tensor and not isinstance(input, torch.Tensor):
+    if not isinstance(input, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(input).__name__}")
     if input.dtype not in FLOAT_DTYPES:
         float_dtype(op, name, input.dtype)
@@ -265,7 +255,8 @@ def _draw_call(
         out = input.new_empty(batch, dtype=dtype)
     logprobs = input.new_empty(batch, dtype=torch.float32) if return_logprobs else None
     filters = _split_all(op, temperature, top_k, top_p, min_p)
-    if seed is None and offset is None and filters[0] is None and filters[1] == 0.0:
+    temperature_tensor, temperature_value = filters[:2]
+    if seed is None and offset is None and temperature_tensor is None and temperature_value == 0.0:
         philox = None, None, 0, 0  # every row greedy: no random numbers to draw
     else:
         philox = philox_inputs(op, seed, offset, input.device, generator)
