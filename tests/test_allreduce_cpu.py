@@ -293,6 +293,8 @@ def gloo_debug_rank(rank: int, world: int, init: str) -> None:
         lambda: CustomAllReduce(dist.group.WORLD, debug=rank == 0),
         "the ranks pass different (max_bytes, graph_inputs, max_graph_calls, debug)",
     )
+    # The refused communicator keeps nothing (a registered one would outlive the group).
+    assert not distributed._ops.COMMUNICATORS
     comm = CustomAllReduce(dist.group.WORLD, debug=True)
     x = torch.arange(6, dtype=torch.float32) + rank
     expected = sum(torch.arange(6, dtype=torch.float32) + r for r in range(world))

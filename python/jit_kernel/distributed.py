@@ -255,7 +255,13 @@ class CustomAllReduce:
         _ops.COMMUNICATORS[self.handle] = self
         if self.world_size == 1:
             return
-        self.disabled_reason = self._setup(dist, device)
+        try:
+            self.disabled_reason = self._setup(dist, device)
+        except BaseException:
+            # A refused construction keeps nothing: a registered communicator would hold the group
+            # (and any regions mapped so far) past destroy_process_group, to the interpreter's exit.
+            self.close()
+            raise
         if self.disabled_reason is not None:
             _log_once(self.disabled_reason)
 
