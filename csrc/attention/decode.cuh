@@ -29,14 +29,21 @@
 // conflict-free), kStages - 1 tiles ahead of the tile it computes on. A ring belongs to one warp,
 // so a __syncwarp after cp.async.wait_group makes a tile visible, and no block barrier is needed.
 //
-// Flash-decoding: with few CTAs per SM (small B * Hkv), each sequence's keys are split into
-// num_splits ranges of split_len keys, chosen on the host from the shapes, the SM count and the
-// kernel's occupancy alone (never from seq_lens, which stay on the device: no sync, CUDA-graph
-// safe): the fewest splits whose waves of CTAs are nearly as full as the best choice's, up to a
-// bound from the same inputs. Each split writes its normalised partial output and its log-sum-exp
-// (base 2) to a float32 workspace the launcher allocates, and a second kernel merges the splits of
-// every (sequence, query head). With one split the first kernel writes the output and nothing is
-// allocated.
+// Flash-decoding: with fewer CTAs than SMs (small B * Hkv), each sequence's keys are split into
+// num_splits ranges of split_len keys, chosen on the host from the shapes and the SM count alone
+// (never from seq_lens, which stay on the device: no sync, CUDA-graph safe): the fewest splits
+// whose waves of one CTA per SM are nearly as full as the best choice's, up to a bound from the
+// same inputs. A CTA's four rings keep enough bytes in flight for an SM's share of the bandwidth,
+// so more CTAs than SMs add per-split work and no bandwidth (docs/design/attention.md).
+//
+// Merging the splits: up to kMaxClusterSplits splits (sm_90+) run as one thread-block cluster per
+// (sequence, KV head, chunk); each split leaves its normalised partial output and log-sum-exp
+// (base 2) in its shared memory, and after a cluster barrier the cluster's CTAs merge them through
+// distributed shared memory, each a share of the outputs: one kernel, no workspace. With more
+// splits (or no clusters) each split writes its partial state to a float32 workspace the launcher
+// allocates, and a second kernel merges the splits of every (sequence, query head). Both merge the
+// splits in the same order with the same arithmetic (merge_states), so they give the same bits.
+// With one split the first kernel writes the output and nothing is allocated.
 //
 // Lengths: seq_lens[b] == 0 is an empty sequence (out 0, lse -inf, what merge_attn_states treats as
 // no contribution); a length below 0 or above max_len cannot be checked on the host without a sync,
@@ -57,6 +64,8 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -72,6 +81,8 @@ inline constexpr int64_t kMaxGroup = 8;
 inline constexpr int64_t kTileKeys = 16;
 // At most this many splits per sequence.
 inline constexpr int64_t kMaxSplits = 64;
+// At most this many splits merged inside a cluster (a non-portable cluster size above 8).
+inline constexpr int64_t kMaxClusterSplits = 16;
 // Split lengths are rounded up to a multiple of this many keys (whole tiles).
 inline constexpr int64_t kSplitAlign = kTileKeys;
 
@@ -92,7 +103,8 @@ struct DecodeParams {
   int64_t batch;
   int32_t num_heads, num_kv_heads, group, head_chunks, num_splits, split_stride;
   int64_t max_len, split_len;
-  float scale_log2;  // scale * log2(e)
+  float scale_log2;       // scale * log2(e)
+  bool merge_in_cluster;  // the splits of a (sequence, KV head, chunk) are one cluster and merge in it
 };
 
 namespace detail {
@@ -168,6 +180,45 @@ SGL_DEVICE float weight(float x, float m) {
   return m == -std::numeric_limits<float>::infinity() ? 0.0f : exp2f(x - m);
 }
 
+// The merge of `splits` partial states of one output vector: `lse(s)` the base-2 log-sum-exp of
+// split s (-inf for a split without keys), `part(s)` its normalised partial output (4 elements).
+// Sets `lse2` to the merged log-sum-exp (base 2) and returns the merged output vector (zeros and
+// -inf when no split has a key).
+template <typename Lse, typename Part>
+SGL_DEVICE float4 merge_states(int splits, Lse&& lse, Part&& part, float& lse2) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, lse(s));
+  lse2 = top;
+  if (top == -std::numeric_limits<float>::infinity()) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float sum = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float w = exp2f(lse(s) - top);  // 0 for a split without keys
+    const float4 v = part(s);
+    sum += w;
+    value.x = fmaf(w, v.x, value.x);
+    value.y = fmaf(w, v.y, value.y);
+    value.z = fmaf(w, v.z, value.z);
+    value.w = fmaf(w, v.w, value.w);
+  }
+  const float inv = 1.0f / sum;
+  lse2 = top + log2f(sum);
+  return make_float4(value.x * inv, value.y * inv, value.z * inv, value.w * inv);
+}
+
+// Four merged output elements of (sequence b, query head h) from column d, and the head's lse with
+// the first column (NaN for a sequence whose length is out of range).
+template <typename T>
+SGL_DEVICE void store_merged(const DecodeParams& p, int64_t b, int64_t h, int d, float4 o, float lse2, bool valid) {
+  if (!valid) o.x = o.y = o.z = o.w = lse2 = std::numeric_limits<float>::quiet_NaN();
+  T* out = static_cast<T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + d;
+  out[0] = dtype_trait<T>::from(o.x);
+  out[1] = dtype_trait<T>::from(o.y);
+  out[2] = dtype_trait<T>::from(o.z);
+  out[3] = dtype_trait<T>::from(o.w);
+  if (d == 0 && p.lse != nullptr) p.lse[b * p.num_heads + h] = lse2 * kLn2;
+}
+
 // The share of the launched waves' CTA slots that `blocks` CTAs fill, `resident` at a time.
 inline double wave_fill(int64_t blocks, int64_t resident) {
   const int64_t waves = (blocks + resident - 1) / resident;
@@ -186,7 +237,7 @@ inline int64_t split_bound(int64_t batch, int64_t kv_heads, int64_t max_len, int
   return std::max<int64_t>(1, std::min({wanted, max_len / kMinSplitKeys, kMaxSplits}));
 }
 
-// Splits per sequence for `ctas` CTAs of one split, `resident` CTAs at a time on the device, at most
+// Splits per sequence for `ctas` CTAs of one split, `resident` CTAs in a wave (one per SM), at most
 // `max_splits`: the fewest whose waves are filled within 5% of the best choice's.
 inline int64_t choose_splits(int64_t ctas, int64_t resident, int64_t max_splits) {
   double best = 0.0;
@@ -226,19 +277,25 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
     float max[kWarps][kMaxGroup];
     float sum[kWarps][kMaxGroup];
   };
-  static_assert(sizeof(Combine) <= decode_shared_bytes(kHeadDim), "the partial states fit in the rings");
+  struct Split {  // this split's merged state, for the cluster's merge
+    float out[kMaxGroup][kHeadDim];
+    float lse[kMaxGroup];
+  };
+  static_assert(sizeof(Combine) % 16 == 0, "the split's state after the warps' is 16-byte aligned");
+  static_assert(sizeof(Combine) + sizeof(Split) <= decode_shared_bytes(kHeadDim), "the states fit in the rings");
   extern __shared__ __align__(128) unsigned char shared[];
   Combine& combine = *reinterpret_cast<Combine*>(shared);
+  Split& state = *reinterpret_cast<Split*>(shared + sizeof(Combine));
 
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, t = lane % 4;  // the MMA fragments' row (head) and column pair
 
-  uint32_t block = blockIdx.x;
-  const int chunk = static_cast<int>(block % static_cast<uint32_t>(p.head_chunks));
-  block /= static_cast<uint32_t>(p.head_chunks);
+  uint32_t block = blockIdx.x;  // a cluster's blocks are consecutive: the splits are the fastest index
   const int split = static_cast<int>(block % static_cast<uint32_t>(p.num_splits));
   block /= static_cast<uint32_t>(p.num_splits);
+  const int chunk = static_cast<int>(block % static_cast<uint32_t>(p.head_chunks));
+  block /= static_cast<uint32_t>(p.head_chunks);
   const int kv_head = static_cast<int>(block % static_cast<uint32_t>(p.num_kv_heads));
   const int64_t b = static_cast<int64_t>(block / static_cast<uint32_t>(p.num_kv_heads));
   const int first_head = kv_head * p.group + chunk * static_cast<int>(kMaxGroup);
@@ -417,6 +474,11 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
       o = value / sum;
       lse2 = top + log2f(sum);
     }
+    if (p.merge_in_cluster) {
+      state.out[g][d] = o;
+      if (d == 0) state.lse[g] = lse2;
+      continue;
+    }
     if (!valid) o = lse2 = std::numeric_limits<float>::quiet_NaN();
     const int64_t h = first_head + g;
     const int64_t head_row = b * p.num_heads + h;
@@ -429,6 +491,32 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
       if (d == 0) p.partial_lse[slot] = lse2;
     }
   }
+  if (p.merge_in_cluster) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    // The cluster's splits, through distributed shared memory: block rank r merges output vectors
+    // r, r + splits, ... of the chunk's heads x kHeadDim / 4.
+    auto cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every split's state is in its block's shared memory
+    constexpr int kVectors = kHeadDim / 4;
+    const int splits = p.num_splits;
+    for (int i = split * static_cast<int>(kThreads) + static_cast<int>(threadIdx.x); i < heads * kVectors;
+         i += splits * static_cast<int>(kThreads)) {
+      const int g = i / kVectors, d = 4 * (i % kVectors);
+      float lse2;
+      const float4 o = detail::merge_states(
+          splits,
+          [&](int s) { return *cluster.map_shared_rank(&state.lse[g], static_cast<unsigned>(s)); },
+          [&](int s) {
+            return *reinterpret_cast<const float4*>(cluster.map_shared_rank(&state.out[g][d], static_cast<unsigned>(s)));
+          },
+          lse2);
+      detail::store_merged<T>(p, b, first_head + g, d, o, lse2, valid);
+    }
+    cluster.sync();  // no block exits while another still reads its shared memory
+#else
+    __trap();  // the launcher merges in a cluster on sm_90+ only
+#endif
+  }
 }
 
 // The splits of one (sequence, query head) per kHeadDim / 4 threads (4 elements each): weights
@@ -437,7 +525,6 @@ template <int kHeadDim, typename T>
 __global__ __launch_bounds__(kThreads) void merge_splits_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int kRowThreads = kHeadDim / 4;
   constexpr int kRowsPerBlock = static_cast<int>(kThreads) / kRowThreads;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t head_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
   const int t = static_cast<int>(threadIdx.x % kRowThreads);
 
@@ -448,40 +535,15 @@ __global__ __launch_bounds__(kThreads) void merge_splits_kernel(const __grid_con
   const int64_t b = head_row / p.num_heads, h = head_row % p.num_heads;
   const int64_t length = detail::load_length(p, b);
   const bool valid = length >= 0 && length <= p.max_len;
-  const int splits = p.num_splits;
   const float* lse = p.partial_lse + head_row * p.split_stride;
   const float4* parts = reinterpret_cast<const float4*>(p.partial_out + head_row * p.split_stride * kHeadDim) + t;
-
-  float top = kNegInf;
-  for (int s = 0; s < splits; ++s) top = fmaxf(top, lse[s]);
-  float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float sum = 0.0f;
-  if (top != kNegInf) {
-    for (int s = 0; s < splits; ++s) {
-      const float w = exp2f(lse[s] - top);  // 0 for a split without keys (-inf)
-      const float4 part = parts[static_cast<int64_t>(s) * (kHeadDim / 4)];
-      sum += w;
-      value.x = fmaf(w, part.x, value.x);
-      value.y = fmaf(w, part.y, value.y);
-      value.z = fmaf(w, part.z, value.z);
-      value.w = fmaf(w, part.w, value.w);
-    }
-  }
-  float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float lse2 = kNegInf;
-  if (top != kNegInf) {
-    const float inv = 1.0f / sum;
-    o[0] = value.x * inv;
-    o[1] = value.y * inv;
-    o[2] = value.z * inv;
-    o[3] = value.w * inv;
-    lse2 = top + log2f(sum);
-  }
-  if (!valid) o[0] = o[1] = o[2] = o[3] = lse2 = std::numeric_limits<float>::quiet_NaN();
-  T* out = static_cast<T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + t * 4;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] = dtype_trait<T>::from(o[e]);
-  if (t == 0 && p.lse != nullptr) p.lse[head_row] = lse2 * kLn2;
+  float lse2;
+  const float4 o = detail::merge_states(
+      p.num_splits,
+      [&](int s) { return lse[s]; },
+      [&](int s) { return parts[static_cast<int64_t>(s) * (kHeadDim / 4)]; },
+      lse2);
+  detail::store_merged<T>(p, b, h, 4 * t, o, lse2, valid);
 }
 
 template <int kHeadDim, typename T>
@@ -534,10 +596,13 @@ struct DecodeAttention {
         ctas * kMaxSplits <= int64_t{0x7fffffff}, "decode_attention: ", ctas * kMaxSplits, " CTAs do not fit one grid");
     if (b == 0 || has_no_data(out)) return;  // the fake (torch.compile) call ends here: checks only
     const DLDevice dev = device.unwrap();
-    const int64_t bound = detail::split_bound(b, hkv, max_len.unwrap(), runtime::sm_count(dev.device_id));
-    const int64_t splits = bound > 1 ? detail::choose_splits(ctas, resident_blocks(dev.device_id), bound) : 1;
-    const auto workspace = splits > 1 ? ffi::empty({b * hq * splits * (kHeadDim + 1)}, dl_dtype_v<fp32_t>, dev)
-                                      : ffi::Tensor{};
+    const int64_t sms = runtime::sm_count(dev.device_id);
+    const int64_t bound = detail::split_bound(b, hkv, max_len.unwrap(), sms);
+    const int64_t splits = bound > 1 ? detail::choose_splits(ctas, sms, bound) : 1;
+    const bool in_cluster = splits > 1 && splits <= max_cluster_splits(dev.device_id);
+    const bool in_workspace = splits > 1 && !in_cluster;
+    const auto workspace =
+        in_workspace ? ffi::empty({b * hq * splits * (kHeadDim + 1)}, dl_dtype_v<fp32_t>, dev) : ffi::Tensor{};
 
     DecodeParams p{};
     p.q = query.data_ptr();
@@ -557,8 +622,9 @@ struct DecodeAttention {
     p.out_stride_b = out.stride(0);
     p.out_stride_h = out.stride(1);
     p.lse = lse.has_value() ? static_cast<float*>((*lse).data_ptr()) : nullptr;
-    p.partial_out = splits > 1 ? static_cast<float*>(workspace.data_ptr()) : nullptr;
-    p.partial_lse = splits > 1 ? p.partial_out + b * hq * splits * kHeadDim : nullptr;
+    p.partial_out = in_workspace ? static_cast<float*>(workspace.data_ptr()) : nullptr;
+    p.partial_lse = in_workspace ? p.partial_out + b * hq * splits * kHeadDim : nullptr;
+    p.merge_in_cluster = in_cluster;
     p.batch = b;
     p.num_heads = static_cast<int32_t>(hq);
     p.num_kv_heads = static_cast<int32_t>(hkv);
@@ -571,8 +637,10 @@ struct DecodeAttention {
     const bool pdl = runtime::resolve_pdl(enable_pdl, dev.device_id);
     p.num_splits = static_cast<int32_t>(splits);
     p.split_len = div_ceil(div_ceil(p.max_len, splits), kSplitAlign) * kSplitAlign;
-    LaunchKernel(static_cast<uint32_t>(ctas * splits), kThreads, dev, kSharedBytes).enable_pdl(pdl)(kKernel, p);
-    if (splits > 1) {
+    LaunchKernel(static_cast<uint32_t>(ctas * splits), kThreads, dev, kSharedBytes)
+        .enable_pdl(pdl)
+        .enable_cluster(in_cluster ? static_cast<unsigned>(splits) : 1u)(kKernel, p);
+    if (in_workspace) {
       constexpr int64_t kRowsPerBlock = kThreads / (kHeadDim / 4);
       const auto merge_grid = static_cast<uint32_t>(div_ceil(p.batch * p.num_heads, kRowsPerBlock));
       LaunchKernel(merge_grid, kThreads, dev).enable_pdl(pdl)(merge_splits_kernel<kHeadDim, T>, p);
@@ -582,17 +650,35 @@ struct DecodeAttention {
   static constexpr auto kKernel = decode_kernel<kHeadDim, T>;
   static constexpr std::size_t kSharedBytes = decode_shared_bytes(kHeadDim);
 
-  // How many CTAs of the kernel run at once on the device: asked once per device (after the
-  // dynamic shared memory opt-in, without which the answer for more than 48 KiB is 0).
-  static int64_t resident_blocks(int device_id) {
+  // The most splits the device merges in a cluster (at most kMaxClusterSplits; 1 without clusters):
+  // the largest cluster of the kernel, with its dynamic shared memory, of which one fits the device.
+  // Asked once per device, after the dynamic shared memory and non-portable cluster size opt-ins.
+  static int64_t max_cluster_splits(int device_id) {
     struct Tag;
     return host::runtime::detail::per_device<Tag>(device_id, {}, [](int id) {
-      uint32_t per_sm = 0;
-      host::runtime::detail::on_device(id, {}, [&] {
-        host::runtime::set_max_dynamic_smem(kKernel, kSharedBytes);
-        per_sm = host::runtime::get_blocks_per_sm(kKernel, kThreads, kSharedBytes);
+      using namespace host;
+      if (!runtime::has_clusters(id)) return 1;
+      int fits = 1;
+      runtime::detail::on_device(id, {}, [&] {
+        runtime::set_max_dynamic_smem(kKernel, kSharedBytes);
+        RuntimeDeviceCheck(cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        for (int size = static_cast<int>(kMaxClusterSplits); size >= 2 && fits == 1; size /= 2) {
+          cudaLaunchAttribute cluster{};
+          cluster.id = cudaLaunchAttributeClusterDimension;
+          cluster.val.clusterDim.x = static_cast<unsigned>(size);
+          cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+          cudaLaunchConfig_t config{};
+          config.gridDim = dim3(static_cast<unsigned>(size), 1, 1);
+          config.blockDim = dim3(kThreads, 1, 1);
+          config.dynamicSmemBytes = kSharedBytes;
+          config.attrs = &cluster;
+          config.numAttrs = 1;
+          int clusters = 0;
+          RuntimeDeviceCheck(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config));
+          if (clusters >= 1) fits = size;
+        }
       });
-      return static_cast<int>(std::max<uint32_t>(per_sm, 1) * host::runtime::sm_count(id));
+      return fits;
     });
   }
 };
