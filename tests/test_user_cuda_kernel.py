@@ -67,3 +67,35 @@ def test_user_scale_kernel_runs_on_the_gpu(user_folder: Path, dtype: torch.dtype
     torch.cuda.synchronize()
     expected = (src.double() * 2.5).to(dtype)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+_PER_DEVICE_PROBE = """\
+#include <sgl_kernel/runtime.cuh>
+
+#include <cstdint>
+
+namespace probe {
+// The first answer recorded for device 0 by this module's copy of a per-device cache.
+inline int64_t first_answer(int64_t answer) {
+  struct Tag;
+  return host::runtime::detail::per_device<Tag>(0, {}, [&](int) { return static_cast<int>(answer); });
+}
+}  // namespace probe
+"""
+
+
+def test_modules_built_from_the_same_header_keep_their_own_per_device_caches(tmp_path: Path) -> None:
+    """Two modules (or a module and the prebuilt library) that instantiate the same header code each
+    keep their own copy of its function-local statics. With default visibility those are
+    STB_GNU_UNIQUE symbols, one copy in the process, and a per-device cache that guards a kernel
+    attribute set on one module's copy of a kernel would skip setting it on the other's."""
+    source = tmp_path / "probe.cuh"
+    source.write_text(_PER_DEVICE_PROBE)
+    build = {"cuda_files": [str(source)], "cuda_wrappers": [("first_answer", "probe::first_answer")]}
+    first, second = (
+        cache.load_or_build(make_build_request(name, cuda_arch="9.0a", **build))  # type: ignore[arg-type]
+        for name in ("probe_first", "probe_second")
+    )
+    assert first.first_answer(1) == 1
+    assert second.first_answer(2) == 2
+    assert first.first_answer(3) == 1

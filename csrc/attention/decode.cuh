@@ -64,10 +64,9 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cmath>
+#include <cooperative_groups.h>
 #include <cstdint>
 #include <limits>
 
@@ -81,8 +80,9 @@ inline constexpr int64_t kMaxGroup = 8;
 inline constexpr int64_t kTileKeys = 16;
 // At most this many splits per sequence.
 inline constexpr int64_t kMaxSplits = 64;
-// At most this many splits merged inside a cluster (a non-portable cluster size above 8).
-inline constexpr int64_t kMaxClusterSplits = 16;
+// At most this many splits merged inside a cluster: the portable cluster size (why not 16:
+// docs/design/attention.md).
+inline constexpr int64_t kMaxClusterSplits = 8;
 // Split lengths are rounded up to a multiple of this many keys (whole tiles).
 inline constexpr int64_t kSplitAlign = kTileKeys;
 
@@ -336,8 +336,8 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
   }
 
   // The warp's ring: kStages tiles, each K's 16 rows then V's, rows swizzled by 16-byte chunk.
-  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(shared)) +
-                        static_cast<uint32_t>(warp * kStages * 2 * kTileBytes);
+  const uint32_t ring =
+      static_cast<uint32_t>(__cvta_generic_to_shared(shared)) + static_cast<uint32_t>(warp * kStages * 2 * kTileBytes);
   const auto swizzled = [](int row, int chunk16) {
     return static_cast<uint32_t>(row * kRowBytes + ((chunk16 ^ (row % 8)) * 16));
   };
@@ -411,7 +411,7 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
     tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(device::kFullMask, tile_max, 2));
     const float next = fmaxf(m, tile_max);
-    if (next != kNegInf) {  // the same for the row's 4 lanes; a row without keys yet adds nothing
+    if (next != kNegInf) {                    // the same for the row's 4 lanes; a row without keys yet adds nothing
       const float rescale = exp2f(m - next);  // 0 when m is -inf
       m = next;
       float w[2][2];
@@ -444,7 +444,7 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
   l += __shfl_xor_sync(device::kFullMask, l, 1);
   l += __shfl_xor_sync(device::kFullMask, l, 2);
   detail::wait_copies<0>();  // the empty trailing groups
-  __syncthreads();            // every warp is done with its ring before the space holds the states
+  __syncthreads();           // every warp is done with its ring before the space holds the states
 #pragma unroll
   for (int n = 0; n < 2 * kSteps; ++n) {
     combine.acc[warp][g][8 * n + 2 * t] = o[n][0];
@@ -507,7 +507,8 @@ __global__ __launch_bounds__(kThreads) void decode_kernel(const __grid_constant_
           splits,
           [&](int s) { return *cluster.map_shared_rank(&state.lse[g], static_cast<unsigned>(s)); },
           [&](int s) {
-            return *reinterpret_cast<const float4*>(cluster.map_shared_rank(&state.out[g][d], static_cast<unsigned>(s)));
+            return *reinterpret_cast<const float4*>(
+                cluster.map_shared_rank(&state.out[g][d], static_cast<unsigned>(s)));
           },
           lse2);
       detail::store_merged<T>(p, b, first_head + g, d, o, lse2, valid);
@@ -652,7 +653,7 @@ struct DecodeAttention {
 
   // The most splits the device merges in a cluster (at most kMaxClusterSplits; 1 without clusters):
   // the largest cluster of the kernel, with its dynamic shared memory, of which one fits the device.
-  // Asked once per device, after the dynamic shared memory and non-portable cluster size opt-ins.
+  // Asked once per device, after the dynamic shared memory opt-in.
   static int64_t max_cluster_splits(int device_id) {
     struct Tag;
     return host::runtime::detail::per_device<Tag>(device_id, {}, [](int id) {
@@ -661,7 +662,6 @@ struct DecodeAttention {
       int fits = 1;
       runtime::detail::on_device(id, {}, [&] {
         runtime::set_max_dynamic_smem(kKernel, kSharedBytes);
-        RuntimeDeviceCheck(cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         for (int size = static_cast<int>(kMaxClusterSplits); size >= 2 && fits == 1; size /= 2) {
           cudaLaunchAttribute cluster{};
           cluster.id = cudaLaunchAttributeClusterDimension;

@@ -121,14 +121,19 @@ def render(request: BuildRequest) -> dict[str, str]:
     for unit in request.units:
         source = _source_name(unit)
         stem = source.split(".")[0]
-        compiler, target_args = cxx, ["-fPIC"]
+        # Hidden by default, only the exports (TVM_FFI_DLL_EXPORT) visible: otherwise the static
+        # locals of the headers' inline functions (the per-device caches of runtime.cuh) are
+        # STB_GNU_UNIQUE symbols, one copy in the process for every module and the prebuilt library
+        # that instantiate them, and a cache that guards a kernel attribute set on one module's copy
+        # of a kernel would skip setting it on another's.
+        compiler, target_args = cxx, ["-fPIC", "-fvisibility=hidden"]
         if unit.language == "cuda":
             assert request.arch is not None
             cuda_lib = toolchain.cuda_home() / "lib64"
             # The rpath lets the module load without LD_LIBRARY_PATH, also on a machine with no GPU.
             ldflags += [f"-L{cuda_lib}", "-lcudart", f"-Wl,-rpath,{cuda_lib}"]
             compiler = _words(toolchain.nvcc_path())
-            target_args = ["-Xcompiler", "-fPIC", ArchTarget(Arch.parse(request.arch)).gencode()]
+            target_args = ["-Xcompiler", "-fPIC,-fvisibility=hidden", ArchTarget(Arch.parse(request.arch)).gencode()]
             target_args += ["-ccbin", str(toolchain.host_compiler())] if env.cxx() else []  # one host compiler
         flags = _words(*target_args, *unit.compile_args(), *tvm_ffi_includes)
         lines += [f"rule compile_{stem}\n  command = {compiler} {flags} -MD -MF $out.d -c $in -o $out"]

@@ -41,7 +41,7 @@ from jit_kernel.version import __version__
 
 logger = logging.getLogger("jit_kernel")
 
-KEY_FORMAT = 3  # bump when the build recipe (builder.render) changes what a key's binary is
+KEY_FORMAT = 4  # bump when the build recipe (builder.render) changes what a key's binary is
 
 # Entries this process is building now. Another thread's staging folder must survive the sweep even
 # where its flock does not exclude us (NFS turns flock into per-process POSIX locks).
