@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +84,18 @@ GENERATED_PROVENANCE: dict[str, tuple[re.Pattern[str], ...]] = {
 
 
 def scanned_files() -> list[Path]:
+    """The files of SCANNED that belong to the repository: in a git checkout, what git tracks or
+    would track (build outputs it ignores, such as a prebuilt manifest copied into the package, are
+    not the product's text); elsewhere (an unpacked sdist) every file under SCANNED."""
+    if (ROOT / ".git").exists() and shutil.which("git"):
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SCANNED],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        paths = (ROOT / name for name in sorted(set(listed.split("\0"))) if name)
+        return [p for p in paths if p.is_file() and p.suffix.lower() not in BINARY_SUFFIXES]
     files = []
     for entry in SCANNED:
         path = ROOT / entry
@@ -213,6 +227,15 @@ def test_generated_provenance_alone_may_name_a_commit() -> None:
     assert offences(f'env = {{"JIT_KERNEL_BENCH_COMMIT": "{SHORT}"}}', code=True) == []
     assert offences(f'env = {{"JIT_KERNEL_BENCH_COMMIT": "{SHORT}"}}') != []
     assert offences(f'note = "measured at {SHORT}"', code=True) != []
+
+
+def test_the_scan_covers_every_scanned_folder() -> None:
+    """Each entry of SCANNED contributes files (the scan would pass vacuously on a wrong root), this
+    file among them."""
+    files = scanned_files()
+    relative = {path.relative_to(ROOT).parts[0] for path in files}
+    assert relative == set(SCANNED)
+    assert Path(__file__).resolve() in files
 
 
 def test_no_development_history_in_the_product() -> None:

@@ -52,14 +52,18 @@ def _linear(
         not_a_tensor(_OP, "input", input)
     if not isinstance(weight, torch.Tensor):
         not_a_tensor(_OP, "weight", weight)
-    result = torch.nn.functional.linear(input, weight, bias)
+    return _into(_OP, torch.nn.functional.linear(input, weight, bias), out)
+
+
+def _into(op: str, result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A fallback's ``result``, or, with ``out`` given, copied into it (of its shape and dtype)."""
     if out is None:
         return result
     if not isinstance(out, torch.Tensor):
-        not_a_tensor(_OP, "out", out)
+        not_a_tensor(op, "out", out)
     if out.shape != result.shape or out.dtype != result.dtype:
         raise ValueError(
-            f"{_OP}: out must have shape {tuple(result.shape)} and dtype {result.dtype}, "
+            f"{op}: out must have shape {tuple(result.shape)} and dtype {result.dtype}, "
             f"got {tuple(out.shape)} and {out.dtype}"
         )
     return out.copy_(result)
@@ -380,14 +384,4 @@ def decode_linear_fp8(
     ``TypeError`` naming the argument. ``enable_pdl`` as in :func:`decode_linear`."""
     if decode_linear_fp8_serves(input_q, input_scale, weight, weight_scale, out_dtype, bias):
         return _decode_linear_fp8(input_q, input_scale, weight, weight_scale, out_dtype, bias, out, enable_pdl)
-    result = _fp8_fallback(input_q, input_scale, weight, weight_scale, out_dtype, bias)
-    if out is None:
-        return result
-    if not isinstance(out, torch.Tensor):
-        not_a_tensor(_FP8_OP, "out", out)
-    if out.shape != result.shape or out.dtype != result.dtype:
-        raise ValueError(
-            f"{_FP8_OP}: out must have shape {tuple(result.shape)} and dtype {result.dtype}, "
-            f"got {tuple(out.shape)} and {out.dtype}"
-        )
-    return out.copy_(result)
+    return _into(_FP8_OP, _fp8_fallback(input_q, input_scale, weight, weight_scale, out_dtype, bias), out)

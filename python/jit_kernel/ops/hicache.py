@@ -14,12 +14,11 @@ num_threads)`` and the block quota is a run-time argument.
 Where the page size is a multiple of the bulk-copy kernel's rows per stage (``csrc/hicache_tma.cuh``,
 ``hicache_tma_stage_rows``: 32 rows of 1 KiB, 128 of 256 B), the GPU is sm_90+ and one side of a
 one-layer transfer is host memory, the transfer runs on that kernel, which moves each page-aligned
-run of rows with one bulk copy; otherwise on the register kernel. Between two CUDA caches the
-register kernel is the faster at most row sizes (docs/benchmarks.md, hicache's page table), so
-one-layer device-to-device transfers keep it. The all-layer forms take pointer tables that do not
-say where the caches are, so they keep the register kernel whatever the page size (host<->device
-the two kernels are even). Both kernels move exactly the same bytes for any indices: the choice is
-only speed.
+run of rows with one bulk copy; otherwise on the register kernel. One-layer transfers between two
+CUDA caches keep the register kernel. The all-layer forms take pointer tables that do not say where
+the caches are, so they keep the register kernel whatever the page size. The measurements behind
+both rules are in docs/design/hicache.md. Both kernels move exactly the same bytes for any indices:
+the choice is only speed.
 
 Out-of-range indices are not checked (that would cost a reduction and a host sync per call);
 ``JIT_KERNEL_CHECK_INDICES=1`` turns the check on and raises :class:`IndexError` naming the first
@@ -81,9 +80,9 @@ def uses_bulk_copy_kernel(
     """Whether a one-layer transfer of ``element_size``-byte rows with this ``page_size`` runs on the
     bulk-copy (TMA) kernel: a page size given that is a multiple of the kernel's rows per stage, so
     that every stage is one page-aligned run, on an sm_90+ GPU (``arch_major``; default: the current
-    target's), and not between two CUDA caches (``device_to_device``), where the register kernel is
-    faster. Any other transfer runs on the register kernel, the all-layer forms always: their
-    pointer tables do not say where the caches are."""
+    target's), and not between two CUDA caches (``device_to_device``), which keep the register kernel
+    (docs/design/hicache.md). Any other transfer runs on the register kernel, the all-layer forms
+    always: their pointer tables do not say where the caches are."""
     if page_size is None or device_to_device:
         return False
     rows = hicache_tma_stage_rows(element_size)
@@ -423,7 +422,7 @@ def transfer_hicache_all_layer(
     Not a ``torch.ops`` op: what it writes lies behind raw addresses that torch.compile cannot see.
     ``page_size`` is checked as in the one-layer form but picks no kernel: the register kernel runs
     whatever it is, since the tables do not say where the caches are, and between two GPU caches
-    the bulk-copy kernel is the slower one (host<->device the two are even).
+    the register kernel is the one kept (docs/design/hicache.md).
     """
     src, dst = kv_cache_src_stride_bytes, kv_cache_dst_stride_bytes
     remembered = _all_layer_defaults(element_size, unroll, block_quota, page_size, src, dst)

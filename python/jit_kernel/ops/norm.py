@@ -45,7 +45,7 @@ _FAST_HIDDEN = frozenset(NORM_HIDDEN_SIZES)
 MAX_HIDDEN = 1 << 20
 _FAST_HEAD_DIM = frozenset(QKNORM_HEAD_DIMS)
 # qknorm_across_heads with q and k of different widths: one generic launch up to this many tokens
-# (latency-bound), two specialised launches above, where they are faster (docs/design/norm.md).
+# (latency-bound), two specialised launches above (docs/design/norm.md).
 _ONE_LAUNCH_MAX_TOKENS = 256
 
 
@@ -164,7 +164,7 @@ def qknorm_across_heads(
     if q.numel() <= _ONE_LAUNCH_MAX_TOKENS * dq:  # q is [N, dq] (C++ checks): N tokens, without a torch.Size
         # Different widths share no specialised kernel: the generic one (0) takes both.
         return _ACROSS_HEADS_KERNELS, (q.dtype, 0), args, None
-    # With many tokens, two specialised in-place launches beat one generic launch (docs/design/norm.md).
+    # With many tokens, two specialised in-place launches, one for q and one for k (docs/design/norm.md).
     op = "qknorm_across_heads"
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"{op}: q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
