@@ -15,8 +15,8 @@
 // L2 cache: silu and gelu_tanh take one token per thread (one block row per token group), gelu (the
 // most arithmetic) two, in one iteration (Act::kTokensPerThread). Data that fit in L2 (an [N, 2d]
 // input the previous GEMM just wrote): one wave of at most two tokens per thread, every activation;
-// block turnover, not DRAM, bounds these. Plain loads: an evict_first hint made them slower. Up to
-// kDecodeTokens tokens: 8-byte vectors (below). Timings: see docs/benchmarks.md.
+// block turnover, not DRAM, bounds these. Plain loads, no evict_first hint. Up to kDecodeTokens
+// tokens: 8-byte vectors (below). The measurements behind these rules: docs/design/activation.md.
 #pragma once
 
 #include "act_math.cuh"
@@ -40,14 +40,12 @@ namespace jit_kernel::activation {
 
 inline constexpr uint32_t kThreads = 128;
 // Data that fit in the L2 cache: the grid is capped at one wave (runtime::max_threads_per_sm /
-// kThreads blocks per SM), at most kMaxL2TokensPerThread tokens per thread: on an input near the
-// L2's size (2048 x 4096 bf16, within the L2 but not held by it) four tokens per thread ran slower
-// than two. Beyond: Act::kTokensPerThread tokens per thread. See docs/benchmarks.md.
+// kThreads blocks per SM), at most kMaxL2TokensPerThread tokens per thread. Beyond:
+// Act::kTokensPerThread tokens per thread. See docs/design/activation.md.
 inline constexpr int64_t kMaxGridY = 65535;
 inline constexpr int64_t kMaxL2TokensPerThread = 2;
 // Up to kDecodeTokens tokens a thread takes 8-byte vectors, not 16-byte ones: twice the threads,
-// half the serial work each, for a launch that latency bounds: faster for every activation up to
-// 16 tokens, slower for every activation at 64 (see docs/benchmarks.md).
+// half the serial work each, for a launch that latency bounds (docs/design/activation.md).
 inline constexpr int64_t kDecodeTokens = 16;
 
 // act_math.cuh: shared with the fused silu + group quant, which must match it bit for bit.
@@ -81,7 +79,8 @@ SGL_DEVICE float gelu(float x) {
   return fmaf(-a, q, max_nan(x, 0.f));
 }
 
-// Two tokens per thread beyond the L2 cache: one token per thread ran slower.
+// Two tokens per thread beyond the L2 cache: gelu has the most arithmetic of the three
+// (docs/design/activation.md).
 struct Gelu {
   static constexpr int64_t kTokensPerThread = 2;
   static constexpr int kMinBlocksDecode = 12, kMinBlocks = 1;
@@ -91,9 +90,9 @@ struct Gelu {
 };
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = beta (x + kappa x^3): the form of silu, no tanh and no
-// cancellation; x / (1 + 2^(x (c + c kappa x^2))) with c = -2 beta log2(e) folded. A tanh.approx.f32
-// form (FlashInfer's) runs faster but errs by up to 2^-11 of tanh near -1, where 1 + tanh(u)
-// cancels (x below about -1).
+// cancellation; x / (1 + 2^(x (c + c kappa x^2))) with c = -2 beta log2(e) folded. Not a
+// tanh.approx.f32 form (FlashInfer's): it errs by up to 2^-11 of tanh near -1, where 1 + tanh(u)
+// cancels (x below about -1). See docs/design/activation.md.
 struct GeluTanh {
   static constexpr int64_t kTokensPerThread = 1;
   static constexpr int kMinBlocksDecode = 1, kMinBlocks = 1;
@@ -123,9 +122,8 @@ SGL_DEVICE device::AlignedVector<T, kN> act_mul(
 // otherwise. They steer ptxas's schedule more than the occupancy: without them it keeps these
 // kernels at 32 registers by issuing loads late (gelu on 8-byte vectors: the up half's load after
 // the gate's math; two tokens per thread: the second token's loads after the first's store) and
-// serialising the exponentials. 1 lifts the cap; gelu's 12 (at most 42 registers) is the one
-// value that kept its loads up front and ran fastest at decode. Timings with and without the
-// bounds: see docs/benchmarks.md.
+// serialising the exponentials. 1 lifts the cap; gelu's 12 (at most 42 registers) keeps its loads
+// up front on 8-byte vectors. How the values were chosen: docs/design/activation.md.
 template <typename Act, typename T, int kN>
 __global__ void __launch_bounds__(kThreads, kN * sizeof(T) == 8 ? Act::kMinBlocksDecode : Act::kMinBlocks)
     act_and_mul_kernel(

@@ -58,25 +58,24 @@ using fp8::store_fp8;
 inline constexpr uint32_t kThreads = 256;  // 8 row tasks per block
 inline constexpr int kUnroll = 4;          // vectors per lane in flight
 // Chunked launches (one vector per lane per warp, rows split on grid y, 128-thread blocks) while
-// they need at most this many warps per SM: faster at decode (up to 128 tokens of 8 x 128 k and v or
-// of MLA rows); from 1024 tokens on they lose, with fewer loads in flight per warp. See
-// docs/benchmarks.md.
+// they need at most this many warps per SM: a small (decode) launch gets more warps in flight for
+// the same bytes; a large one keeps more loads in flight per warp unchunked (kUnroll vectors per
+// lane). See docs/design/kv-store.md.
 inline constexpr uint32_t kChunkedThreads = 128;
 inline constexpr int64_t kChunkedMaxWarpsPerSm = 8;
 // Blocks per SM the registers must allow: 4 (<= 64 registers: 32 warps per SM, 64 KiB of loads in
 // flight) for plain caches. fp8 caches take 2: at 4, ptxas spills values of the conversion to local
-// memory, which slows a decode store, and no size is faster with 4.
+// memory (docs/design/kv-store.md).
 template <typename C>
 inline constexpr int kMinBlocks = std::is_same_v<C, fp8_e4m3_t> ? 2 : 4;
 // fp8 caches: the scale is inverted after the row's loads are issued, not before them (see
-// kInvertAfterLoads), by every split launch and by joint launches (MLA) from this many tokens on:
-// joint launches of fewer tokens are slower with it. In a split launch an inversion before the loads
-// holds the row's loads behind the division's branch (SASS). See docs/benchmarks.md.
+// kInvertAfterLoads), by every split launch and by joint launches (MLA) from this many tokens on;
+// joint launches of fewer tokens invert it first. In a split launch an inversion before the loads
+// holds the row's loads behind the division's branch. See docs/design/kv-store.md.
 inline constexpr int64_t kInvertAfterLoadsTokens = 2048;
 // Joint launches (a token's two rows in one warp: MLA's 512 + 64) of 16-byte vectors take the flat
-// kernel from this many tokens on, where it is faster (fp8 caches from 4096 tokens, plain caches
-// only from 16384; both slower at 1024). Split launches (8 x 128 k and v) gain nothing from it. See
-// docs/benchmarks.md.
+// kernel from this many tokens on (fp8 caches from 4096 tokens, plain caches from 16384); split
+// launches (8 x 128 k and v) never take it. Where the bounds come from: docs/design/kv-store.md.
 template <typename C>
 inline constexpr int64_t kFlatMinTokens = std::is_same_v<C, fp8_e4m3_t> ? 4096 : 16384;
 inline constexpr uint32_t kFlatThreads = 256;
@@ -125,8 +124,7 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // so a warp waits on one memory latency, not on the scale's and then the row's.
 // kChunked: a warp moves one chunk of its row, one vector per lane: vectors blockIdx.y * 32 + lane
 // (the launch has a chunk per 32 vectors on grid y). Otherwise a warp walks its whole row, kUnroll
-// vectors per lane per round. (A chunked kernel with kUnroll vectors per lane and a strided loop
-// over gridDim.y chunks is slower than the unchunked path at 1024-16384 tokens, fp8 caches.)
+// vectors per lane per round (why a chunk is one vector per lane: docs/design/kv-store.md).
 // kJoint is p.joint as a template argument: split launches then carry none of the joint mode's
 // per-vector stream selects, and compile to far fewer instructions and registers (see
 // docs/benchmarks.md).

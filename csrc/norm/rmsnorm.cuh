@@ -17,12 +17,12 @@ namespace jit_kernel::norm {
 // row in registers). Two shapes, both sized at compile time so that no vector index needs a
 // bounds check:
 // - one CTA per row: kHidden / kVecElems vectors over at most 512 threads; the plain kernel
-//   over rows of 257-512 vectors (D 4096 bf16) uses 2 vectors per thread on half as many threads,
-//   which is faster (the fused kernel gains nothing from it; 3 or 4 vectors per thread are slower);
+//   over rows of 257-512 vectors (D 4096 bf16) uses 2 vectors per thread on half as many threads
+//   (the fused kernel keeps one);
 // - kWarpRows rows per CTA, one warp per row (warp-shuffle reduction, no barrier), for rows of at
 //   most 128 vectors when there are many rows: a CTA per short row makes the CTA launch rate the
 //   limit.
-// Timings of both choices: see docs/benchmarks.md.
+// The measurements behind both choices: docs/design/norm.md.
 template <typename T, int64_t kHidden, bool kFused, int kRowsPerCta>
 struct RowShape {
   static constexpr int64_t kN = kVecElems<T>;
@@ -37,8 +37,8 @@ struct RowShape {
   static constexpr bool kExact = kPer * kGroup == kVecs;
 };
 
-// Warp rows: 16 rows per CTA, for rows of at most 128 vectors, from 2048 rows (at 1024 rows one CTA
-// per row is faster; at 16384 rows both run at the HBM rate; see docs/benchmarks.md).
+// Warp rows: 16 rows per CTA, for rows of at most 128 vectors, from 2048 rows (fewer rows: one CTA
+// per row; see docs/design/norm.md).
 inline constexpr int kWarpRows = 16;
 inline constexpr int64_t kWarpRowsMaxVecs = 128;
 inline constexpr int64_t kWarpRowsMinRows = 2048;
@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
       K::kGroup,
       K::kVecs,
       // With one vector per thread the check is one predicate, and it keeps ptxas from issuing
-      // the fused kernel's early weight load after the reduction, which would make it slower.
+      // the fused kernel's early weight load after the reduction, which would put the weight's
+      // round trip back on the critical path (docs/design/norm.md).
       K::kExact && !(kFused && kEarlyWeight && K::kPer == 1),
       1.f / static_cast<float>(kHidden),
       p.eps,
@@ -81,9 +82,9 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, kRowsPerCta>::kTh
 }
 
 // Up to about two rows per SM, a launch is latency-bound (see RowOptions::early_weight). The
-// fused kernel over rows of at most 128 vectors (128-thread CTAs) stays so up to 2048 rows, where
-// the early weight load still pays; over longer rows it costs time at 1024 rows (see
-// docs/benchmarks.md).
+// fused kernel over rows of at most 128 vectors (128-thread CTAs) stays so up to 2048 rows, and
+// keeps the early weight load up to there; over longer rows it keeps it up to kLatencyBoundRows
+// (see docs/design/norm.md).
 inline constexpr int64_t kLatencyBoundRows = 256;
 inline constexpr int64_t kFusedShortRowsLatencyBoundRows = 2048;
 

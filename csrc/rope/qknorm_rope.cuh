@@ -38,9 +38,8 @@ struct FastShape {
 
 // Launches of up to kEarlyWeightMaxHeads heads load the weights with the head, one memory latency
 // less per thread; larger ones after the reduction, so the weights are not live across the data's
-// DRAM latency (fewer registers, one more CTA per SM on sm_90a). Capping registers instead spills
-// and runs slower; weights staged in shared memory cost a barrier, also slower. See
-// docs/benchmarks.md.
+// DRAM latency (fewer registers, one more CTA per SM on sm_90a). The alternatives to this rule:
+// docs/design/rope.md.
 inline constexpr int64_t kEarlyWeightMaxHeads = 65536;
 
 template <typename T, int64_t kHeadDim, bool kNeox, bool kEarlyWeight>
