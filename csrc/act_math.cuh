@@ -47,8 +47,8 @@ SGL_DEVICE float min_nan(float a, float b) {
 }
 
 // silu(x) = x * sigmoid(x) = x / (1 + e^-x). x < -88: e^-x overflows to inf, its reciprocal is 0
-// and the result -0 (the exact value is below 1e-36 in magnitude). NaN stays NaN. Faster than
-// __expf (see docs/benchmarks.md).
+// and the result -0 (the exact value is below 1e-36 in magnitude). NaN stays NaN. exp_ftz, not
+// __expf: no subnormal guard, the same bits (the top of this file; docs/design/activation.md).
 SGL_DEVICE float silu(float x) {
   return x * rcp_ftz(1.f + exp_ftz(-x));
 }

@@ -65,7 +65,7 @@ struct Silu {
 // x Phi(x) as max(x, 0) - |x| q, one FMA (x - x q for x >= 0, x q below), with |x| clamped to 16
 // (q is 0 from 13.3 on, so gelu(inf) = inf and gelu(-inf) = 0, where x q would give NaN) and NaN
 // kept by max.NaN / min.NaN; t by rcp.approx (act_math.cuh): fewer instructions an element than a
-// select between the two signs. Timings: see docs/benchmarks.md.
+// select between the two signs. See docs/design/activation.md.
 SGL_DEVICE float gelu(float x) {
   constexpr float kP = 0.3275911f * 0.70710678118654752440f;
   constexpr float kE = -0.5f * device::math::log2e;

@@ -17,7 +17,7 @@
 //   run_one      (k_dst, v_dst, indices_dst, k_src, v_src, indices_src, block_quota)
 //   run_one_mla  (dst, indices_dst, src, indices_src, block_quota)
 // One layer only: the all-layer forms' pointer tables do not say whether the caches are on the
-// GPU, and between two GPU caches the register kernel is the faster one.
+// GPU, and between two GPU caches the register kernel is the one taken (docs/design/hicache.md).
 #pragma once
 
 #include "hicache.cuh"

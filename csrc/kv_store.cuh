@@ -127,7 +127,7 @@ SGL_DEVICE bool in_range(int64_t slot, const Stream& s) {
 // vectors per lane per round (why a chunk is one vector per lane: docs/design/kv-store.md).
 // kJoint is p.joint as a template argument: split launches then carry none of the joint mode's
 // per-vector stream selects, and compile to far fewer instructions and registers (see
-// docs/benchmarks.md).
+// docs/design/kv-store.md).
 template <typename T, typename C, typename Idx, int kN, bool kJoint, bool kInvertAfterLoads, bool kChunked>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<C>) store_kernel(const __grid_constant__ Params p) {
   static_assert(kIsFp8<C> || std::is_same_v<T, C>, "a plain cache has the activation dtype");

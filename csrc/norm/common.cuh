@@ -157,7 +157,8 @@ struct RowOptions {
   // combine them in the order of a reduction over one vector a thread.
   bool slot_sums = false;
   // The residual add and the squares of 16-bit T a pair at a time (add_rounded, add_squares): the
-  // same values, code that the epilogue kernels run faster and rmsnorm's own kernels slower.
+  // same values in other code; the epilogue kernels take it, rmsnorm's own kernels keep the element
+  // form (docs/design/norm.md).
   bool paired = false;
 };
 

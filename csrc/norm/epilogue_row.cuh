@@ -203,9 +203,10 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / kC
 }
 
 // The cluster kernel runs for rows of at least kClusterMinWarps warps, at most kClusterMaxRows rows,
-// in clusters of 4 blocks (2 where 4 does not divide the warps): there the spread epilogue gains more
-// than the exchanges cost; with more rows the dynamic kinds lose it (more CTAs than SMs). The sizes
-// and the alternatives measured: see docs/design/norm-quant.md.
+// in clusters of 4 blocks (2 where 4 does not divide the warps): a launch of few long rows is bound by
+// the issue of its instructions, and a cluster spreads each row's epilogue over 4 SMs for one
+// exchange per reduction; more rows keep one CTA a row. The sizes and the alternatives:
+// docs/design/norm-quant.md.
 inline constexpr int64_t kClusterMaxRows = 16;
 inline constexpr int kClusterMinWarps = 12;
 template <typename K>
@@ -272,8 +273,9 @@ __global__ void __launch_bounds__(RowShape<T, kHidden, kFused, 1>::kThreads / 2)
   epilogue.finish(row_max);
 }
 
-// The paired kernel runs above the cluster kernel's rows up to kPairedMaxRows rows; at 512 rows
-// epilogue_row_kernel is faster for every kind (see docs/design/norm-quant.md).
+// The paired kernel runs above the cluster kernel's rows up to kPairedMaxRows rows, where the launch
+// is bound by the issue of its instructions (above); more rows take epilogue_row_kernel (see
+// docs/design/norm-quant.md).
 inline constexpr int64_t kPairedMaxRows = 256;
 
 // The static kind loads the weight with the row at any row count (rmsnorm's kernels only up to

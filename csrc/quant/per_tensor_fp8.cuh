@@ -56,9 +56,8 @@ inline constexpr int kSmallUnroll = kN == 1 ? 8 : 32 / kN;
 inline constexpr int64_t kSmallElems = 8192;
 inline constexpr unsigned kSmallCluster = 8;
 inline constexpr int64_t kClusterElems = int64_t{kSmallCluster} * kSmallThreads * 32;  // one round
-// From kWideClusterElems on, clusters of 16 blocks where the GPU runs them (non-portable size):
-// faster from 65536 elements on, while smaller inputs gain nothing from more blocks (see
-// docs/benchmarks.md).
+// From kWideClusterElems on, clusters of 16 blocks where the GPU runs them (non-portable size);
+// smaller inputs keep kSmallCluster blocks. Where the bound comes from: docs/design/quant.md.
 inline constexpr unsigned kWideCluster = 16;
 inline constexpr int64_t kWideClusterElems = 65536;
 
@@ -238,7 +237,7 @@ inline constexpr int kBlocksPerSm = 2;
 // 3. The held vectors are quantised, the streamed part is re-read newest first (what pass 1 read
 //    last is still in L2), then the stashed vectors are quantised.
 // Every global access but the first read of the streamed part is evict-first, so that L2 keeps it
-// for its re-read (faster on large inputs: see docs/benchmarks.md).
+// for its re-read (docs/design/quant.md).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) one_pass_dynamic_kernel(
     fp8_e4m3_t* out, float* scale, float* block_max, const T* in, int64_t n, int64_t stash_slots) {

@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kRowMaxThreads) per_token_kernel(
   }
 }
 
-// About two vectors per thread (as rmsnorm over the same row shape, where 2 per thread are faster
-// than 1, and 3 or 4 slower), 32..1024 threads.
+// About two vectors per thread, rmsnorm's rule for the same row shape (docs/design/norm.md,
+// docs/design/quant.md), 32..1024 threads.
 inline uint32_t threads_for(int64_t nvec) {
   const int64_t half = (nvec + 1) / 2;
   return static_cast<uint32_t>(std::clamp<int64_t>((half + 31) / 32 * 32, 32, kRowMaxThreads));

@@ -21,7 +21,7 @@
 // - Fused: kPer vectors of gate and kPer of up per lane, on a 2-D grid (x: row, y: groups of the
 //   row; no division). kPer = 1 (bf16 groups of 128: 16 lanes) while the launch fits in one wave
 //   of the GPU: a latency-bound launch (decode) then does half the serial silu work per thread;
-//   kPer = 2 above, where fewer threads per byte go faster.
+//   kPer = 2 above, fewer threads for the same bytes (docs/design/quant.md).
 // The scales go to s[row * s_row_stride + group * s_col_stride]: row-major, column-major ([groups,
 // tokens] buffer seen transposed, as DeepGEMM-style GEMMs read them) or any padded variant of either.
 #pragma once
@@ -33,10 +33,11 @@
 
 namespace jit_kernel::token_quant {
 
-// 128 threads: as fast as 256 from 128 tokens up, and faster at decode (see docs/benchmarks.md).
+// 128 threads: a decode launch's groups spread over twice as many CTAs as with 256 (see
+// docs/design/quant.md).
 inline constexpr int kGroupThreads = 128;
 // The fused kernel's layouts, both on the 2-D grid: 1 vector of gate and up per lane while the
-// groups fit one wave of threads, 2 vectors per lane beyond it (see docs/benchmarks.md).
+// groups fit one wave of threads, 2 vectors per lane beyond it (see docs/design/quant.md).
 inline constexpr int kFusedWaveVecs = 1;
 inline constexpr int kFusedVecs = 2;
 

@@ -8,10 +8,10 @@ config's source text, compile options and digest come from the same
 :class:`~jit_kernel.engine.unit.TranslationUnit` that JIT compiles, so the two builds cannot drift. One
 source per family holds the exports of all its configs (:meth:`TranslationUnit.combine`): the configs of
 a family share their sources and flags, and nvcc's fixed cost per unit (headers, host code) dominates a
-config's compile, so a family compiles several times faster as one unit than as one unit per config;
-the families still compile in parallel. A build with fewer parallel jobs than CUDA families merges
-families into twice as many units as it has jobs (:func:`unit_groups`), paying that fixed cost fewer
-times. Files are rewritten only when their content changes. After
+config's compile, so a family compiles as one unit, paying that cost once rather than once per config
+(the figures: docs/design/engine.md); the families still compile in parallel. A build with fewer
+parallel jobs than CUDA families merges families into twice as many units as it has jobs
+(:func:`unit_groups`), paying that fixed cost fewer times. Files are rewritten only when their content changes. After
 linking, ``seal`` writes the installed manifest: the generated one plus the library's size and SHA-256,
 which the runtime checks before it maps the library.
 """
