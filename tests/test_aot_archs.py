@@ -134,3 +134,21 @@ def test_the_release_list_is_written_in_one_place() -> None:
     for path in [REPO / "pyproject.toml", REPO / "CMakeLists.txt", *sorted((REPO / "ci").iterdir())]:
         if path.is_file():
             assert not spelled.search(path.read_text()), f"{path} spells out the release arch list"
+
+
+def test_the_build_guide_counts_the_prebuilt_grid() -> None:
+    """docs/build.md's build times were measured at the grid it counts: a grid that grows or shrinks
+    makes this fail until the guide says so (and its times are measured again)."""
+    from jit_kernel.engine.families import ALL_FAMILIES
+
+    def symbols(target: str) -> tuple[int, int]:
+        specs = [spec for spec in ALL_FAMILIES if spec.target == target and spec.prebuilt]
+        return sum(len(spec.prebuilt) * len(spec.exports) for spec in specs), len(specs)
+
+    (cuda, families), (host, _) = symbols("cuda"), symbols("host")
+    guide = " ".join((REPO / "docs" / "build.md").read_text().split())
+    sentence = (
+        f"The grid of `families.py` has {cuda + host} prebuilt symbols: {cuda} CUDA, of {families} families, "
+        f"and {host} host."
+    )
+    assert sentence in guide
