@@ -209,13 +209,14 @@ def test_launcher_checks_the_lse() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no nvcc")
 def test_launcher_split_choice(tmp_path: Path) -> None:
     """The launcher's split count (host code of csrc/attention/decode.cuh, built and run here): the
-    bound from the shapes and the SM count, then the fewest splits whose waves are within 5% of the
-    best fill within it."""
+    bound from the shapes and the SM count, then the fewest splits whose waves (of one CTA per SM, as
+    the launcher passes them) are within 5% of the best fill within it."""
     import tvm_ffi
 
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     source = tmp_path / "splits.cu"
     cases = [(8, 396, 64), (64, 396, 64), (256, 396, 5), (8, 396, 8), (1024, 396, 1), (512, 396, 2), (8, 264, 64)]
+    cases += [(8, 132, 64), (64, 132, 17), (4, 132, 64), (256, 132, 5)]  # the launcher's: one CTA per SM
     # split_bound(batch, kv_heads, max_len, sms) on 132 SMs
     bounds = [(1, 8, 32768), (1, 8, 1024), (32, 8, 32768), (1, 8, 100), (512, 8, 32768), (0, 8, 32768)]
     calls = "".join(f'  std::printf("%lld\\n", (long long)choose_splits({c}, {r}, {m}));\n' for c, r, m in cases)
@@ -243,7 +244,9 @@ def test_launcher_split_choice(tmp_path: Path) -> None:
     # 256 (at most 5): 3 fill 768 of 792 two waves; at most 8: all 8 (one wave, the best within 8);
     # 1024 (at most 1): 1; 512 (at most 2): 2 fill 1024 of 1188 (one fills 512 of 792);
     # 8 CTAs of 264 resident: 32 splits fill 256 of 264 (the best is 33: 264).
-    assert got[: len(cases)] == [47, 6, 3, 8, 1, 2, 32]
+    # On 132 SMs, a wave of 132: batch 1 x 8 KV heads takes 16 splits (128 CTAs; 33 would fill all
+    # 264 of two waves); batch 8: 2 (128 of 132); 4 KV heads: 32; 256 CTAs: 1 (256 of 264).
+    assert got[: len(cases)] == [47, 6, 3, 8, 1, 2, 32, 16, 2, 32, 1]
     # One sequence: the most allowed (64); a 1,024-key cache: no split under 128 keys (8); 32
     # sequences of 8 KV heads: 8 CTAs per SM, ceil(1056 / 256); shorter than one split, or a batch that
     # fills the GPU alone: 1; an empty batch (launches nothing): 64.
