@@ -84,16 +84,25 @@ inline int64_t first_answer(int64_t answer) {
 """
 
 
-def test_modules_built_from_the_same_header_keep_their_own_per_device_caches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("visibility", [(), ("-Xcompiler", "-fvisibility=default")], ids=["ours", "default"])
+def test_modules_built_from_the_same_header_keep_their_own_per_device_caches(
+    tmp_path: Path, visibility: tuple[str, ...]
+) -> None:
     """Two modules (or a module and the prebuilt library) that instantiate the same header code each
-    keep their own copy of its function-local statics. With default visibility those are
-    STB_GNU_UNIQUE symbols, one copy in the process, and a per-device cache that guards a kernel
-    attribute set on one module's copy of a kernel would skip setting it on the other's."""
+    keep their own copy of its per-device caches. With default visibility a function-local static
+    is an STB_GNU_UNIQUE symbol, one copy in the process, and a per-device cache that guards a
+    kernel attribute set on one module's copy of a kernel would skip setting it on the other's. Our
+    builds hide everything but the exports, and runtime.cuh hides its caches itself, so a module
+    built with default visibility (a kernel author's own build) keeps its own too."""
     source = tmp_path / "probe.cuh"
     source.write_text(_PER_DEVICE_PROBE)
-    build = {"cuda_files": [str(source)], "cuda_wrappers": [("first_answer", "probe::first_answer")]}
+    build = {
+        "cuda_files": [str(source)],
+        "cuda_wrappers": [("first_answer", "probe::first_answer")],
+        "extra_cuda_cflags": list(visibility),
+    }
     first, second = (
-        cache.load_or_build(make_build_request(name, cuda_arch="9.0a", **build))  # type: ignore[arg-type]
+        cache.load_or_build(make_build_request(f"{name}_{len(visibility)}", cuda_arch="9.0a", **build))  # type: ignore[arg-type]
         for name in ("probe_first", "probe_second")
     )
     assert first.first_answer(1) == 1

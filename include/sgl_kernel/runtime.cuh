@@ -37,13 +37,20 @@ inline auto get_sm_count(int device_id, DebugInfo where = {}) -> uint32_t {
   return static_cast<uint32_t>(count);
 }
 
+/// The caches below are function-local statics of inline templates: with default visibility g++
+/// makes them STB_GNU_UNIQUE, one copy in the process for every module (shared library) that
+/// instantiates them, and a cache that guards a setting of one module's copy of a kernel (an
+/// attribute opt-in) would skip it for another module's copy. Hidden, each module keeps its own,
+/// however the module is built (docs/design/runtime.md).
+#define SGL_MODULE_LOCAL __attribute__((visibility("hidden")))
+
 namespace detail {
 
 inline constexpr int kMaxDevices = 64;
 
 /// One answer per device, asked once: `ask(device_id)` must return a value > 0.
 template <typename Tag, typename Ask>
-inline auto per_device(int device_id, DebugInfo where, Ask&& ask) -> int {
+SGL_MODULE_LOCAL inline auto per_device(int device_id, DebugInfo where, Ask&& ask) -> int {
   static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0: not asked yet
   RuntimeCheck(where, device_id >= 0 && device_id < kMaxDevices, "device id ", device_id, " out of range");
   int known = cache[device_id].load(std::memory_order_relaxed);
@@ -242,7 +249,7 @@ inline void check_device_id(int device_id, const DebugInfo& where) {
  * must be idempotent, as attribute setters are; a throwing `fn` is retried on the next call.
  */
 template <typename Tag = void, typename Fn>
-inline void init_per_device(detail::DeviceId device, Fn&& fn, DebugInfo where = {}) {
+SGL_MODULE_LOCAL inline void init_per_device(detail::DeviceId device, Fn&& fn, DebugInfo where = {}) {
   static std::array<std::atomic<bool>, detail::kMaxDevices> done{};
   detail::check_device_id(device.id, where);
   if (done[device.id].load(std::memory_order_acquire)) [[likely]]
@@ -260,7 +267,8 @@ inline void init_per_device(detail::DeviceId device, Fn&& fn, DebugInfo where = 
  * first calls cannot leave the smaller limit set behind the larger record.
  */
 template <auto kKernel>
-inline void set_max_dynamic_smem_per_device(detail::DeviceId device, std::size_t bytes, DebugInfo where = {}) {
+SGL_MODULE_LOCAL inline void set_max_dynamic_smem_per_device(
+    detail::DeviceId device, std::size_t bytes, DebugInfo where = {}) {
   static std::array<std::atomic<std::size_t>, detail::kMaxDevices> granted{};
   static std::mutex raising;
   detail::check_device_id(device.id, where);
