@@ -206,6 +206,64 @@ def test_launcher_checks_the_lse() -> None:
             kernel(out, _e(B, HQ + 1, dtype=FP32), q, kv, kv, lens, 0.1, None)
 
 
+@pytest.mark.slow
+def test_split_sweep_launcher_checks_its_split_count_and_merge() -> None:
+    """bench_decode_attention --split-sweep's module (the launcher's run_with, built for sm_90a): the
+    op's checks, then the split count (0 to kMaxSplits) and the merge (0, 1 or 2) named when wrong."""
+    from jit_kernel.benchmark import bench_decode_attention as bench
+
+    run = bench.splits_module().run_with
+    with fake_cuda():
+        q, kv, lens, out = _e(B, HQ, D), _e(B, HKV, L, D), _lens(), _e(B, HQ, D)
+        run(out, None, q, kv, kv, lens, 0.1, None, 16, 2)
+        with pytest.raises(ValueError, match=r"num_splits must be 0 \(the launcher's choice\) to 64, got 65"):
+            run(out, None, q, kv, kv, lens, 0.1, None, 65, 1)
+        with pytest.raises(ValueError, match=r"merge must be 0 \(chosen\), 1 \(kernel\) or 2 \(cluster\)"):
+            run(out, None, q, kv, kv, lens, 0.1, None, 4, 3)
+        with pytest.raises(ValueError, match=r"(?s)'k_cache'.*Size mismatch"):
+            run(out, None, q, _e(B + 1, HKV, L, D), kv, lens, 0.1, None, 4, 1)
+
+
+def test_split_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_decode_attention --split-sweep with a fake timer: at each shape SDPA, the op and every
+    split count of at least kMinSplitKeys keys with each merge (a cluster up to 16), the fastest form
+    and the op's choice named, the bounds read from the header."""
+    from jit_kernel.benchmark import bench_decode_attention as bench
+
+    constants = bench.decode_constants()
+    assert constants["kMinSplitKeys"] == 128 and constants["kMaxSplits"] == 64
+    assert constants["kMaxClusterBlocks"] == 16
+    assert bench.sweep_splits(1024) == [1, 2, 4, 8] and bench.sweep_splits(8192) == bench.SWEEP_SPLITS
+    assert bench.sweep_merges(1) == ["kernel"] and bench.sweep_merges(16) == ["kernel", "cluster"]
+    assert bench.sweep_merges(24) == ["kernel"]
+    timed: list[tuple[object, str]] = []
+
+    def timer(key: object, form: str, make: object) -> float:
+        timed.append((key, form))
+        if form in ("op", "sdpa_gqa"):
+            return 10.0
+        splits, merge = form.split()
+        return 20.0 / int(splits) + (0.5 if merge == "kernel" else 0.0) + int(splits) / 8
+
+    monkeypatch.setattr(bench, "sweep_timer", lambda rep_ms: timer)
+    monkeypatch.setattr(bench, "splits_module", lambda: None)
+    monkeypatch.setattr(bench, "chosen", lambda batch, context: (16, "kernel") if batch == 1 else (1, "kernel"))
+    monkeypatch.setattr(bench, "device_name", lambda: "Fake GPU")
+    bench.main(["--split-sweep", "--rep-ms", "5"])
+    out = capsys.readouterr().out
+    # per shape: SDPA and the op, then 1 + 3 x 2 forms at 1,024 tokens, 1 + 5 x 2 + 3 at the others
+    assert len(timed) == len(set(timed)) == 3 * (2 + 7) + 6 * (2 + 14) == 123
+    # 20 / s + s / 8 is least at 12 splits in a cluster (1.67 + 1.5); at 1,024 tokens 8 is the most
+    assert "| 1 | 8192 | 10.00 (16 kernel) | 10.00 | 12 cluster: 3.17 |" in out
+    assert "| 8 | 1024 | 10.00 (1 kernel) | 10.00 | 8 cluster: 3.50 |" in out
+    assert "| 1 | 8192 | 16 | kernel | 3.75 (op's choice) |" in out
+    assert "device: Fake GPU" in out and "123 medians" in out
+    for argv, message in [(["--split-sweep", "--json-dir", "x"], "takes only --rep-ms"), (["--rep-ms", "5"], "goes")]:
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert message in capsys.readouterr().err
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no nvcc")
 def test_launcher_split_choice(tmp_path: Path) -> None:
     """The launcher's split count (host code of csrc/attention/decode.cuh, built and run here): the

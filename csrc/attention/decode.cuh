@@ -547,13 +547,18 @@ __global__ __launch_bounds__(kThreads) void merge_splits_kernel(const __grid_con
   detail::store_merged<T>(p, b, h, 4 * t, o, lse2, valid);
 }
 
+// How a launch merges its splits (DecodeAttention::run_with's `merge`): as the launcher chooses, by
+// the second kernel, or inside a cluster.
+enum class Merge : int64_t { kChosen = 0, kKernel = 1, kCluster = 2 };
+
 template <int kHeadDim, typename T>
 struct DecodeAttention {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim must be 64, 128 or 256");
 
-  // out, lse: the results (lse optional). The splits' float32 workspace (their partial outputs
-  // [B, Hq, S, D], then their LSEs [B, Hq, S]) comes from the caller's allocator: under PyTorch its
-  // caching allocator on the current stream (the graph's pool during a capture).
+  // The op. out, lse: the results (lse optional). The splits' float32 workspace, where they merge
+  // by the second kernel (their partial outputs [B, Hq, S, D], then their LSEs [B, Hq, S]), comes
+  // from the caller's allocator: under PyTorch its caching allocator on the current stream (the
+  // graph's pool during a capture).
   static void run(
       tvm::ffi::TensorView out,
       tvm::ffi::Optional<tvm::ffi::TensorView> lse,
@@ -563,6 +568,23 @@ struct DecodeAttention {
       tvm::ffi::TensorView seq_lens,
       double scale,
       tvm::ffi::Optional<bool> enable_pdl) {
+    run_with(out, lse, query, k_cache, v_cache, seq_lens, scale, enable_pdl, 0, static_cast<int64_t>(Merge::kChosen));
+  }
+
+  // The op's launch with a given number of splits (0: the launcher's choice) and merge (a Merge; a
+  // cluster of up to 16 splits, the non-portable sizes opted into): what bench_decode_attention's
+  // --split-sweep times, so that the sweep measures the op's own code.
+  static void run_with(
+      tvm::ffi::TensorView out,
+      tvm::ffi::Optional<tvm::ffi::TensorView> lse,
+      tvm::ffi::TensorView query,
+      tvm::ffi::TensorView k_cache,
+      tvm::ffi::TensorView v_cache,
+      tvm::ffi::TensorView seq_lens,
+      double scale,
+      tvm::ffi::Optional<bool> enable_pdl,
+      int64_t num_splits,
+      int64_t merge) {
     using namespace host;
     auto batch = SymbolicSize{"batch"};
     auto heads = SymbolicSize{"num_heads"};
@@ -582,14 +604,15 @@ struct DecodeAttention {
       TensorMatcher({batch, heads}).with_dtype<fp32_t>().with_device<kDLCUDA>(device).verify(*lse, "lse");
     }
     const int64_t hq = heads.unwrap(), hkv = kv_heads.unwrap();
-    RuntimeCheck(
-        hkv >= 1 && hq % hkv == 0,
-        "decode_attention: the query heads (query's dim 1: ",
-        hq,
-        ") must be a multiple of the KV heads (k_cache's dim 1: ",
-        hkv,
-        ")");
+    check_heads(hq, hkv);
     RuntimeCheck(std::isfinite(scale), "decode_attention: scale must be a finite float, got ", scale);
+    RuntimeCheck(
+        num_splits >= 0 && num_splits <= kMaxSplits,
+        "decode_attention: num_splits must be 0 (the launcher's choice) to ",
+        kMaxSplits,
+        ", got ",
+        num_splits);
+    RuntimeCheck(merge >= 0 && merge <= 2, "decode_attention: merge must be 0 (chosen), 1 (kernel) or 2 (cluster)");
     const int64_t b = batch.unwrap();
     const int64_t group = hq / hkv;
     const int64_t ctas = b * hkv * div_ceil(group, kMaxGroup);  // of one split
@@ -597,10 +620,17 @@ struct DecodeAttention {
         ctas * kMaxSplits <= int64_t{0x7fffffff}, "decode_attention: ", ctas * kMaxSplits, " CTAs do not fit one grid");
     if (b == 0 || has_no_data(out)) return;  // the fake (torch.compile) call ends here: checks only
     const DLDevice dev = device.unwrap();
-    const int64_t sms = runtime::sm_count(dev.device_id);
-    const int64_t bound = detail::split_bound(b, hkv, max_len.unwrap(), sms);
-    const int64_t splits = bound > 1 ? detail::choose_splits(ctas, sms, bound) : 1;
-    const bool in_cluster = splits > 1 && splits <= max_cluster_splits(dev.device_id);
+    const int64_t splits = num_splits > 0 ? num_splits : choose(b, hkv, group, max_len.unwrap(), dev.device_id);
+    const bool in_cluster = merge == static_cast<int64_t>(Merge::kChosen)
+                                ? merges_in_cluster(splits, dev.device_id)
+                                : splits > 1 && merge == static_cast<int64_t>(Merge::kCluster);
+    if (in_cluster && merge == static_cast<int64_t>(Merge::kCluster)) {
+      RuntimeCheck(
+          splits <= kMaxClusterBlocks && cluster_fits(dev.device_id, splits),
+          "decode_attention: a cluster of ",
+          splits,
+          " blocks does not fit this device");
+    }
     const bool in_workspace = splits > 1 && !in_cluster;
     const auto workspace =
         in_workspace ? ffi::empty({b * hq * splits * (kHeadDim + 1)}, dl_dtype_v<fp32_t>, dev) : ffi::Tensor{};
@@ -648,37 +678,81 @@ struct DecodeAttention {
     }
   }
 
+  // The launcher's choice for a query [B, Hq, D] and a cache [B, Hkv, max_len, D] on their device:
+  // the number of splits, negated where they merge inside a cluster (bench_decode_attention's
+  // --split-sweep names the op's choice beside the ones it times).
+  static int64_t chosen_splits(tvm::ffi::TensorView query, tvm::ffi::TensorView k_cache) {
+    const int64_t hq = query.size(1), hkv = k_cache.size(1);
+    check_heads(hq, hkv);
+    const int device_id = query.device().device_id;
+    const int64_t splits = choose(query.size(0), hkv, hq / hkv, k_cache.size(2), device_id);
+    return merges_in_cluster(splits, device_id) ? -splits : splits;
+  }
+
   static constexpr auto kKernel = decode_kernel<kHeadDim, T>;
   static constexpr std::size_t kSharedBytes = decode_shared_bytes(kHeadDim);
 
-  // The most splits the device merges in a cluster (at most kMaxClusterSplits; 1 without clusters):
-  // the largest cluster of the kernel, with its dynamic shared memory, of which one fits the device.
-  // Asked once per device, after the dynamic shared memory opt-in.
+ private:
+  // The largest cluster sm_90 runs (a non-portable size): the most splits run_with merges in one.
+  static constexpr int64_t kMaxClusterBlocks = 16;
+
+  static void check_heads(int64_t hq, int64_t hkv) {
+    host::RuntimeCheck(
+        hkv >= 1 && hq % hkv == 0,
+        "decode_attention: the query heads (query's dim 1: ",
+        hq,
+        ") must be a multiple of the KV heads (k_cache's dim 1: ",
+        hkv,
+        ")");
+  }
+
+  // The splits from the shapes and the SM count (one CTA per SM).
+  static int64_t choose(int64_t batch, int64_t kv_heads, int64_t group, int64_t max_len, int device_id) {
+    const int64_t ctas = batch * kv_heads * host::div_ceil(group, kMaxGroup);
+    const int64_t sms = host::runtime::sm_count(device_id);
+    const int64_t bound = detail::split_bound(batch, kv_heads, max_len, sms);
+    return bound > 1 ? detail::choose_splits(ctas, sms, bound) : 1;
+  }
+
+  // The launcher's merge: inside a cluster where one holds the splits, else the second kernel.
+  static bool merges_in_cluster(int64_t splits, int device_id) {
+    return splits > 1 && splits <= max_cluster_splits(device_id);
+  }
+
+  // Whether one cluster of `size` blocks of the kernel, with its dynamic shared memory, fits the
+  // device (sizes above 8 opted into: the non-portable sizes).
+  static bool cluster_fits(int device_id, int64_t size) {
+    using namespace host;
+    if (!runtime::has_clusters(device_id)) return false;
+    int clusters = 0;
+    runtime::detail::on_device(device_id, {}, [&] {
+      runtime::set_max_dynamic_smem(kKernel, kSharedBytes);
+      if (size > 8)
+        RuntimeDeviceCheck(cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = static_cast<unsigned>(size);
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(size), 1, 1);
+      config.blockDim = dim3(kThreads, 1, 1);
+      config.dynamicSmemBytes = kSharedBytes;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      RuntimeDeviceCheck(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config));
+    });
+    return clusters >= 1;
+  }
+
+  // The most splits the device merges in a cluster: the largest of kMaxClusterSplits, its halves
+  // down to 2, that fits (1 without clusters); asked once per device.
   static int64_t max_cluster_splits(int device_id) {
     struct Tag;
     return host::runtime::detail::per_device<Tag>(device_id, {}, [](int id) {
-      using namespace host;
-      if (!runtime::has_clusters(id)) return 1;
-      int fits = 1;
-      runtime::detail::on_device(id, {}, [&] {
-        runtime::set_max_dynamic_smem(kKernel, kSharedBytes);
-        for (int size = static_cast<int>(kMaxClusterSplits); size >= 2 && fits == 1; size /= 2) {
-          cudaLaunchAttribute cluster{};
-          cluster.id = cudaLaunchAttributeClusterDimension;
-          cluster.val.clusterDim.x = static_cast<unsigned>(size);
-          cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-          cudaLaunchConfig_t config{};
-          config.gridDim = dim3(static_cast<unsigned>(size), 1, 1);
-          config.blockDim = dim3(kThreads, 1, 1);
-          config.dynamicSmemBytes = kSharedBytes;
-          config.attrs = &cluster;
-          config.numAttrs = 1;
-          int clusters = 0;
-          RuntimeDeviceCheck(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config));
-          if (clusters >= 1) fits = size;
-        }
-      });
-      return fits;
+      for (int64_t size = kMaxClusterSplits; size >= 2; size /= 2) {
+        if (cluster_fits(id, size)) return static_cast<int>(size);
+      }
+      return 1;
     });
   }
 };

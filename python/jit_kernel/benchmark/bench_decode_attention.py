@@ -6,6 +6,7 @@ measured in the same run. Times are medians in microseconds of CUDA-graph replay
     python -m jit_kernel.benchmark.bench_decode_attention                                  # print only
     python -m jit_kernel.benchmark.bench_decode_attention --save-path bench-out/attention  # + PNG plots, CSVs
     python -m jit_kernel.benchmark.bench_decode_attention --json-dir bench-json            # + JSON (report.py)
+    python -m jit_kernel.benchmark.bench_decode_attention --split-sweep                    # the split counts
 
 decode_attention: one query token per sequence, Llama-3-8B's attention (32 query heads, 8 KV heads,
 head dim 128, bf16) over a StaticCache of batch x context ``[B, 8, context, 128]`` K and V caches,
@@ -27,12 +28,23 @@ LSEs read, the output and its LSE written). "vs empty" is shown up to 16 tokens.
 Targets, checked on the same run and printed after the tables: decode_attention within 2x the read
 ceiling and at least as fast as the faster SDPA form at every point, merge_attn_states at 90% of
 the copy ceiling at 4,096 tokens.
+
+``--split-sweep`` times decode_attention's own launch (``DecodeAttention::run_with`` of
+csrc/attention/decode.cuh, one module) with each split count of 1, 2, 4, 8, 12, 16, 24, 32 and 64
+(those of at least ``kMinSplitKeys`` keys each) and each merge (the second kernel; a cluster, up to
+16 splits) at the grid's shapes, beside the op (the launcher's own choice, named) and SDPA
+enable_gqa: per shape the fastest form, and a table of every time (docs/design/attention.md).
+``--rep-ms N`` sets each median's measuring time (default 60).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+import re
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +63,10 @@ from jit_kernel.benchmark._tables import (
     Measurements,
     SummaryTable,
     Target,
+    Timer,
     compile_static,
+    device_name,
+    format_table,
     format_us,
     provider_benchmark,
     read_gbps,
@@ -60,7 +75,8 @@ from jit_kernel.benchmark._tables import (
     targets_markdown,
     time_ratio,
 )
-from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
+from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range, median_time_us
+from jit_kernel.engine import env, families
 
 DTYPE = torch.bfloat16
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -285,10 +301,154 @@ def bandwidth_note(gbps: float) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# --split-sweep: the launcher's split counts and merges at the grid's shapes
+
+DECODE_SOURCE = families.DECODE_ATTENTION.sources[0]
+SWEEP_SPLITS = [1, 2, 4, 8, 12, 16, 24, 32, 64]
+SWEEP_MERGES = {"kernel": 1, "cluster": 2}  # run_with's merge: decode.cuh's Merge::kKernel, kCluster
+SWEEP_REP_MS = 60
+
+SplitKey = tuple[int, int]  # (batch, context)
+
+
+@functools.cache
+def decode_constants() -> dict[str, int]:
+    """The integer constants of csrc/attention/decode.cuh (kMinSplitKeys, kMaxSplits,
+    kMaxClusterBlocks, ...): the sweep reads the launcher's bounds from the header."""
+    text = (env.CSRC_DIR / DECODE_SOURCE).read_text()
+    return {name: int(value) for name, value in re.findall(r"constexpr int(?:64_t|32_t)? (k\w+) = (\d+);", text)}
+
+
+def sweep_splits(context: int) -> list[int]:
+    """The split counts timed at ``context``: one, and those of at least kMinSplitKeys keys each."""
+    return [s for s in SWEEP_SPLITS if s == 1 or context // s >= decode_constants()["kMinSplitKeys"]]
+
+
+def sweep_merges(splits: int) -> list[str]:
+    """The merges timed at ``splits``: none at one split (its one form is "kernel"), a cluster up to
+    the largest sm_90 runs."""
+    if splits == 1:
+        return ["kernel"]
+    return list(SWEEP_MERGES) if splits <= decode_constants()["kMaxClusterBlocks"] else ["kernel"]
+
+
+def sweep_keys() -> list[SplitKey]:
+    return [(batch, context) for context in CONTEXTS for batch in BATCHES]
+
+
+@functools.cache
+def splits_module() -> object:
+    """One module exporting the launcher's run_with and its choice (chosen_splits)."""
+    launcher = f"jit_kernel::attention::DecodeAttention<{HEAD_DIM}, bf16_t>"
+    wrappers = [(name, f"{launcher}::{name}") for name in ("run_with", "chosen_splits")]
+    return jit_kernel.load_jit("decode_attention_splits", cuda_files=[DECODE_SOURCE], cuda_wrappers=wrappers)
+
+
+def chosen(batch: int, context: int, device: str = DEFAULT_DEVICE) -> tuple[int, str]:
+    """The launcher's (splits, merge) at a shape: it reads the shapes and the device only, so the
+    cache is one element expanded."""
+    q = torch.empty(1, device=device, dtype=DTYPE).expand(batch, HEADS, HEAD_DIM)
+    k = torch.empty(1, device=device, dtype=DTYPE).expand(batch, KV_HEADS, context, HEAD_DIM)
+    splits = int(splits_module().chosen_splits(q, k))  # type: ignore[attr-defined]
+    return abs(splits), "cluster" if splits < 0 else "kernel"
+
+
+def split_case(splits: int, merge: str, key: SplitKey, device: str = DEFAULT_DEVICE) -> Callable[[], object]:
+    """The launcher's launch with ``splits`` and ``merge`` at ``key``'s shape."""
+    q, k, v, lens = make_decode_inputs(*key, device)
+    out = torch.empty_like(q)
+    run, scale, code = splits_module().run_with, HEAD_DIM**-0.5, SWEEP_MERGES[merge]  # type: ignore[attr-defined]
+    return lambda: run(out, None, q, k, v, lens, scale, None, splits, code)
+
+
+def sweep_timer(rep_ms: int) -> Timer:
+    """CUDA-graph median of a form's call, measured for ``rep_ms`` (a failing form raises: a bug)."""
+
+    def timer(key: Hashable, form: str, make: Callable[[], Callable[[], object]]) -> float:
+        fn = make()
+        fn()
+        torch.cuda.synchronize()
+        return median_time_us(fn, rep_ms=rep_ms)
+
+    return timer
+
+
+def split_sweep(results: Measurements) -> Measurements:
+    """At every shape: SDPA enable_gqa, the op, then each (splits, merge), one after the other."""
+    for key in sweep_keys():
+        results.time(key, "sdpa_gqa", functools.partial(decode_case, "sdpa_gqa", *key))
+        results.time(key, "op", functools.partial(decode_case, "jit", *key))
+        for splits in sweep_splits(key[1]):
+            for merge in sweep_merges(splits):
+                results.time(key, f"{splits} {merge}", functools.partial(split_case, splits, merge, key))
+    return results
+
+
+def split_sweep_markdown(results: Measurements, choices: Mapping[SplitKey, tuple[int, str]]) -> str:
+    """Per shape the op (its choice named), SDPA and the fastest form; then every form's time."""
+    summary, every = [], []
+    for key in sweep_keys():
+        times = results.for_config(key)
+        forms = {f: t for f, t in times.items() if f not in ("op", "sdpa_gqa")}
+        fastest = min(forms, key=lambda f: forms[f])
+        splits, merge = choices[key]
+        summary.append(
+            [*key, f"{format_us(times['op'], 2)} ({splits} {merge})", format_us(times["sdpa_gqa"], 2),
+             f"{fastest}: {format_us(forms[fastest], 2)}"]
+        )  # fmt: skip
+        for form, us in forms.items():
+            count, how = form.split()
+            mark = " (op's choice)" if (int(count), how) == (splits, merge) or (int(count) == splits == 1) else ""
+            every.append([*key, count, how, f"{format_us(us, 2)}{mark}"])
+    return "\n".join(
+        [
+            format_table(
+                "decode_attention's split counts: the op, SDPA enable_gqa and the fastest form (us)",
+                ["batch", "context", "op us (splits, merge)", "SDPA enable_gqa us", "fastest (splits merge): us"],
+                summary,
+            ),
+            format_table("every form (us)", ["batch", "context", "splits", "merge", "us"], every),
+        ]
+    )
+
+
+def run_split_sweep(timer: Timer) -> str:
+    """Build the module, time the sweep with ``timer``, return its markdown."""
+    start = time.perf_counter()
+    splits_module()
+    built = time.perf_counter()
+    results = split_sweep(Measurements(timer))
+    done = time.perf_counter()
+    choices = {key: chosen(*key) for key in sweep_keys()}
+    return (
+        f"device: {device_name()}; torch {torch.__version__}; {HEADS} query heads, {KV_HEADS} KV heads, head dim "
+        f"{HEAD_DIM}, bf16; module loaded in {built - start:.1f} s, {len(results.times)} medians in "
+        f"{done - built:.1f} s\n\n" + split_sweep_markdown(results, choices)
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The perf_reports with the bandwidth measured first, then the summary with the read ceilings
     added and the targets table after it (``_tables.run_measured_script``)."""
     from jit_kernel.benchmark.utils import run_reports
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--split-sweep", action="store_true")
+    parser.add_argument("--rep-ms", type=int, default=None)
+    sweep, rest = parser.parse_known_args(argv)
+    if sweep.split_sweep:
+        if rest:
+            parser.error(f"--split-sweep takes only --rep-ms; got {' '.join(rest)}")
+        rep_ms = SWEEP_REP_MS if sweep.rep_ms is None else sweep.rep_ms
+        if rep_ms < 1:
+            parser.error("--rep-ms must be positive")
+        torch.manual_seed(0)
+        print(run_split_sweep(sweep_timer(rep_ms)))
+        return
+    if sweep.rep_ms is not None:
+        parser.error("--rep-ms goes with --split-sweep")
+    argv = rest
 
     bandwidth = [math.nan]
 
