@@ -726,7 +726,7 @@ def test_align_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
             base = {"per_thread": 1.0, "one_cta": 1.5 + pairs / 1000, "three_kernels": 5.0 + pairs / 8000}[path]
             return base + experts / 512
 
-        monkeypatch.setattr(bench, "path_timer", lambda rep_ms: timer)
+        monkeypatch.setattr(bench, "sweep_timer", lambda rep_ms: timer)
         monkeypatch.setattr(bench, "align_paths_module", lambda: None)
         monkeypatch.setattr(bench, "device_name", lambda: "Fake GPU")
         bench.main(["--align-sweep", "--rep-ms", "5"])

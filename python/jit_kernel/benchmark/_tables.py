@@ -222,6 +222,19 @@ def time_case(key: Hashable, provider: str, make: Callable[[], Callable[[], obje
 Timer = Callable[[Hashable, str, Callable[[], Callable[[], object]]], float]
 
 
+def sweep_timer(rep_ms: int) -> Timer:
+    """A sweep's timer: the CUDA-graph median of one form's call, measured for ``rep_ms``, after one
+    checked call (a failing form raises: it is a bug, not a row)."""
+
+    def timer(key: Hashable, form: str, make: Callable[[], Callable[[], object]]) -> float:
+        fn = make()
+        fn()
+        torch.cuda.synchronize()
+        return median_time_us(fn, rep_ms=rep_ms)
+
+    return timer
+
+
 # The provider key under which Measurements keeps the empty kernel's time beside each jit time.
 EMPTY_PROVIDER = "empty"
 

@@ -44,7 +44,7 @@ import functools
 import math
 import re
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,11 +71,12 @@ from jit_kernel.benchmark._tables import (
     provider_benchmark,
     read_gbps,
     summary_tables_markdown,
+    sweep_timer,
     target_rows,
     targets_markdown,
     time_ratio,
 )
-from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range, median_time_us
+from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 from jit_kernel.engine import env, families
 
 DTYPE = torch.bfloat16
@@ -360,18 +361,6 @@ def split_case(splits: int, merge: str, key: SplitKey, device: str = DEFAULT_DEV
     out = torch.empty_like(q)
     run, scale, code = splits_module().run_with, HEAD_DIM**-0.5, SWEEP_MERGES[merge]  # type: ignore[attr-defined]
     return lambda: run(out, None, q, k, v, lens, scale, None, splits, code)
-
-
-def sweep_timer(rep_ms: int) -> Timer:
-    """CUDA-graph median of a form's call, measured for ``rep_ms`` (a failing form raises: a bug)."""
-
-    def timer(key: Hashable, form: str, make: Callable[[], Callable[[], object]]) -> float:
-        fn = make()
-        fn()
-        torch.cuda.synchronize()
-        return median_time_us(fn, rep_ms=rep_ms)
-
-    return timer
 
 
 def split_sweep(results: Measurements) -> Measurements:

@@ -40,7 +40,7 @@ import argparse
 import functools
 import re
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import triton.testing
@@ -56,9 +56,10 @@ from jit_kernel.benchmark._tables import (
     format_table,
     provider_benchmark,
     run_script,
+    sweep_timer,
     tables_markdown,
 )
-from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range, median_time_us
+from jit_kernel.benchmark.utils import DEFAULT_DEVICE, copy_fn, get_benchmark_range
 from jit_kernel.engine import env, families
 
 DT = torch.bfloat16
@@ -332,18 +333,6 @@ def align_path_case(path: str, key: SweepKey, device: str = DEFAULT_DEVICE) -> C
     return lambda: kernel(sorted_ids, expert_ids, post_padded, ids, experts, BLOCK, None, None)
 
 
-def path_timer(rep_ms: int) -> Timer:
-    """CUDA-graph median of a path's call, measured for ``rep_ms`` (a failing path raises: it is a bug)."""
-
-    def timer(key: Hashable, path: str, make: Callable[[], Callable[[], object]]) -> float:
-        fn = make()
-        fn()
-        torch.cuda.synchronize()
-        return median_time_us(fn, rep_ms=rep_ms)
-
-    return timer
-
-
 def align_sweep(results: Measurements) -> Measurements:
     """Every path at every key, the paths of one key timed one after the other."""
     for key in align_sweep_keys():
@@ -470,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if rep_ms < 1:
         parser.error("--rep-ms must be positive")
     torch.manual_seed(0)
-    print(run_align_sweep(path_timer(rep_ms)))
+    print(run_align_sweep(sweep_timer(rep_ms)))
 
 
 if __name__ == "__main__":
