@@ -209,7 +209,7 @@ def test_launcher_checks_the_lse() -> None:
 @pytest.mark.slow
 def test_split_sweep_launcher_checks_its_split_count_and_merge() -> None:
     """bench_decode_attention --split-sweep's module (the launcher's run_with, built for sm_90a): the
-    op's checks, then the split count (0 to kMaxSplits) and the merge (0, 1 or 2) named when wrong."""
+    op's checks, then the split count (0 to kMaxSplits) and the merge (0 to 3) named when wrong."""
     from jit_kernel.benchmark import bench_decode_attention as bench
 
     run = bench.splits_module().run_with
@@ -218,8 +218,9 @@ def test_split_sweep_launcher_checks_its_split_count_and_merge() -> None:
         run(out, None, q, kv, kv, lens, 0.1, None, 16, 2)
         with pytest.raises(ValueError, match=r"num_splits must be 0 \(the launcher's choice\) to 64, got 65"):
             run(out, None, q, kv, kv, lens, 0.1, None, 65, 1)
-        with pytest.raises(ValueError, match=r"merge must be 0 \(chosen\), 1 \(kernel\) or 2 \(cluster\)"):
-            run(out, None, q, kv, kv, lens, 0.1, None, 4, 3)
+        run(out, None, q, kv, kv, lens, 0.1, None, 16, 3)
+        with pytest.raises(ValueError, match=r"merge must be 0 \(chosen\), 1 \(kernel\), 2 \(cluster\) or 3"):
+            run(out, None, q, kv, kv, lens, 0.1, None, 4, 4)
         with pytest.raises(ValueError, match=r"(?s)'k_cache'.*Size mismatch"):
             run(out, None, q, _e(B + 1, HKV, L, D), kv, lens, 0.1, None, 4, 1)
 
@@ -234,7 +235,7 @@ def test_split_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     assert constants["kMinSplitKeys"] == 128 and constants["kMaxSplits"] == 64
     assert constants["kMaxClusterBlocks"] == 16
     assert bench.sweep_splits(1024) == [1, 2, 4, 8] and bench.sweep_splits(8192) == bench.SWEEP_SPLITS
-    assert bench.sweep_merges(1) == ["kernel"] and bench.sweep_merges(16) == ["kernel", "cluster"]
+    assert bench.sweep_merges(1) == ["kernel"] and bench.sweep_merges(16) == ["kernel", "cluster", "spread"]
     assert bench.sweep_merges(24) == ["kernel"]
     timed: list[tuple[object, str]] = []
 
@@ -243,7 +244,7 @@ def test_split_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         if form in ("op", "sdpa_gqa"):
             return 10.0
         splits, merge = form.split()
-        return 20.0 / int(splits) + (0.5 if merge == "kernel" else 0.0) + int(splits) / 8
+        return 20.0 / int(splits) + {"kernel": 0.5, "cluster": 0.25, "spread": 0.0}[merge] + int(splits) / 8
 
     monkeypatch.setattr(bench, "sweep_timer", lambda rep_ms: timer)
     monkeypatch.setattr(bench, "splits_module", lambda: None)
@@ -251,13 +252,14 @@ def test_split_sweep_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     monkeypatch.setattr(bench, "device_name", lambda: "Fake GPU")
     bench.main(["--split-sweep", "--rep-ms", "5"])
     out = capsys.readouterr().out
-    # per shape: SDPA and the op, then 1 + 3 x 2 forms at 1,024 tokens, 1 + 5 x 2 + 3 at the others
-    assert len(timed) == len(set(timed)) == 3 * (2 + 7) + 6 * (2 + 14) == 123
-    # 20 / s + s / 8 is least at 12 splits in a cluster (1.67 + 1.5); at 1,024 tokens 8 is the most
-    assert "| 1 | 8192 | 10.00 (16 kernel) | 10.00 | 12 cluster: 3.17 |" in out
-    assert "| 8 | 1024 | 10.00 (1 kernel) | 10.00 | 8 cluster: 3.50 |" in out
+    # per shape: SDPA and the op, then 1 + 3 x 3 forms at 1,024 tokens, 1 + 5 x 3 + 3 at the others
+    assert len(timed) == len(set(timed)) == 3 * (2 + 10) + 6 * (2 + 19) == 162
+    # 20 / s + s / 8 is least at 12 splits, spread (1.67 + 1.5); at 1,024 tokens 8 is the most
+    assert "| 1 | 8192 | 10.00 (16 kernel) | 10.00 | 12 spread: 3.17 |" in out
+    assert "| 8 | 1024 | 10.00 (1 kernel) | 10.00 | 8 spread: 3.50 |" in out
     assert "| 1 | 8192 | 16 | kernel | 3.75 (op's choice) |" in out
-    assert "device: Fake GPU" in out and "123 medians" in out
+    assert "| 1 | 8192 | 16 | cluster | 3.50 |" in out
+    assert "device: Fake GPU" in out and "162 medians" in out
     for argv, message in [(["--split-sweep", "--json-dir", "x"], "takes only --rep-ms"), (["--rep-ms", "5"], "goes")]:
         with pytest.raises(SystemExit):
             bench.main(argv)

@@ -548,8 +548,9 @@ __global__ __launch_bounds__(kThreads) void merge_splits_kernel(const __grid_con
 }
 
 // How a launch merges its splits (DecodeAttention::run_with's `merge`): as the launcher chooses, by
-// the second kernel, or inside a cluster.
-enum class Merge : int64_t { kChosen = 0, kKernel = 1, kCluster = 2 };
+// the second kernel, inside a cluster, or inside a cluster whose blocks the scheduler is asked to
+// spread over SMs.
+enum class Merge : int64_t { kChosen = 0, kKernel = 1, kCluster = 2, kSpreadCluster = 3 };
 
 template <int kHeadDim, typename T>
 struct DecodeAttention {
@@ -612,7 +613,8 @@ struct DecodeAttention {
         kMaxSplits,
         ", got ",
         num_splits);
-    RuntimeCheck(merge >= 0 && merge <= 2, "decode_attention: merge must be 0 (chosen), 1 (kernel) or 2 (cluster)");
+    RuntimeCheck(
+        merge >= 0 && merge <= 3, "decode_attention: merge must be 0 (chosen), 1 (kernel), 2 (cluster) or 3 (spread)");
     const int64_t b = batch.unwrap();
     const int64_t group = hq / hkv;
     const int64_t ctas = b * hkv * div_ceil(group, kMaxGroup);  // of one split
@@ -623,8 +625,8 @@ struct DecodeAttention {
     const int64_t splits = num_splits > 0 ? num_splits : choose(b, hkv, group, max_len.unwrap(), dev.device_id);
     const bool in_cluster = merge == static_cast<int64_t>(Merge::kChosen)
                                 ? merges_in_cluster(splits, dev.device_id)
-                                : splits > 1 && merge == static_cast<int64_t>(Merge::kCluster);
-    if (in_cluster && merge == static_cast<int64_t>(Merge::kCluster)) {
+                                : splits > 1 && merge != static_cast<int64_t>(Merge::kKernel);
+    if (in_cluster && merge != static_cast<int64_t>(Merge::kChosen)) {
       RuntimeCheck(
           splits <= kMaxClusterBlocks && cluster_fits(dev.device_id, splits),
           "decode_attention: a cluster of ",
@@ -670,7 +672,8 @@ struct DecodeAttention {
     p.split_len = div_ceil(div_ceil(p.max_len, splits), kSplitAlign) * kSplitAlign;
     LaunchKernel(static_cast<uint32_t>(ctas * splits), kThreads, dev, kSharedBytes)
         .enable_pdl(pdl)
-        .enable_cluster(in_cluster ? static_cast<unsigned>(splits) : 1u)(kKernel, p);
+        .enable_cluster(in_cluster ? static_cast<unsigned>(splits) : 1u)
+        .spread_clusters(in_cluster && merge == static_cast<int64_t>(Merge::kSpreadCluster))(kKernel, p);
     if (in_workspace) {
       constexpr int64_t kRowsPerBlock = kThreads / (kHeadDim / 4);
       const auto merge_grid = static_cast<uint32_t>(div_ceil(p.batch * p.num_heads, kRowsPerBlock));

@@ -292,6 +292,14 @@ class LaunchKernel {
     return *this;
   }
 
+  /// \brief Ask the scheduler to spread each cluster's blocks over as many SMs as it can
+  /// (`cudaClusterSchedulingPolicySpread`) rather than place them as it prefers (it may put
+  /// several of a cluster's blocks on one SM where they fit).
+  auto spread_clusters(bool enabled = true) -> LaunchKernel& {
+    m_spread_clusters = enabled;
+    return *this;
+  }
+
   /// \brief Launch options in one call, as sglang (0.5.16 on) writes them:
   /// `.config({.use_pdl = true, .cluster_dim = dim3{1, 4}}).launch(kernel, args...)`.
   struct KernelConfig {
@@ -315,7 +323,7 @@ class LaunchKernel {
   auto operator()(Kernel&& kernel, Args&&... args) const -> void {
     const CurrentDevice guard{m_device_id, m_where};
     auto config = m_config;
-    cudaLaunchAttribute attributes[3]{};
+    cudaLaunchAttribute attributes[4]{};
     unsigned int count = 0;
     if (m_pdl) {
       attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -330,6 +338,10 @@ class LaunchKernel {
       attributes[count].val.clusterDim.x = m_cluster.x;
       attributes[count].val.clusterDim.y = m_cluster.y;
       attributes[count++].val.clusterDim.z = m_cluster.z;
+      if (m_spread_clusters) {
+        attributes[count].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+        attributes[count++].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+      }
     }
     config.attrs = count > 0 ? attributes : nullptr;
     config.numAttrs = count;
@@ -383,6 +395,7 @@ class LaunchKernel {
   bool m_pdl = false;
   bool m_cooperative = false;
   dim3 m_cluster{1, 1, 1};
+  bool m_spread_clusters = false;
   DebugInfo m_where;
 };
 

@@ -31,8 +31,9 @@ the copy ceiling at 4,096 tokens.
 
 ``--split-sweep`` times decode_attention's own launch (``DecodeAttention::run_with`` of
 csrc/attention/decode.cuh, one module) with each split count of 1, 2, 4, 8, 12, 16, 24, 32 and 64
-(those of at least ``kMinSplitKeys`` keys each) and each merge (the second kernel; a cluster, up to
-16 splits) at the grid's shapes, beside the op (the launcher's own choice, named) and SDPA
+(those of at least ``kMinSplitKeys`` keys each) and each merge (the second kernel; up to 16
+splits, a cluster as the scheduler places it and one it is asked to spread over SMs) at the grid's
+shapes, beside the op (the launcher's own choice, named) and SDPA
 enable_gqa: per shape the fastest form, and a table of every time (docs/design/attention.md).
 ``--rep-ms N`` sets each median's measuring time (default 60).
 """
@@ -307,7 +308,8 @@ def bandwidth_note(gbps: float) -> str:
 
 DECODE_SOURCE = families.DECODE_ATTENTION.sources[0]
 SWEEP_SPLITS = [1, 2, 4, 8, 12, 16, 24, 32, 64]
-SWEEP_MERGES = {"kernel": 1, "cluster": 2}  # run_with's merge: decode.cuh's Merge::kKernel, kCluster
+# run_with's merge (decode.cuh's Merge): the second kernel, a cluster, a cluster spread over SMs
+SWEEP_MERGES = {"kernel": 1, "cluster": 2, "spread": 3}
 SWEEP_REP_MS = 60
 
 SplitKey = tuple[int, int]  # (batch, context)
