@@ -217,6 +217,33 @@ def test_decode_one_long_sequence(dtype: torch.dtype, dim: int, kv_heads: int) -
 
 
 @pytest.mark.gpu
+def test_each_merge_gives_the_same_bits() -> None:
+    """The launcher's launch with a given split count (bench_decode_attention --split-sweep's
+    module): the merge kernel, a cluster and a spread cluster merge the splits in the same order, so
+    they give the same bits, and match the reference; with no split count given it is the op."""
+    from jit_kernel.benchmark import bench_decode_attention as bench
+
+    torch.manual_seed(11)
+    run = bench.splits_module().run_with
+    q, k, v, lens = make_inputs(2, 32, 8, 4096, 128, BF16, [4096, 1500])
+    expected, expected_lse = decode_reference(q, k, v, lens.tolist(), 128**-0.5)
+    for splits in (2, 5, 8, 16):
+        results = []
+        for merge in (1, 2, 3):
+            out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN, device="cuda")
+            run(out, lse, q, k, v, lens, 128**-0.5, None, splits, merge)
+            results.append((out, lse))
+        torch.testing.assert_close(results[0][0].to(F64), expected, **TOL[BF16])
+        torch.testing.assert_close(results[0][1].to(F64), expected_lse, **LSE_TOL)
+        for out, lse in results[1:]:
+            assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1]), splits
+    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN, device="cuda")
+    run(out, lse, q, k, v, lens, 128**-0.5, None, 0, 0)
+    op_out, op_lse = run_decode(q, k, v, lens)
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 3, 8, 32, 200])
 def test_decode_batch_sizes_and_split_choices(batch: int) -> None:
     """Batches that take many, a few or one split, with lengths spread over the cache."""
