@@ -3,11 +3,11 @@ transformers' StaticCache layout, csrc/attention/decode.cuh) and ``merge_attn_st
 attention results over disjoint key sets merged into one, csrc/attention/merge.cuh).
 
 ``decode_attention`` splits each sequence's keys over several CTAs when the batch times the KV heads
-leaves SMs idle (flash-decoding). The launcher chooses the splits from the shapes, the device's SM
-count and the kernel's occupancy alone, never from ``seq_lens`` (which stays on the device): a call
-makes no host sync and is CUDA-graph safe. It allocates the splits' float32 workspace itself, from
-torch's caching allocator (the graph's pool during a capture), and a second kernel of the same
-launch merges the splits.
+leaves SMs idle (flash-decoding). The launcher chooses the splits from the shapes and the device's
+SM count alone, never from ``seq_lens`` (which stays on the device): a call makes no host sync and is
+CUDA-graph safe. Up to 8 splits merge inside a thread-block cluster; more go through a float32
+workspace the launcher allocates itself, from torch's caching allocator (the graph's pool during a
+capture), and a second kernel of the same launch.
 
 Both ops are also ``torch.ops.jit_kernel.decode_attention`` / ``merge_attn_states`` (fake
 implementations, mutated outputs declared); the functions switch to those under ``torch.compile``.
