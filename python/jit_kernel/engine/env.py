@@ -76,6 +76,12 @@ def prebuilt_disabled() -> bool:
     return _flag("JIT_KERNEL_DISABLE_PREBUILT")
 
 
+def launch_sites_disabled() -> bool:
+    """``JIT_KERNEL_DISABLE_LAUNCH_SITES=1`` (read at import): every eager call looks its kernel up
+    in Python (``jit_kernel.ops._site`` says what a launch site is)."""
+    return _flag("JIT_KERNEL_DISABLE_LAUNCH_SITES")
+
+
 def jit_disabled() -> bool:
     """``JIT_KERNEL_DISABLE_JIT=1``: a config with no usable prebuilt symbol is an error, not a compile."""
     return _flag("JIT_KERNEL_DISABLE_JIT")

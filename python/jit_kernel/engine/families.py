@@ -26,6 +26,18 @@ ADD_CONSTANT_HOST = KernelSpec(
     target="host",
 )
 
+# launch_site: the kernel lookup of an op's eager call, keyed in C++ by the launch's own
+# arguments (csrc/launch_site.h; python/jit_kernel/ops/_eager.py uses it). Host code, no parameters.
+LAUNCH_SITE = KernelSpec(
+    family="launch_site",
+    sources=("launch_site.h",),
+    params=(),
+    domains={},
+    exports={"make": "jit_kernel::launch_site::make"},
+    prebuilt=((),),
+    target="host",
+)
+
 ADD_CONSTANT_CUDA = KernelSpec(
     family="add_constant",
     sources=("add_constant.cuh",),
@@ -496,6 +508,7 @@ CUSTOM_ALL_REDUCE = KernelSpec(
 
 ALL_FAMILIES: tuple[KernelSpec, ...] = (
     ADD_CONSTANT_HOST,
+    LAUNCH_SITE,
     ADD_CONSTANT_CUDA,
     HICACHE,
     HICACHE_TMA,

@@ -38,7 +38,7 @@ from jit_kernel.engine import env, target
 from jit_kernel.engine.dispatch import Dispatcher
 from jit_kernel.engine.jit import make_cpp_args
 from jit_kernel.engine.spec import Config
-from jit_kernel.ops import _eager
+from jit_kernel.ops import _eager, _site
 from jit_kernel.ops._no_data import checks_only, without_data
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,7 +69,42 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         self._dispatcher = dispatcher
         self._export = export
         self._select = select
+        #: The launch sites that hold this table's kernels (``_site``): told whenever an entry
+        #: changes or goes, so that they never serve a kernel the table no longer holds.
+        self.sites: list[_site.LaunchSite] = []
         TABLES.append(self)
+
+    def forget_sites(self) -> None:
+        for site in self.sites:
+            site.forget()
+
+    def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
+        super().__setitem__(key, kernel)
+        self.forget_sites()
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self.forget_sites()
+
+    def clear(self) -> None:
+        super().clear()
+        self.forget_sites()
+
+    def pop(self, *args: Any) -> Any:
+        try:
+            return super().pop(*args)
+        finally:
+            self.forget_sites()
+
+    def popitem(self) -> tuple[Any, Callable[..., Any]]:
+        try:
+            return super().popitem()
+        finally:
+            self.forget_sites()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self.forget_sites()
 
     def config(self, key: Any) -> Config:
         """The config for ``key`` without loading its kernel (fake implementations, tracing)."""
@@ -80,7 +115,7 @@ class KernelTable(dict[Any, Callable[..., Any]]):
         # A function serves every device only where all have one arch; elsewhere each call asks the
         # dispatcher, which resolves per target.
         if self._dispatcher.spec.target != "cuda" or target.one_arch_for_all_devices():
-            self[key] = function
+            dict.__setitem__(self, key, function)  # a new key: what the sites hold stays true
         return function
 
     def get_kernel(self, key: Any, run: bool) -> Callable[..., Any] | None:
@@ -117,12 +152,12 @@ def recorded_launches(call: Callable[[], object]) -> tuple[list[tuple[Callable[.
 
     try:
         for table, kernels in saved:
-            dict.update(table, {key: recording(kernel) for key, kernel in kernels.items()})
+            table.update({key: recording(kernel) for key, kernel in kernels.items()})
         result = call()
     finally:
         for table, kernels in saved:
             dict.clear(table)
-            dict.update(table, kernels)
+            table.update(kernels)
     return launches, result
 
 
@@ -388,7 +423,9 @@ class Op:
         }
         if self._declined is not None:
             helpers["declined__"] = self._declined
-        function = _eager.compile_eager(self.plan, prologue, helpers, declined=self._declined is not None)
+        function = _eager.compile_eager(
+            self.plan, prologue, helpers, declined=self._declined is not None, sites=not env.launch_sites_disabled()
+        )
         function.__doc__ = self.plan.__doc__
         function.__module__ = self.plan.__module__
         function.__qualname__ = self.plan.__qualname__

@@ -128,16 +128,16 @@ def fused_add_rmsnorm(
     multiply, and it is normalised from the unrounded fp32 sum (the stored residual is still
     rounded). The default rounds once, after the weight multiply."""
     # By identity: the flag must be a bool (1 or None would pick a rounding silently).
-    if cast_x_before_out_mul is False:
-        kernels = _FUSED_ADD_KERNELS[False]
-    elif cast_x_before_out_mul is True:
-        kernels = _FUSED_ADD_KERNELS[True]
-    else:
+    if cast_x_before_out_mul is not False and cast_x_before_out_mul is not True:
         raise TypeError(
             f"fused_add_rmsnorm: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}"
         )
-    if input.ndim == 2:
-        return kernels, (input.dtype, weight.numel()), (input, residual, weight, eps, enable_pdl), None
+    if input.ndim == 2:  # each launch names its table as a constant, so its lookup runs in C++ (ops/_site.py)
+        args = (input, residual, weight, eps, enable_pdl)
+        if cast_x_before_out_mul:
+            return _FUSED_ADD_KERNELS[True], (input.dtype, weight.numel()), args, None
+        return _FUSED_ADD_KERNELS[False], (input.dtype, weight.numel()), args, None
+    kernels = _FUSED_ADD_KERNELS[cast_x_before_out_mul]
     op = "fused_add_rmsnorm"
     key = _key(op, "input", input)
     in_rows = rows(op, "input", input)
