@@ -1292,6 +1292,27 @@ def test_bench_dispatch_ops_selects_rows_by_op() -> None:
         bench_dispatch.main(["--ops", "no_such_op", "--cpu-only"])
 
 
+def test_bench_dispatch_no_op_kernels_times_each_op_on_any_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--no-op-kernels``: the eager rows on CPU tensors, every kernel a tvm-ffi no-op; the tables
+    hold no no-op afterwards."""
+    from jit_kernel.benchmark import bench_dispatch
+    from jit_kernel.ops import _common, _site
+
+    if _site._factory() is None:
+        pytest.skip("no build of the launch_site module (a source checkout without a build)")
+    bench_dispatch.main(["--no-op-kernels", "--repeats", "3", "--calls", "20", "--ops", "rmsnorm", "scale"])
+    rows = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| rmsnorm") or line.startswith("| scale")
+    ]
+    assert len(rows) == 4, rows
+    for row in rows:
+        eager, raw, overhead = row.split("|")[2:5]
+        assert float(eager) > 0 and float(raw) > 0 and re.fullmatch(r" [+-]\d+\.\d\d ", overhead), row
+    assert not any(len(table) for table in _common.TABLES)
+
+
 def _launcher_params(spec: KernelSpec, export: str) -> list[str]:
     """The parameter types of the C++ function ``spec`` exports as ``export``, read from its sources:
     ``ns::Struct<{args}>::name`` is Struct's ``static void name(...)`` (or ``static bool``: a

@@ -17,6 +17,13 @@ from jit_kernel.ops import _common, _eager, _site
 from jit_kernel.ops._common import KernelTable, kernel_op
 
 
+@pytest.fixture(autouse=True)
+def _fresh_factory() -> None:
+    """Each test asks for the site module again: a test elsewhere in the process may have faked a
+    machine on which sites are off (GPUs of several archs)."""
+    _site._factory.cache_clear()
+
+
 def _factory() -> Callable[..., Any]:
     make = _site._factory()
     if make is None:

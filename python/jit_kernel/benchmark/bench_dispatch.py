@@ -62,7 +62,7 @@ import statistics
 import sys
 import timeit
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -70,7 +70,7 @@ import jit_kernel
 from jit_kernel.benchmark import results
 from jit_kernel.benchmark._tables import device_name, format_table, format_us, ratio_cell
 from jit_kernel.benchmark.utils import SAVE_PATH_ENV, bench_arg_parser, write_summary
-from jit_kernel.ops import _common
+from jit_kernel.ops import _common, _site
 from jit_kernel.ops import norm as norm_ops
 
 if TYPE_CHECKING:
@@ -1000,8 +1000,40 @@ def selected(ops: Sequence[str] | None) -> list[str]:
     return [name for name in OPS if name.split(" (")[0] in ops]
 
 
+def no_op_rows(names: Sequence[str], calls: int, repeats: int) -> list[list[object]]:
+    """The eager rows on CPU tensors, with every kernel a tvm-ffi function that takes any arguments
+    and does nothing (a launch site's ``forget``, ``jit_kernel.ops._site``): eager - raw is then an
+    op's own host cost (its Python, its key, its lookup) on a machine without a GPU. The kernel
+    tables are emptied before and after, so no real kernel is served a no-op's key or the reverse."""
+    make = _site._factory()
+    if make is None:
+        raise SystemExit("bench_dispatch --no-op-kernels: needs the launch_site module (an installed build)")
+    nothing = make([0, 0, 0])[2]
+
+    def missing(table: _common.KernelTable, key: Any) -> Any:
+        dict.__setitem__(table, key, nothing)
+        return nothing
+
+    original = _common.KernelTable.__missing__
+    for table in _common.TABLES:
+        table.clear()
+    _common.KernelTable.__missing__ = missing  # type: ignore[method-assign]
+    try:
+        return eager_rows(names, "cpu", calls, repeats)
+    finally:
+        _common.KernelTable.__missing__ = original  # type: ignore[method-assign]
+        for table in _common.TABLES:
+            table.clear()
+
+
 def sections(
-    calls: int, repeats: int, graph_calls: int, replays: int, cpu_only: bool, ops: Sequence[str] | None = None
+    calls: int,
+    repeats: int,
+    graph_calls: int,
+    replays: int,
+    cpu_only: bool,
+    ops: Sequence[str] | None = None,
+    no_op_kernels: bool = False,
 ) -> list[Section]:
     """Run every section this machine can (the eager and graph sections for the rows of ``ops``,
     every op's for None). Each is appended to ``SECTIONS`` as it completes, so an interrupted run
@@ -1009,6 +1041,13 @@ def sections(
     cuda = torch.cuda.is_available() and not cpu_only
     names = selected(ops)
     SECTIONS.clear()
+    if no_op_kernels:
+        title = (
+            "Eager on the CPU, every kernel a no-op tvm-ffi function: host us per call "
+            f"(median of {repeats} x {calls} calls)"
+        )
+        SECTIONS.append(("no-op", title, EAGER_HEADER, no_op_rows(names, calls, repeats)))
+        return list(SECTIONS)
     if cuda:
         torch.manual_seed(0)
         measured: dict[str, tuple[float, float]] = {}
@@ -1088,6 +1127,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--replays", type=int, default=50, help="timed replays of each graph (default 50)")
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU section, even with a GPU")
     parser.add_argument(
+        "--no-op-kernels",
+        action="store_true",
+        help="only the eager rows, on CPU tensors, every kernel a tvm-ffi function that does nothing: "
+        "each op's own host cost, on any machine",
+    )
+    parser.add_argument(
         "--ops", nargs="+", metavar="OP", help="only these ops' eager and graph rows (e.g. decode_linear rmsnorm)"
     )
     args = parser.parse_args(argv)
@@ -1101,7 +1146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     complete = True
     with results.stoppable():
         try:
-            measured = sections(args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only, args.ops)
+            measured = sections(
+                args.calls, args.repeats, args.graph_calls, args.replays, args.cpu_only, args.ops, args.no_op_kernels
+            )
         except KeyboardInterrupt:  # stopped at its time bound: keep the sections measured
             complete, measured = False, list(SECTIONS)
     text = markdown(args_line, measured, args.cpu_only)

@@ -28,8 +28,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import tvm_ffi
+
 from jit_kernel.engine import families, prebuilt, target
-from jit_kernel.engine.dispatch import Dispatcher, jit_request
+from jit_kernel.engine.dispatch import jit_request
 from jit_kernel.engine.jit import load_cached
 from jit_kernel.engine.spec import symbol_name
 
@@ -47,10 +49,11 @@ def _factory() -> Callable[..., Any] | None:
         if not target.one_arch_for_all_devices():
             return None
         spec = families.LAUNCH_SITE
+        symbol = symbol_name(spec, "make", ())
         if prebuilt.unusable_reason(spec, (), None) is None:
-            return Dispatcher(spec).function("make", ())
+            return prebuilt.library().get_function(symbol)
         module = load_cached(jit_request(spec, ()))
-        return None if module is None else module.get_function(symbol_name(spec, "make", ()))
+        return None if module is None else module.get_function(symbol)
     except Exception:  # any failure leaves the table's path, which works without sites
         return None
 
@@ -88,7 +91,14 @@ class LaunchSite:
         keeps it for every device."""
         kernel = table[key]
         sites = getattr(table, "sites", None)  # a KernelTable's; any other mapping is only read
-        if self._remember is not None and sites is not None and dict.get(table, key) is kernel:
+        # Only tvm-ffi functions: a Python callable (a test's fake, recorded_launches' recorder)
+        # called through a site would get tvm-ffi's tensors instead of the caller's.
+        if (
+            self._remember is not None
+            and sites is not None
+            and isinstance(kernel, tvm_ffi.Function)
+            and dict.get(table, key) is kernel
+        ):
             if table is not self._table:  # the plan's table names one object; learnt once
                 self.forget()
                 self._table = table
