@@ -159,8 +159,8 @@ def qknorm_across_heads(
     dq, dk = q_weight.numel(), k_weight.numel()
     # C++ checks that q and k are [N, H*D] (the same N) and that the weights match them.
     args = (q, k, q_weight, k_weight, eps, enable_pdl)
-    if dq == dk:
-        return _ACROSS_HEADS_KERNELS, (q.dtype, dq), args, None
+    if dq == dk:  # the key as reads of the launch's arguments: looked up in C++ (ops/_site.py)
+        return _ACROSS_HEADS_KERNELS, (q.dtype, q_weight.numel()), args, None
     if q.numel() <= _ONE_LAUNCH_MAX_TOKENS * dq:  # q is [N, dq] (C++ checks): N tokens, without a torch.Size
         # Different widths share no specialised kernel: the generic one (0) takes both.
         return _ACROSS_HEADS_KERNELS, (q.dtype, 0), args, None
