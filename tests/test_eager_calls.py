@@ -175,6 +175,39 @@ def test_bad_calls_raise_the_same_error_cold_and_armed(op: str) -> None:
 
 
 @pytest.mark.gpu
+def test_armed_calls_of_site_keys_make_no_python_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launches whose key reads only their own arguments (ops/_site.py) look the kernel up in
+    C++ once armed: a second call asks no kernel table, and computes what the first did."""
+    from jit_kernel.ops._common import KernelTable
+
+    x, w, r = _cuda(4, 256), _cuda(256), _cuda(4, 256)
+    q, k, qw, kw = _cuda(4, 32, 128), _cuda(4, 8, 128), _cuda(128), _cuda(128)
+
+    def in_place(op: Callable[..., object], *tensors: torch.Tensor) -> torch.Tensor:
+        copies = [t.clone() for t in tensors]
+        op(*copies)
+        return torch.cat([c.flatten() for c in copies])
+
+    calls = {
+        "rmsnorm": lambda: jit_kernel.rmsnorm(x, w, out=torch.full_like(x, float("nan"))),
+        "fused_add_rmsnorm": lambda: in_place(lambda a, b: jit_kernel.fused_add_rmsnorm(a, b, w), x, r),
+        "fused_inplace_qknorm": lambda: in_place(lambda a, b: jit_kernel.fused_inplace_qknorm(a, b, qw, kw), q, k),
+        "scale": lambda: jit_kernel.scale(x, 2.0, out=torch.full_like(x, float("nan"))),
+    }
+    first = {name: call() for name, call in calls.items()}
+    looked_up: list[object] = []
+
+    def lookup(table: KernelTable, key: object) -> object:
+        looked_up.append(key)
+        return dict.__getitem__(table, key)
+
+    monkeypatch.setattr(KernelTable, "__getitem__", lookup)
+    for name, call in calls.items():
+        assert torch.equal(call(), first[name]), name
+    assert looked_up == []
+
+
+@pytest.mark.gpu
 def test_forms_the_kernels_take_only_reshaped_are_served_once_armed() -> None:
     # rmsnorm: a 3-D input with out= after a 2-D call of the same width.
     x, w = _cuda(4, 256), _cuda(256)
