@@ -42,6 +42,10 @@ outputs-given row, or in the one row of an op that always allocates. Every publi
   when it ran. Target: <= 1.3x the empty kernel.
 * **CPU** (runs anywhere, with no GPU): the ``add_constant`` host family, eager against raw, as above.
 
+``--no-op-kernels`` runs only the eager rows, on CPU tensors, with every kernel table serving a
+tvm-ffi function that does nothing: eager - raw is then each op's own host cost (its Python, its
+key, its kernel lookup), on a machine without a GPU.
+
 One failing op prints an error row; the others still run. Markdown tables on stdout, headed by the
 device and the command line (also saved as ``bench_dispatch.md`` with ``--save-path DIR`` or
 ``$JIT_KERNEL_BENCH_OUT``, and as ``bench_dispatch.json`` with ``--json-dir DIR`` or
